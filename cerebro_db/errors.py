@@ -1,0 +1,61 @@
+"""Errors that cross into SQL as PostgreSQL-style errors.
+
+Messages follow the PostgreSQL style: lower case, no trailing period, name the parameter
+and the bad value. Each error carries a deliberate SQLSTATE and, where there is a fix, a
+hint. Entry points turn a :class:`CerebroError` into ``plpy.error(...)``.
+"""
+from __future__ import annotations
+
+# SQLSTATE codes used by the project (PostgreSQL Appendix A).
+INVALID_PARAMETER_VALUE = "22023"
+NULL_VALUE_NOT_ALLOWED = "22004"
+INVALID_TEXT_REPRESENTATION = "22P02"
+DATA_EXCEPTION = "22000"
+FLOATING_POINT_EXCEPTION = "22P01"
+NUMERIC_VALUE_OUT_OF_RANGE = "22003"
+SYNTAX_ERROR = "42601"
+UNDEFINED_TABLE = "42P01"
+UNDEFINED_COLUMN = "42703"
+UNDEFINED_OBJECT = "42704"
+DUPLICATE_TABLE = "42P07"
+DATATYPE_MISMATCH = "42804"
+INVALID_NAME = "42602"
+FEATURE_NOT_SUPPORTED = "0A000"
+INSUFFICIENT_PRIVILEGE = "42501"
+OBJECT_NOT_IN_PREREQUISITE_STATE = "55000"
+INTERNAL_ERROR = "XX000"
+
+
+class CerebroError(Exception):
+    """An error meant for the SQL user.
+
+    ``message`` is PostgreSQL-style (lower case, no period); ``sqlstate`` is a five-character
+    code; ``hint`` and ``detail`` are optional extra lines.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        sqlstate: str = INVALID_PARAMETER_VALUE,
+        *,
+        hint: str | None = None,
+        detail: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.sqlstate = sqlstate
+        self.hint = hint
+        self.detail = detail
+
+    def __str__(self) -> str:  # pragma: no cover - trivial
+        return self.message
+
+
+def invalid(message: str, *, hint: str | None = None) -> CerebroError:
+    """A bad parameter value (SQLSTATE 22023)."""
+    return CerebroError(message, INVALID_PARAMETER_VALUE, hint=hint)
+
+
+def syntax(message: str, *, hint: str | None = None) -> CerebroError:
+    """A malformed parameter string (SQLSTATE 42601)."""
+    return CerebroError(message, SYNTAX_ERROR, hint=hint)
