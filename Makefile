@@ -1,0 +1,61 @@
+# cerebro_db: `make demo` sets everything up and runs the demo; `make test` runs every test tier.
+SHELL := /bin/bash
+CEREBRO := scripts/cerebro.sh
+VENV ?= $(CURDIR)/.venv
+PY := $(VENV)/bin/python
+PGDIR := $(CURDIR)/.pg
+
+.PHONY: help deps install start stop psql demo test test-unit test-sql test-integration \
+        test-upgrade bench bench-preprocess clean env lint
+
+help:
+	@echo "make demo     set up (Debian packages, venv, private PostgreSQL) and run the demo"
+	@echo "make test     run all test tiers against a private server started for them"
+	@echo "make psql     psql on the demo database      make env   connection parameters"
+	@echo "make stop     stop the private server        make clean remove server, venv, build"
+	@echo "make install  install the extension into the local PostgreSQL (pg_config)"
+	@echo "make bench    benchmarks (not part of the tests)"
+
+deps:
+	@$(CEREBRO) deps
+
+install: deps
+	@$(CEREBRO) install
+
+start: install
+	@$(CEREBRO) start
+
+demo: start
+	@$(CEREBRO) createdb cerebro
+	@$(PY) demo/demo.py
+
+psql:
+	@$(CEREBRO) psql
+
+env:
+	@$(CEREBRO) env
+
+stop:
+	@$(CEREBRO) stop
+
+# Test tiers: unit (no database), SQL regression (psql scripts vs expected output),
+# integration (psycopg2 against the real server), upgrade (ALTER EXTENSION UPDATE).
+test: start
+	@$(PY) -m pytest -q tests
+
+test-unit: deps
+	@$(PY) -m pytest -q tests/unit
+
+test-sql test-integration test-upgrade: start
+	@$(PY) -m pytest -q tests/$(subst test-,,$@)
+
+bench-preprocess: start
+	@$(PY) bench/preprocess_bench.py
+
+bench: bench-preprocess
+
+lint:
+	@$(VENV)/bin/ruff check cerebro_db tests scripts bench demo
+
+clean: stop
+	rm -rf $(PGDIR) build $(VENV) .pytest_cache

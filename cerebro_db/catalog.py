@@ -1,0 +1,201 @@
+"""The only place that writes SQL.
+
+Every statement the project runs is built here: identifiers are quoted by
+:func:`cerebro_db.names.quote_ident`, values are bound parameters. The module talks to the
+database through a ``plpy``-like object handed in by the caller (PL/Python's ``plpy``
+inside the server); it imports no driver itself.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator, Sequence
+
+from .errors import (
+    DUPLICATE_TABLE,
+    UNDEFINED_COLUMN,
+    UNDEFINED_TABLE,
+    CerebroError,
+)
+from .names import TableName, quote_ident, quote_literal
+
+
+@dataclass(frozen=True)
+class Column:
+    """A column of a relation as the catalog describes it."""
+
+    name: str
+    type_name: str  # format_type(), e.g. 'real[]', 'character varying', 'integer'
+    base_type: str  # pg_type.typname of the element for arrays, else of the type ('float4')
+    is_array: bool
+    array_ndims: int  # declared dimensions (0 when not declared)
+
+
+class Catalog:
+    """SQL access for one call, over a ``plpy``-like object.
+
+    ``db`` must offer ``prepare(sql, types)``, ``execute(plan_or_sql, args)``,
+    ``cursor(plan, args)`` and ``notice(msg)`` like PL/Python's ``plpy``.
+    """
+
+    def __init__(self, db: Any, schema: str) -> None:
+        self.db = db
+        self.schema = schema  # the extension's schema (its own tables live there)
+        self._plans: dict[tuple[str, tuple[str, ...]], Any] = {}
+
+    # -- plumbing -------------------------------------------------------------------------
+    def query(self, sql: str, args: Sequence[Any] = (), types: Sequence[str] = ()) -> list[dict]:
+        """Run one statement with bound parameters; return rows as dicts."""
+        if not types:
+            return list(self.db.execute(sql)) if not args else self._run(sql, args, types)
+        return self._run(sql, args, types)
+
+    def _plan(self, sql: str, types: Sequence[str]) -> Any:
+        key = (sql, tuple(types))
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self.db.prepare(sql, list(types))
+            self._plans[key] = plan
+        return plan
+
+    def _run(self, sql: str, args: Sequence[Any], types: Sequence[str]) -> list[dict]:
+        if len(types) != len(args):
+            raise ValueError("one type per argument")
+        return list(self.db.execute(self._plan(sql, types), list(args)))
+
+    def stream(self, sql: str, args: Sequence[Any] = (), types: Sequence[str] = (),
+               batch: int = 1000) -> Iterator[list[dict]]:
+        """Yield the rows of a query in batches, through a server-side cursor."""
+        cur = self.db.cursor(self._plan(sql, types), list(args))
+        while True:
+            rows = cur.fetch(batch)
+            if not rows:
+                return
+            yield list(rows)
+
+    def notice(self, message: str) -> None:
+        self.db.notice(message)
+
+    def set_local(self, setting: str, value: str) -> None:
+        """``SET LOCAL`` for this transaction, through ``set_config`` (bound values)."""
+        self.query("SELECT pg_catalog.set_config($1, $2, true)", [setting, value], ["text", "text"])
+
+    # -- relations ------------------------------------------------------------------------
+    def relation_oid(self, table: TableName) -> int | None:
+        rows = self.query("SELECT pg_catalog.to_regclass($1)::oid AS oid", [table.sql], ["text"])
+        return rows[0]["oid"]
+
+    def require_table(self, table: TableName, what: str) -> int:
+        """The oid of an existing table, view or materialized view, or a clear error."""
+        oid = self.relation_oid(table)
+        if oid is None:
+            raise CerebroError(
+                f'{what} "{table}" does not exist',
+                UNDEFINED_TABLE,
+                hint="Check the name and the search_path; quote mixed-case names.",
+            )
+        kind = self.query(
+            "SELECT relkind::text AS k FROM pg_catalog.pg_class WHERE oid = $1", [oid], ["oid"]
+        )[0]["k"]
+        if kind not in ("r", "v", "m", "p", "f"):
+            raise CerebroError(f'{what} "{table}" is not a table or view', "42809")
+        return oid
+
+    def require_absent(self, table: TableName, what: str, hint: str | None = None) -> None:
+        if self.relation_oid(table) is not None:
+            raise CerebroError(
+                f'{what} "{table}" already exists',
+                DUPLICATE_TABLE,
+                hint=hint or "Drop it first or choose another name.",
+            )
+
+    def columns(self, oid: int) -> dict[str, Column]:
+        rows = self.query(
+            """
+            SELECT a.attname::text AS name,
+                   pg_catalog.format_type(a.atttypid, a.atttypmod) AS type_name,
+                   COALESCE(et.typname, t.typname)::text AS base_type,
+                   (t.typcategory = 'A') AS is_array,
+                   a.attndims AS ndims
+              FROM pg_catalog.pg_attribute a
+              JOIN pg_catalog.pg_type t ON t.oid = a.atttypid
+              LEFT JOIN pg_catalog.pg_type et ON et.oid = t.typelem AND t.typcategory = 'A'
+             WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped
+             ORDER BY a.attnum
+            """,
+            [oid],
+            ["oid"],
+        )
+        return {
+            r["name"]: Column(r["name"], r["type_name"], r["base_type"], r["is_array"], r["ndims"])
+            for r in rows
+        }
+
+    def require_column(self, table: TableName, cols: dict[str, Column], name: str,
+                       what: str) -> Column:
+        col = cols.get(name)
+        if col is None:
+            shown = ", ".join(list(cols)[:12])
+            raise CerebroError(
+                f'{what}: column "{name}" does not exist in "{table}"',
+                UNDEFINED_COLUMN,
+                hint=f"Columns of {table}: {shown}" + (" ..." if len(cols) > 12 else ""),
+            )
+        return col
+
+    def count_rows(self, table: TableName) -> int:
+        return int(self.query(f"SELECT count(*) AS n FROM {table.sql}")[0]["n"])
+
+    # -- DDL and writes -------------------------------------------------------------------
+    def create_table(self, table: TableName, columns: Sequence[tuple[str, str]],
+                     *, external_storage: Iterable[str] = ()) -> None:
+        """CREATE TABLE with quoted column names; ``columns`` are (name, SQL type) pairs.
+
+        Types come from the project's code, never from user text. Columns in
+        ``external_storage`` skip compression (packed float buffers do not compress well
+        and are read far more often than written).
+        """
+        body = ", ".join(f"{quote_ident(n)} {t}" for n, t in columns)
+        self.db.execute(f"CREATE TABLE {table.sql} ({body})")
+        for n in external_storage:
+            self.db.execute(
+                f"ALTER TABLE {table.sql} ALTER COLUMN {quote_ident(n)} SET STORAGE EXTERNAL"
+            )
+
+    def insert(self, table: TableName, names: Sequence[str], types: Sequence[str],
+               rows: Iterable[Sequence[Any]]) -> int:
+        """Insert rows with bound parameters; returns how many."""
+        cols = ", ".join(quote_ident(n) for n in names)
+        marks = ", ".join(f"${i + 1}" for i in range(len(names)))
+        sql = f"INSERT INTO {table.sql} ({cols}) VALUES ({marks})"
+        n = 0
+        for row in rows:
+            self._run(sql, list(row), types)
+            n += 1
+        return n
+
+    def drop_table(self, table: TableName) -> None:
+        self.db.execute(f"DROP TABLE {table.sql}")
+
+    def comment_on_table(self, table: TableName, text: str) -> None:
+        self.db.execute(f"COMMENT ON TABLE {table.sql} IS {quote_literal(text)}")
+
+    def select(self, table: TableName, names: Sequence[str], where: str = "",
+               args: Sequence[Any] = (), types: Sequence[str] = (),
+               order_by: Sequence[str] = ()) -> list[dict]:
+        """SELECT named columns; ``where`` is project-written SQL with $n placeholders."""
+        cols = ", ".join(quote_ident(n) for n in names)
+        sql = f"SELECT {cols} FROM {table.sql}"
+        if where:
+            sql += f" WHERE {where}"
+        if order_by:
+            sql += " ORDER BY " + ", ".join(quote_ident(n) for n in order_by)
+        return self.query(sql, args, types) if args else list(self.db.execute(sql))
+
+    def ext(self, name: str) -> str:
+        """A qualified name of one of the extension's own objects."""
+        return quote_ident(self.schema) + "." + quote_ident(name)
+
+    def setting(self, name: str) -> str | None:
+        """A (possibly custom) configuration setting, or None when unset or empty."""
+        v = self.query("SELECT pg_catalog.current_setting($1, true) AS v", [name], ["text"])[0]["v"]
+        return v if v not in (None, "") else None

@@ -1,0 +1,970 @@
+"""Compile, fit and AutoML parameter strings -> typed, validated objects.
+
+The strings users pass (``optimizer='Adam(lr=0.001)', loss='mse', metrics=['accuracy']``) are
+read by a literal-only parser: the text is parsed with :func:`ast.parse` and the syntax tree is
+walked by hand, accepting numbers, strings, ``True``/``False``/``None`` and lists, tuples, dicts
+and sets of those. Nothing is ever evaluated, compiled to code or unpickled. Two narrow
+exceptions to "literals only" are made, each turned into plain data rather than run: the
+``optimizer`` value may be written as a bare call (``optimizer=SGD(lr=0.1)``, the same as the
+quoted form) and a few keys take a bare word (``algorithm=tpe``).
+
+Keras is imported lazily, only by the functions that check names against it.
+"""
+from __future__ import annotations
+
+import ast
+import functools
+import inspect
+import json
+import math
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Collection, Mapping, Union
+
+from .errors import (
+    FEATURE_NOT_SUPPORTED,
+    NULL_VALUE_NOT_ALLOWED,
+    SYNTAX_ERROR,
+    CerebroError,
+    invalid,
+    syntax,
+)
+
+__all__ = [
+    "MAX_INPUT_CHARS",
+    "MAX_NESTING",
+    "COMPILE_KEYS",
+    "FIT_KEYS",
+    "FIT_CALLBACKS",
+    "AUTOML_DEFAULTS",
+    "CompileParams",
+    "FitParams",
+    "OptimizerSpec",
+    "parse_keyword_string",
+    "parse_literal",
+    "parse_optimizer_spec",
+    "parse_compile_params",
+    "validate_compile_params",
+    "parse_fit_params",
+    "parse_automl_params",
+    "hyperband_s_max",
+    "optimizer_names",
+    "optimizer_arguments",
+    "resolve_optimizer_name",
+    "render_literal",
+    "fit_key_error",
+]
+
+MAX_INPUT_CHARS = 100_000
+"""Longest parameter string accepted (characters)."""
+
+MAX_NESTING = 32
+"""Deepest nesting of lists/tuples/dicts/sets accepted in a value."""
+
+_LITERAL_KINDS = "number, string, True, False, None, list, tuple, dict or set"
+
+# Keys of model.compile() that are safe to take from a string (literal values only).
+COMPILE_KEYS: tuple[str, ...] = (
+    "optimizer",
+    "loss",
+    "metrics",
+    "loss_weights",
+    "weighted_metrics",
+    "jit_compile",
+    "steps_per_execution",
+    "run_eagerly",
+    "auto_scale_loss",
+)
+
+FIT_KEYS: tuple[str, ...] = ("batch_size", "epochs", "shuffle", "class_weight", "verbose", "callbacks")
+
+# Callbacks a fit_params string may name (lower-case name -> Keras class name).
+FIT_CALLBACKS: dict[str, str] = {"terminateonnan": "TerminateOnNaN"}
+
+_FIT_FORBIDDEN: dict[str, str] = {
+    "x": "the training data comes from source_table",
+    "y": "the training data comes from source_table",
+    "sample_weight": "per-example weights are not supported; use class_weight",
+    "validation_split": "pass a validation_table argument instead",
+    "validation_data": "pass a validation_table argument instead",
+    "validation_steps": "pass a validation_table argument instead",
+    "validation_batch_size": "pass a validation_table argument instead",
+    "validation_freq": "use the metrics_compute_frequency argument instead",
+    "steps_per_epoch": "cerebro_db decides how much data one training unit sees",
+    "initial_epoch": "cerebro_db tracks epochs itself; use warm_start to continue training",
+    "workers": "data loading is done by cerebro_db",
+    "use_multiprocessing": "data loading is done by cerebro_db",
+    "max_queue_size": "data loading is done by cerebro_db",
+}
+
+_COMPILE_SPECIAL_METRICS = frozenset({"accuracy", "acc", "crossentropy", "ce"})
+
+# Used only when Keras cannot be imported: optimizer names are then checked against this list
+# and their keyword arguments are not checked until validate_compile_params / to_keras.
+_FALLBACK_OPTIMIZERS: tuple[str, ...] = (
+    "Adadelta",
+    "Adafactor",
+    "Adagrad",
+    "Adam",
+    "AdamW",
+    "Adamax",
+    "Ftrl",
+    "Lamb",
+    "Lion",
+    "Nadam",
+    "RMSprop",
+    "SGD",
+)
+# Optimizer classes that are not built from literal keyword arguments.
+_EXCLUDED_OPTIMIZERS = frozenset({"Optimizer", "LossScaleOptimizer", "MultiOptimizer"})
+
+
+# --------------------------------------------------------------------------------------------
+# The literal-only parser
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Call:
+    """A bare ``Name(key=literal, ...)`` call, kept as data (only for ``optimizer``)."""
+
+    name: str
+    kwargs: dict[str, Any]
+
+
+def _describe(node: ast.AST) -> tuple[str, str | None]:
+    """A short description of a disallowed node and an optional hint."""
+    if isinstance(node, ast.Name):
+        return f"name {node.id!r}", f"put quotes around strings, e.g. '{node.id}'"
+    if isinstance(node, ast.Call):
+        return "a function call", None
+    if isinstance(node, ast.Attribute):
+        return "attribute access", None
+    if isinstance(node, ast.Lambda):
+        return "a lambda", None
+    if isinstance(node, ast.JoinedStr):
+        return "an f-string", "use a plain quoted string"
+    if isinstance(node, (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+        return "a comprehension", "write the values out"
+    if isinstance(node, ast.Starred):
+        return "unpacking with *", None
+    if isinstance(node, ast.Subscript):
+        return "a subscript", None
+    if isinstance(node, (ast.BinOp, ast.BoolOp, ast.Compare)):
+        return "an expression", "write the value out as a single number"
+    return "an expression", None
+
+
+def _not_literal(where: str, node: ast.AST) -> CerebroError:
+    desc, hint = _describe(node)
+    return invalid(f"{where} must be a literal ({_LITERAL_KINDS}), got {desc}", hint=hint)
+
+
+def _check_number(where: str, value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise invalid(f"{where} must be a finite number, got {value!r}")
+    return value
+
+
+def _literal(node: ast.AST, where: str, depth: int = 0) -> Any:
+    """Convert one syntax-tree node to a Python value, accepting literals only."""
+    if depth > MAX_NESTING:
+        raise invalid(f"{where} is nested too deeply (more than {MAX_NESTING} levels)")
+    if isinstance(node, ast.Constant):
+        value = node.value
+        if value is None or isinstance(value, (bool, str)):
+            return value
+        if isinstance(value, (int, float)):
+            return _check_number(where, value)
+        raise invalid(
+            f"{where} must be a literal ({_LITERAL_KINDS}), got a {type(value).__name__} literal"
+        )
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        operand = node.operand
+        if isinstance(operand, ast.Constant) and type(operand.value) in (int, float):
+            value = operand.value
+            return _check_number(where, -value if isinstance(node.op, ast.USub) else value)
+        raise invalid(f"{where}: a sign must be followed by a number")
+    if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+        items = [_literal(elt, where, depth + 1) for elt in node.elts]
+        if isinstance(node, ast.List):
+            return items
+        if isinstance(node, ast.Tuple):
+            return tuple(items)
+        try:
+            return set(items)
+        except TypeError:
+            raise invalid(f"{where}: set elements must be hashable (numbers, strings, tuples)")
+    if isinstance(node, ast.Dict):
+        out: dict[Any, Any] = {}
+        for key_node, value_node in zip(node.keys, node.values):
+            if key_node is None:
+                raise invalid(f"{where} must be a literal ({_LITERAL_KINDS}), got unpacking with **")
+            key = _literal(key_node, where, depth + 1)
+            try:
+                duplicate = key in out
+            except TypeError:
+                raise invalid(f"{where}: dict keys must be hashable (numbers, strings, tuples)")
+            if duplicate:
+                raise invalid(f"{where} has a duplicate dict key {key!r}")
+            out[key] = _literal(value_node, where, depth + 1)
+        return out
+    raise _not_literal(where, node)
+
+
+_KWARGS_HINT = "expected key=value pairs separated by commas, e.g. loss='mse', epochs=1"
+
+
+def _parse_tree(source: str, what: str, hint: str | None = None) -> ast.Expression:
+    """``ast.parse`` in eval mode, with every parser failure turned into a CerebroError."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # SyntaxWarning/DeprecationWarning on odd literals
+            return ast.parse(source, mode="eval")
+    except SyntaxError as e:
+        msg = e.msg if isinstance(e.msg, str) else ""
+        if len(msg) > 120:
+            msg = msg[:117] + "..."
+        detail = "" if msg in ("", "invalid syntax") else f" ({msg})"
+        raise syntax(f"{what}: invalid syntax{detail}", hint=hint)
+    except (ValueError, TypeError) as e:  # null bytes, int digit limit on some versions
+        raise syntax(f"{what}: invalid syntax ({str(e)[:120]})", hint=hint)
+    except (RecursionError, MemoryError):
+        raise syntax(f"{what}: input is too deeply nested or too complex to parse")
+
+
+def _check_text(text: Any, what: str) -> str | None:
+    """Common checks on a parameter string; None when it is empty."""
+    if text is None:
+        return None
+    if not isinstance(text, str):
+        raise invalid(f"{what} must be a string, got {type(text).__name__}")
+    if len(text) > MAX_INPUT_CHARS:
+        raise invalid(f"{what} is too long ({len(text)} characters, at most {MAX_INPUT_CHARS})")
+    if not text.strip():
+        return None
+    return text
+
+
+def parse_keyword_string(
+    text: str | None,
+    what: str,
+    *,
+    bare_name_keys: Collection[str] = (),
+    call_keys: Collection[str] = (),
+    key_normalizer: Callable[[str], str] | None = None,
+    key_check: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Parse ``key=value, key=value`` into a dict, accepting literal values only.
+
+    ``what`` names the parameter in error messages (``compile_params``). A None, empty or
+    all-blank string gives ``{}``. ``bare_name_keys`` may take a bare identifier, returned as its
+    string (``algorithm=tpe``); ``call_keys`` may also take a bare ``Name(k=literal, ...)`` call or
+    bare name, returned as a :class:`_Call`-like value for :func:`parse_optimizer_spec`.
+    ``key_normalizer`` maps each key before the bare-name/call/duplicate checks (used for
+    case-insensitive keys); ``key_check`` is called with each (normalised) key before its value
+    is read, to reject unknown keys first. Raises :class:`CerebroError` (42601 for malformed text, duplicate
+    keys and positional arguments; 22023 for non-literal values).
+    """
+    checked = _check_text(text, what)
+    if checked is None:
+        return {}
+    tree = _parse_tree("_(\n" + checked + "\n)", what, _KWARGS_HINT)
+    call = tree.body
+    if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "_"):
+        raise syntax(f"{what}: invalid syntax", hint=_KWARGS_HINT)
+    if call.args:
+        raise syntax(
+            f"{what}: expected key=value, got a value without a key",
+            hint="write every parameter as key=value",
+        )
+    out: dict[str, Any] = {}
+    for kw in call.keywords:
+        if kw.arg is None:
+            raise syntax(f"{what}: unpacking with ** is not allowed", hint="write key=value pairs")
+        key = key_normalizer(kw.arg) if key_normalizer else kw.arg
+        if key in out:
+            raise CerebroError(f"{what}: duplicate key {key!r}", SYNTAX_ERROR)
+        if key_check is not None:
+            key_check(key)
+        where = f"{what}: {key}"
+        node = kw.value
+        if key in bare_name_keys and isinstance(node, ast.Name):
+            out[key] = node.id
+        elif key in call_keys and isinstance(node, ast.Name):
+            out[key] = _Call(node.id, {})
+        elif key in call_keys and isinstance(node, ast.Call):
+            out[key] = _call_value(node, where)
+        else:
+            out[key] = _literal(node, where)
+    return out
+
+
+def _call_value(node: ast.Call, where: str) -> _Call:
+    if not isinstance(node.func, ast.Name):
+        raise invalid(
+            f"{where}: expected a name such as Adam(...), got {_describe(node.func)[0]}",
+            hint="write the optimizer as 'Adam(learning_rate=0.001)'",
+        )
+    if node.args:
+        raise invalid(
+            f"{where}: {node.func.id}() takes keyword arguments only",
+            hint=f"write {node.func.id}(learning_rate=0.001)",
+        )
+    kwargs: dict[str, Any] = {}
+    for kw in node.keywords:
+        if kw.arg is None:
+            raise invalid(f"{where}: unpacking with ** is not allowed")
+        if kw.arg in kwargs:
+            raise CerebroError(f"{where}: duplicate argument {kw.arg!r}", SYNTAX_ERROR)
+        kwargs[kw.arg] = _literal(kw.value, f"{where}: {kw.arg}", 1)
+    return _Call(node.func.id, kwargs)
+
+
+def parse_literal(text: str | None, what: str) -> Any:
+    """Parse one Python literal (e.g. a search-grid dict) without evaluating anything.
+
+    ``what`` names the parameter in errors. Raises :class:`CerebroError` for None or empty text
+    (22004 / 22023), malformed text (42601) or non-literal content (22023).
+    """
+    if text is None:
+        raise CerebroError(f"{what} must not be NULL", NULL_VALUE_NOT_ALLOWED)
+    checked = _check_text(text, what)
+    if checked is None:
+        raise invalid(f"{what} must not be empty")
+    tree = _parse_tree(checked.strip(), what)
+    return _literal(tree.body, what)
+
+
+# --------------------------------------------------------------------------------------------
+# Rendering values back to parseable text
+# --------------------------------------------------------------------------------------------
+
+
+def render_literal(value: Any, *, inner: bool = False, sort_dicts: bool = True) -> str:
+    """Render a parsed literal as compact text that :func:`parse_literal` reads back.
+
+    ``inner`` quotes strings with double quotes (for text that itself sits inside a
+    single-quoted string, like an optimizer spec). ``sort_dicts`` orders dict items and set
+    elements by their rendering, for a canonical form.
+    """
+    if value is None or isinstance(value, bool):
+        return repr(value)
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"cannot render non-finite number {value!r}")
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False) if inner else repr(value)
+
+    def r(v: Any) -> str:
+        return render_literal(v, inner=inner, sort_dicts=sort_dicts)
+
+    if isinstance(value, list):
+        return "[" + ",".join(r(v) for v in value) + "]"
+    if isinstance(value, tuple):
+        body = ",".join(r(v) for v in value)
+        return "(" + body + ("," if len(value) == 1 else "") + ")"
+    if isinstance(value, dict):
+        items = [f"{r(k)}:{r(v)}" for k, v in value.items()]
+        if sort_dicts:
+            items = [f"{r(k)}:{r(v)}" for k, v in sorted(value.items(), key=lambda kv: r(kv[0]))]
+        return "{" + ",".join(items) + "}"
+    if isinstance(value, (set, frozenset)):
+        if not value:
+            raise ValueError("cannot render an empty set as a literal")
+        return "{" + ",".join(sorted(r(v) for v in value)) + "}"
+    raise ValueError(f"cannot render {type(value).__name__} as a literal")
+
+
+# --------------------------------------------------------------------------------------------
+# Keras look-ups (lazy)
+# --------------------------------------------------------------------------------------------
+
+
+def _import_keras() -> Any:
+    import keras  # noqa: PLC0415 - deliberately lazy
+
+    return keras
+
+
+def _keras_or_error(what: str) -> Any:
+    try:
+        return _import_keras()
+    except ImportError:
+        raise CerebroError(
+            f"{what}: keras is not installed, cannot check names against it",
+            FEATURE_NOT_SUPPORTED,
+            hint="install TensorFlow in the database server's Python (cerebro_db[train])",
+        )
+
+
+@functools.lru_cache(maxsize=1)
+def _optimizer_table() -> dict[str, tuple[str, frozenset[str] | None]]:
+    """lower-case name -> (Keras class name, accepted keyword arguments or None if unknown)."""
+    try:
+        keras = _import_keras()
+    except ImportError:
+        return {n.lower(): (n, None) for n in _FALLBACK_OPTIMIZERS}
+    base = keras.optimizers.Optimizer
+    table: dict[str, tuple[str, frozenset[str] | None]] = {}
+    for name in dir(keras.optimizers):
+        obj = getattr(keras.optimizers, name, None)
+        if not (inspect.isclass(obj) and issubclass(obj, base)) or name in _EXCLUDED_OPTIMIZERS:
+            continue
+        if name.startswith("_"):
+            continue
+        try:
+            sig = inspect.signature(obj.__init__)
+        except (TypeError, ValueError):  # pragma: no cover - defensive
+            args: frozenset[str] | None = None
+        else:
+            args = frozenset(
+                p.name
+                for p in sig.parameters.values()
+                if p.name != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+            )
+        table[name.lower()] = (name, args)
+    return table
+
+
+def optimizer_names() -> list[str]:
+    """The optimizer class names accepted, as Keras spells them, sorted."""
+    return sorted(name for name, _ in _optimizer_table().values())
+
+
+def resolve_optimizer_name(name: str, what: str = "compile_params") -> str:
+    """Map an optimizer name, matched case-insensitively, to its Keras class name.
+
+    Raises :class:`CerebroError` (22023) naming the bad value, with the valid names as hint.
+    """
+    entry = _optimizer_table().get(name.lower()) if isinstance(name, str) else None
+    if entry is None:
+        raise invalid(
+            f"{what}: unknown optimizer {name!r}",
+            hint="valid optimizers: " + ", ".join(optimizer_names()),
+        )
+    return entry[0]
+
+
+def optimizer_arguments(name: str) -> frozenset[str] | None:
+    """Keyword arguments the named optimizer's constructor accepts (None when unknown)."""
+    entry = _optimizer_table().get(name.lower())
+    return entry[1] if entry else None
+
+
+# --------------------------------------------------------------------------------------------
+# Optimizer specs
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    """An optimizer: Keras class name (canonical spelling) and literal keyword arguments.
+
+    ``kwargs`` keeps the user's order with ``lr`` renamed to ``learning_rate``.
+    """
+
+    name: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def canonical(self) -> str:
+        """``Name(key=value,...)`` with keys sorted and strings double-quoted."""
+        args = ",".join(
+            f"{k}={render_literal(v, inner=True)}" for k, v in sorted(self.kwargs.items())
+        )
+        return f"{self.name}({args})"
+
+    def __hash__(self) -> int:
+        return hash(self.canonical())
+
+    def to_keras(self) -> Any:
+        """Build the Keras optimizer object (imports Keras)."""
+        keras = _keras_or_error("compile_params")
+        cls = getattr(keras.optimizers, self.name)
+        try:
+            return cls(**self.kwargs)
+        except (TypeError, ValueError) as e:
+            reason = str(e).strip().rstrip(".").replace("`", "")
+            raise invalid(f"compile_params: optimizer {self.canonical()} is invalid: {reason}")
+
+
+def _optimizer_from_call(call: _Call, what: str) -> OptimizerSpec:
+    name = resolve_optimizer_name(call.name, what)
+    kwargs = dict(call.kwargs)
+    if "lr" in kwargs:
+        if "learning_rate" in kwargs:
+            raise invalid(
+                f"{what}: optimizer {name} has both lr and learning_rate",
+                hint="lr is an old alias of learning_rate; give only one",
+            )
+        kwargs = {("learning_rate" if k == "lr" else k): v for k, v in kwargs.items()}
+    accepted = optimizer_arguments(name)
+    for key in kwargs:
+        if key == "decay" and (accepted is None or "decay" not in accepted):
+            raise invalid(
+                f"{what}: optimizer {name} has no argument 'decay' (removed in Keras 3)",
+                hint="use weight_decay for weight decay; learning-rate decay needs a "
+                "learning-rate schedule",
+            )
+        if accepted is not None and key not in accepted:
+            raise invalid(
+                f"{what}: optimizer {name} has no argument {key!r}",
+                hint=f"{name} accepts: " + ", ".join(sorted(accepted | {"lr"})),
+            )
+    if "learning_rate" in kwargs:
+        lr = kwargs["learning_rate"]
+        if isinstance(lr, bool) or not isinstance(lr, (int, float)) or lr <= 0:
+            raise invalid(
+                f"{what}: optimizer {name}: learning_rate must be a positive number, got {lr!r}"
+            )
+    return OptimizerSpec(name, kwargs)
+
+
+def parse_optimizer_spec(value: Any, what: str = "compile_params") -> OptimizerSpec:
+    """Parse an optimizer given as ``'Adam(learning_rate=0.001)'``, ``'adam'`` or a bare call.
+
+    Names are matched case-insensitively to Keras' class names; ``lr`` is an alias of
+    ``learning_rate``; keyword arguments are checked against the class constructor.
+    """
+    if isinstance(value, OptimizerSpec):
+        return value
+    if isinstance(value, _Call):
+        return _optimizer_from_call(value, what)
+    if not isinstance(value, str):
+        raise invalid(
+            f"{what}: optimizer must be a string such as 'Adam(learning_rate=0.001)', "
+            f"got {type(value).__name__}"
+        )
+    where = f"{what}: optimizer"
+    checked = _check_text(value, where)
+    if checked is None:
+        raise invalid(f"{where} must not be empty", hint="e.g. optimizer='Adam'")
+    tree = _parse_tree(checked.strip(), where, "e.g. optimizer='SGD(learning_rate=0.01, momentum=0.9)'")
+    node = tree.body
+    if isinstance(node, ast.Name):
+        return _optimizer_from_call(_Call(node.id, {}), what)
+    if isinstance(node, ast.Call):
+        return _optimizer_from_call(_call_value(node, where), what)
+    raise invalid(
+        f"{where} must be an optimizer name with optional keyword arguments, got {value!r}",
+        hint="e.g. optimizer='SGD(learning_rate=0.01, momentum=0.9)'",
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# compile_params
+# --------------------------------------------------------------------------------------------
+
+Loss = Union[str, "tuple[str, ...]", "dict[str, str]"]
+LossWeights = Union["tuple[float, ...]", "dict[str, float]", None]
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _str_list(value: Any, where: str, allow_single: bool = True) -> tuple[str, ...]:
+    if allow_single and isinstance(value, str):
+        value = [value]
+    if not isinstance(value, (list, tuple)):
+        raise invalid(f"{where} must be a list of names, got {render_literal(value)}")
+    for v in value:
+        if not isinstance(v, str) or not v:
+            raise invalid(f"{where} must be a list of names, got element {v!r}")
+    return tuple(value)
+
+
+def _parse_loss(value: Any, what: str) -> Loss:
+    where = f"{what}: loss"
+    if isinstance(value, str):
+        if not value:
+            raise invalid(f"{where} must not be empty")
+        return value
+    if isinstance(value, (list, tuple)):
+        if not value:
+            raise invalid(f"{where} must not be an empty list")
+        return _str_list(value, where, allow_single=False)
+    if isinstance(value, dict):
+        if not value:
+            raise invalid(f"{where} must not be an empty dict")
+        for k, v in value.items():
+            if not isinstance(k, str) or not isinstance(v, str) or not v:
+                raise invalid(f"{where} must map output names to loss names, got {k!r}: {v!r}")
+        return dict(value)
+    raise invalid(f"{where} must be a loss name such as 'mse', got {render_literal(value)}")
+
+
+def _parse_loss_weights(value: Any, what: str) -> LossWeights:
+    where = f"{what}: loss_weights"
+    if value is None:
+        return None
+    if isinstance(value, (list, tuple)):
+        items = list(value)
+        names: list[Any] = list(range(len(items)))
+    elif isinstance(value, dict):
+        items = list(value.values())
+        names = list(value.keys())
+        if not all(isinstance(k, str) for k in names):
+            raise invalid(f"{where} keys must be output names (strings)")
+    else:
+        raise invalid(f"{where} must be a list or dict of numbers, got {render_literal(value)}")
+    for n, v in zip(names, items):
+        if not _is_number(v) or v < 0:
+            raise invalid(f"{where} must hold non-negative numbers, got {v!r} for {n!r}")
+    return dict(value) if isinstance(value, dict) else tuple(value)
+
+
+@dataclass(frozen=True)
+class CompileParams:
+    """A parsed ``compile_params`` string: arguments for ``model.compile``.
+
+    ``loss`` is a name, or a tuple/dict of names for multi-output models; ``metrics`` and
+    ``weighted_metrics`` are tuples of names. Other fields are None when not given.
+    """
+
+    optimizer: OptimizerSpec
+    loss: Loss
+    metrics: tuple[str, ...] = ()
+    loss_weights: LossWeights = None
+    weighted_metrics: tuple[str, ...] | None = None
+    jit_compile: bool | str | None = None
+    steps_per_execution: int | None = None
+    run_eagerly: bool | None = None
+    auto_scale_loss: bool | None = None
+
+    def _items(self) -> list[tuple[str, Any]]:
+        loss: Any = list(self.loss) if isinstance(self.loss, tuple) else self.loss
+        items: list[tuple[str, Any]] = [("loss", loss), ("metrics", list(self.metrics))]
+        for key in COMPILE_KEYS[3:]:
+            v = getattr(self, key)
+            if v is not None:
+                items.append((key, list(v) if isinstance(v, tuple) else v))
+        return items
+
+    def canonical(self) -> str:
+        """A stable normalised string; equal for strings that configure the same compile."""
+        parts = [f"optimizer={render_literal(self.optimizer.canonical())}"]
+        parts += [f"{k}={render_literal(v)}" for k, v in self._items()]
+        return ",".join(parts)
+
+    def __hash__(self) -> int:
+        return hash(self.canonical())
+
+    def metric_names(self) -> list[str]:
+        """The metric names as given (for the ``metrics_type`` output column)."""
+        return list(self.metrics)
+
+    def to_keras(self) -> dict[str, Any]:
+        """Keyword arguments for ``model.compile(...)``, with a real optimizer object."""
+        out: dict[str, Any] = {"optimizer": self.optimizer.to_keras()}
+        for k, v in self._items():
+            out[k] = v
+        return out
+
+
+def _check_compile_key(key: str, what: str) -> None:
+    if key not in COMPILE_KEYS:
+        raise invalid(f"{what}: unknown key {key!r}", hint="allowed keys: " + ", ".join(COMPILE_KEYS))
+
+
+def parse_compile_params(text: str | None, what: str = "compile_params") -> CompileParams:
+    """Parse and check a ``compile_params`` string (``optimizer`` and ``loss`` are required).
+
+    Optimizer names and arguments are checked against Keras (imported lazily); loss and metric
+    names are checked by :func:`validate_compile_params`. Raises :class:`CerebroError`.
+    """
+    d = parse_keyword_string(
+        text, what, call_keys=("optimizer",), key_check=lambda k: _check_compile_key(k, what)
+    )
+    for key in ("optimizer", "loss"):
+        if key not in d or d[key] is None:
+            raise invalid(
+                f"{what}: {key} is required",
+                hint="e.g. optimizer='Adam(learning_rate=0.001)', loss='categorical_crossentropy'",
+            )
+    metrics = d.get("metrics")
+    weighted = d.get("weighted_metrics")
+    jit = d.get("jit_compile")
+    if jit is not None and not isinstance(jit, bool) and jit != "auto":
+        raise invalid(f"{what}: jit_compile must be True, False or 'auto', got {jit!r}")
+    spe = d.get("steps_per_execution")
+    if spe is not None and (not isinstance(spe, int) or isinstance(spe, bool) or spe < 1):
+        raise invalid(f"{what}: steps_per_execution must be an integer at least 1, got {spe!r}")
+    for key in ("run_eagerly", "auto_scale_loss"):
+        v = d.get(key)
+        if v is not None and not isinstance(v, bool):
+            raise invalid(f"{what}: {key} must be True or False, got {v!r}")
+    return CompileParams(
+        optimizer=parse_optimizer_spec(d["optimizer"], what),
+        loss=_parse_loss(d["loss"], what),
+        metrics=() if metrics is None else _str_list(metrics, f"{what}: metrics"),
+        loss_weights=_parse_loss_weights(d.get("loss_weights"), what),
+        weighted_metrics=None
+        if weighted is None
+        else _str_list(weighted, f"{what}: weighted_metrics"),
+        jit_compile=jit,
+        steps_per_execution=spe,
+        run_eagerly=d.get("run_eagerly"),
+        auto_scale_loss=d.get("auto_scale_loss"),
+    )
+
+
+def validate_compile_params(
+    cp: CompileParams,
+    what: str = "compile_params",
+    *,
+    custom_functions: Collection[str] = (),
+) -> None:
+    """Check loss and metric names against Keras and build the optimizer once.
+
+    ``custom_functions`` are extra accepted names (from an object table). Imports Keras.
+    Raises :class:`CerebroError` (22023) naming the first bad name.
+    """
+    keras = _keras_or_error(what)
+    custom = set(custom_functions)
+    losses = [cp.loss] if isinstance(cp.loss, str) else list(
+        cp.loss.values() if isinstance(cp.loss, dict) else cp.loss
+    )
+    for name in losses:
+        if name in custom:
+            continue
+        try:
+            keras.losses.get(name)
+        except (ValueError, TypeError, AttributeError):
+            raise invalid(
+                f"{what}: unknown loss {name!r}",
+                hint="use a Keras loss name such as 'categorical_crossentropy', "
+                "'sparse_categorical_crossentropy', 'binary_crossentropy' or 'mse'",
+            )
+    for key, names in (("metrics", cp.metrics), ("weighted_metrics", cp.weighted_metrics or ())):
+        for name in names:
+            if name in custom or name in _COMPILE_SPECIAL_METRICS:
+                continue
+            try:
+                keras.metrics.get(name)
+            except (ValueError, TypeError, AttributeError):
+                raise invalid(
+                    f"{what}: unknown metric {name!r} in {key}",
+                    hint="use a Keras metric name such as 'accuracy', 'top_k_categorical_accuracy'"
+                    " or 'mae'",
+                )
+    cp.optimizer.to_keras()
+
+
+# --------------------------------------------------------------------------------------------
+# fit_params
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FitParams:
+    """A parsed ``fit_params`` string: arguments for ``model.fit`` (Keras' defaults filled)."""
+
+    batch_size: int = 32
+    epochs: int = 1
+    shuffle: bool | None = None
+    class_weight: dict[int, float] | None = None
+    verbose: int | str | None = None
+    callbacks: tuple[str, ...] = ()
+
+    def canonical(self) -> str:
+        """A stable normalised string: batch_size and epochs always, other keys when given."""
+        parts = [f"batch_size={self.batch_size}", f"epochs={self.epochs}"]
+        for key in ("shuffle", "class_weight", "verbose"):
+            v = getattr(self, key)
+            if v is not None:
+                parts.append(f"{key}={render_literal(v)}")
+        if self.callbacks:
+            parts.append(f"callbacks={render_literal(list(self.callbacks))}")
+        return ",".join(parts)
+
+    def __hash__(self) -> int:
+        return hash(self.canonical())
+
+    def to_keras(self) -> dict[str, Any]:
+        """Keyword arguments for ``model.fit(...)``; callbacks are built (imports Keras then)."""
+        out: dict[str, Any] = {"batch_size": self.batch_size, "epochs": self.epochs}
+        for key in ("shuffle", "class_weight", "verbose"):
+            v = getattr(self, key)
+            if v is not None:
+                out[key] = dict(v) if isinstance(v, dict) else v
+        if self.callbacks:
+            keras = _keras_or_error("fit_params")
+            out["callbacks"] = [getattr(keras.callbacks, name)() for name in self.callbacks]
+        return out
+
+
+def fit_key_error(key: str, what: str) -> CerebroError:
+    """The error for a key that ``fit_params`` does not take (with a specific hint if known)."""
+    reason = _FIT_FORBIDDEN.get(key)
+    if reason is not None:
+        return invalid(f"{what}: {key} is not allowed", hint=reason)
+    return invalid(f"{what}: unknown key {key!r}", hint="allowed keys: " + ", ".join(FIT_KEYS))
+
+
+def _check_fit_key(key: str, what: str) -> None:
+    if key not in FIT_KEYS:
+        raise fit_key_error(key, what)
+
+
+def _int_at_least(value: Any, where: str, low: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise invalid(f"{where} must be an integer, got {render_literal(value)}")
+    if value < low:
+        raise invalid(f"{where} must be at least {low}, got {value}")
+    return value
+
+
+def parse_fit_params(text: str | None, what: str = "fit_params") -> FitParams:
+    """Parse and check a ``fit_params`` string; None or empty gives Keras' defaults.
+
+    Allowed keys: batch_size (>= 1, default 32), epochs (>= 1, default 1), shuffle,
+    class_weight (dict int -> non-negative number), verbose (0, 1, 2 or 'auto') and callbacks
+    (names from :data:`FIT_CALLBACKS`). Raises :class:`CerebroError`.
+    """
+    d = parse_keyword_string(text, what, key_check=lambda k: _check_fit_key(k, what))
+    kwargs: dict[str, Any] = {}
+    if "batch_size" in d:
+        kwargs["batch_size"] = _int_at_least(d["batch_size"], f"{what}: batch_size", 1)
+    if "epochs" in d:
+        kwargs["epochs"] = _int_at_least(d["epochs"], f"{what}: epochs", 1)
+    if d.get("shuffle") is not None:
+        if not isinstance(d["shuffle"], bool):
+            raise invalid(f"{what}: shuffle must be True or False, got {d['shuffle']!r}")
+        kwargs["shuffle"] = d["shuffle"]
+    if d.get("class_weight") is not None:
+        cw = d["class_weight"]
+        if not isinstance(cw, dict):
+            raise invalid(
+                f"{what}: class_weight must be a dict of class index to weight, "
+                f"got {render_literal(cw)}",
+                hint="e.g. class_weight={0: 1.0, 1: 5.0}",
+            )
+        for k, v in cw.items():
+            if not isinstance(k, int) or isinstance(k, bool) or k < 0:
+                raise invalid(f"{what}: class_weight keys must be class indexes (0, 1, ...), got {k!r}")
+            if not _is_number(v) or v < 0:
+                raise invalid(f"{what}: class_weight values must be non-negative numbers, got {v!r}")
+        kwargs["class_weight"] = dict(cw)
+    if d.get("verbose") is not None:
+        v = d["verbose"]
+        if isinstance(v, bool) or v not in (0, 1, 2, "auto"):
+            raise invalid(f"{what}: verbose must be 0, 1, 2 or 'auto', got {v!r}")
+        kwargs["verbose"] = v
+    if d.get("callbacks") is not None:
+        names = []
+        for name in _str_list(d["callbacks"], f"{what}: callbacks"):
+            canonical = FIT_CALLBACKS.get(name.lower())
+            if canonical is None:
+                raise invalid(
+                    f"{what}: callback {name!r} is not allowed",
+                    hint="allowed callbacks: " + ", ".join(sorted(FIT_CALLBACKS.values())),
+                )
+            if canonical not in names:
+                names.append(canonical)
+        kwargs["callbacks"] = tuple(names)
+    return FitParams(**kwargs)
+
+
+# --------------------------------------------------------------------------------------------
+# automl_params
+# --------------------------------------------------------------------------------------------
+
+AUTOML_DEFAULTS: dict[str, dict[str, Any]] = {
+    "hyperband": {"R": 6, "eta": 3, "skip_last": 0},
+    "hyperopt": {"num_configs": 20, "num_iterations": 5, "algorithm": "tpe"},
+}
+"""Accepted keys and defaults of ``automl_params`` for the methods known here."""
+
+_HYPEROPT_ALGORITHMS = ("tpe", "rand")
+
+
+def hyperband_s_max(R: int, eta: int) -> int:
+    """``floor(log_eta(R))`` computed exactly with integers (R >= 1, eta >= 2)."""
+    s = 0
+    power = eta
+    while power <= R:
+        s += 1
+        power *= eta
+    return s
+
+
+def parse_automl_params(
+    text: str | None,
+    method: str,
+    defaults: Mapping[str, Any] | None = None,
+    what: str = "automl_params",
+) -> dict[str, Any]:
+    """Parse ``automl_params`` for ``method`` into a dict with every key (defaults filled).
+
+    Keys are matched case-insensitively. Built in: hyperband (``R=6, eta=3, skip_last=0``) and
+    hyperopt (``num_configs=20, num_iterations=5, algorithm=tpe``; ``algorithm`` may be a bare
+    word). Other methods pass ``defaults``: allowed keys and their defaults, whose types the
+    values must match (int, float, bool or str; None allows any literal).
+    """
+    if not isinstance(method, str):
+        raise invalid(f"automl_method must be a string, got {type(method).__name__}")
+    m = method.strip().lower()
+    if defaults is None:
+        if m not in AUTOML_DEFAULTS:
+            raise invalid(
+                f"unknown automl_method {method!r}",
+                hint="valid methods: " + ", ".join(sorted(AUTOML_DEFAULTS)),
+            )
+        defaults = AUTOML_DEFAULTS[m]
+    by_lower = {k.lower(): k for k in defaults}
+    bare = ("algorithm",) if m == "hyperopt" else ()
+
+    def norm(key: str) -> str:
+        return by_lower.get(key.lower(), key)
+
+    def check(key: str) -> None:
+        if key not in by_lower.values():
+            raise invalid(
+                f"{what}: unknown key {key!r} for {m}", hint="allowed keys: " + ", ".join(defaults)
+            )
+
+    given = parse_keyword_string(
+        text, what, bare_name_keys=bare, key_normalizer=norm, key_check=check
+    )
+    out = dict(defaults)
+    for key, value in given.items():
+        default = defaults[key]
+        where = f"{what}: {key}"
+        if isinstance(default, bool):
+            if not isinstance(value, bool):
+                raise invalid(f"{where} must be True or False, got {value!r}")
+        elif isinstance(default, int):
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise invalid(f"{where} must be an integer, got {render_literal(value)}")
+        elif isinstance(default, float):
+            if not _is_number(value):
+                raise invalid(f"{where} must be a number, got {render_literal(value)}")
+            value = float(value)
+        elif isinstance(default, str):
+            if not isinstance(value, str):
+                raise invalid(f"{where} must be a string, got {render_literal(value)}")
+        out[key] = value
+    if m == "hyperband":
+        _int_at_least(out["R"], f"{what}: R", 1)
+        _int_at_least(out["eta"], f"{what}: eta", 2)
+        _int_at_least(out["skip_last"], f"{what}: skip_last", 0)
+        s_max = hyperband_s_max(out["R"], out["eta"])
+        if out["skip_last"] > s_max:
+            raise invalid(
+                f"{what}: skip_last must be less than the number of brackets "
+                f"({s_max + 1} for R={out['R']}, eta={out['eta']}), got {out['skip_last']}"
+            )
+    elif m == "hyperopt":
+        _int_at_least(out["num_configs"], f"{what}: num_configs", 1)
+        _int_at_least(out["num_iterations"], f"{what}: num_iterations", 1)
+        algorithm = out["algorithm"].lower()
+        if algorithm not in _HYPEROPT_ALGORITHMS:
+            raise invalid(
+                f"{what}: algorithm must be 'tpe' or 'rand', got {out['algorithm']!r}",
+            )
+        out["algorithm"] = algorithm
+    return out

@@ -1,0 +1,80 @@
+"""Short usage texts returned by ``fn('help')`` / ``fn()``."""
+from __future__ import annotations
+
+USAGE: dict[str, str] = {
+    "training_preprocessor_dl": """\
+training_preprocessor_dl: pack rows into training buffers
+
+SELECT training_preprocessor_dl(
+    source_table,          -- table of examples
+    output_table,          -- packed table to create (and <output_table>_summary)
+    dependent_varname,     -- label column(s), comma separated: text/integer/boolean classes,
+                           --   an integer array already one-hot, or a real/double/numeric
+                           --   target (scalar or array) for regression
+    independent_varname,   -- feature column(s): numeric arrays, comma separated
+    buffer_size,           -- rows per buffer (NULL: MADlib's rule)
+    normalizing_const,     -- features are divided by it (default 1.0)
+    num_classes,           -- INTEGER[], pads the one-hot width per label (NULL: distinct count)
+    distribution_rules,    -- 'all_segments' (default)
+    num_partitions,        -- parallel partitions for training (NULL: setting
+                           --   cerebro_db.num_partitions, else the server's core count)
+    random_state           -- seed of the shuffle (NULL: random, recorded in the summary)
+);
+Output columns: __dist_key__, <x> BYTEA (float32), <y> BYTEA (int16 one-hot or float32),
+<x>_shape, <y>_shape INTEGER[], buffer_id.""",
+    "validation_preprocessor_dl": """\
+validation_preprocessor_dl: pack validation rows like a training table
+
+SELECT validation_preprocessor_dl(
+    source_table, output_table, dependent_varname, independent_varname,
+    training_preprocessor_table,  -- output of training_preprocessor_dl: class values,
+                                  --   normalizing constant and partitions come from it
+    buffer_size,                  -- rows per buffer (NULL: MADlib's rule)
+    distribution_rules,           -- 'all_segments' (default)
+    num_partitions                -- NULL: as the training table
+);""",
+    "load_keras_model": """\
+load_keras_model: add a Keras architecture to an architecture table
+
+SELECT load_keras_model(
+    keras_model_arch_table,  -- created on first use
+    model_arch,              -- JSON from model.to_json() (Keras 3 or tf.keras 2.x)
+    model_weights,           -- optional BYTEA: flat float32 of model.get_weights()
+    name, description        -- optional
+);
+Table columns: model_id SERIAL, model_arch JSON, model_weights BYTEA, name, description,
+__internal_madlib_id__.""",
+    "delete_keras_model": """\
+delete_keras_model: remove an architecture
+
+SELECT delete_keras_model(keras_model_arch_table, model_id);
+The table is dropped once it is empty.""",
+    "load_model_selection_table": """\
+load_model_selection_table: model ids x compile params x fit params
+
+SELECT load_model_selection_table(
+    model_arch_table, model_selection_table,
+    model_id_list,        -- INTEGER[]
+    compile_params_list,  -- VARCHAR[], e.g. $$optimizer='Adam(learning_rate=0.001)',
+                          --   loss='categorical_crossentropy', metrics=['accuracy']$$
+    fit_params_list,      -- VARCHAR[], e.g. 'batch_size=64, epochs=1'
+    object_table          -- not supported (custom objects are never unpickled)
+);
+Table: mst_key SERIAL, model_id, compile_params, fit_params; plus <table>_summary.""",
+    "generate_model_configs": """\
+generate_model_configs: grid or random search over parameter grids
+
+SELECT generate_model_configs(
+    model_arch_table, model_selection_table, model_id_list,
+    compile_params_grid,  -- e.g. $${'loss': ['categorical_crossentropy'],
+                          --   'optimizer_params_list': [{'optimizer': ['Adam'],
+                          --   'lr': [0.0001, 0.01, 'log']}], 'metrics': ['accuracy']}$$
+    fit_params_grid,      -- e.g. $${'batch_size': [32, 64], 'epochs': [1]}$$
+    search_type,          -- 'grid' (default) or 'random'
+    num_configs,          -- random search only
+    random_state,         -- random search only
+    object_table          -- not supported
+);
+[low, high, 'linear'|'log'|'log_near_one'] is a distribution (random search); any other
+list is a set of choices. Appends to an existing table of the same architecture table.""",
+}

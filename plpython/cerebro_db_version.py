@@ -1,0 +1,2 @@
+import cerebro_db
+return cerebro_db.__version__

@@ -1,0 +1,139 @@
+-- cerebro_db functions. Every statement here is CREATE OR REPLACE (it runs on install and on
+-- every upgrade); tables belong in migrations/. Bodies come from plpython/ (see
+-- scripts/build_sql.py). Names, argument order and defaults follow Apache MADlib's
+-- deep-learning module; additions are trailing arguments with defaults.
+
+------------------------------------------------------------------------------------------
+-- Data preparation
+------------------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION @extschema@.training_preprocessor_dl(
+    source_table        VARCHAR,
+    output_table        VARCHAR,
+    dependent_varname   VARCHAR,
+    independent_varname VARCHAR,
+    buffer_size         INTEGER   DEFAULT NULL,
+    normalizing_const   REAL      DEFAULT 1.0,
+    num_classes         INTEGER[] DEFAULT NULL,
+    distribution_rules  TEXT      DEFAULT NULL,
+    num_partitions      INTEGER   DEFAULT NULL,
+    random_state        INTEGER   DEFAULT NULL
+) RETURNS VOID LANGUAGE plpython3u VOLATILE AS $python$
+@plpython training_preprocessor_dl@
+$python$;
+COMMENT ON FUNCTION @extschema@.training_preprocessor_dl(VARCHAR, VARCHAR, VARCHAR, VARCHAR,
+    INTEGER, REAL, INTEGER[], TEXT, INTEGER, INTEGER) IS
+'Pack rows into shuffled float32/int16 training buffers spread over num_partitions partitions (__dist_key__); writes <output_table> and <output_table>_summary';
+
+CREATE OR REPLACE FUNCTION @extschema@.training_preprocessor_dl(message VARCHAR DEFAULT NULL)
+RETURNS TEXT LANGUAGE plpython3u IMMUTABLE AS $python$
+@usage training_preprocessor_dl@
+$python$;
+
+CREATE OR REPLACE FUNCTION @extschema@.validation_preprocessor_dl(
+    source_table                VARCHAR,
+    output_table                VARCHAR,
+    dependent_varname           VARCHAR,
+    independent_varname         VARCHAR,
+    training_preprocessor_table VARCHAR,
+    buffer_size                 INTEGER DEFAULT NULL,
+    distribution_rules          TEXT    DEFAULT NULL,
+    num_partitions              INTEGER DEFAULT NULL
+) RETURNS VOID LANGUAGE plpython3u VOLATILE AS $python$
+@plpython validation_preprocessor_dl@
+$python$;
+COMMENT ON FUNCTION @extschema@.validation_preprocessor_dl(VARCHAR, VARCHAR, VARCHAR, VARCHAR,
+    VARCHAR, INTEGER, TEXT, INTEGER) IS
+'Pack validation rows with the class values and normalizing constant of a training table made by training_preprocessor_dl';
+
+CREATE OR REPLACE FUNCTION @extschema@.validation_preprocessor_dl(message VARCHAR DEFAULT NULL)
+RETURNS TEXT LANGUAGE plpython3u IMMUTABLE AS $python$
+@usage validation_preprocessor_dl@
+$python$;
+
+------------------------------------------------------------------------------------------
+-- Model architectures
+------------------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION @extschema@.load_keras_model(
+    keras_model_arch_table VARCHAR,
+    model_arch             JSON,
+    model_weights          BYTEA DEFAULT NULL,
+    name                   TEXT  DEFAULT NULL,
+    description            TEXT  DEFAULT NULL
+) RETURNS VOID LANGUAGE plpython3u VOLATILE AS $python$
+@plpython load_keras_model@
+$python$;
+COMMENT ON FUNCTION @extschema@.load_keras_model(VARCHAR, JSON, BYTEA, TEXT, TEXT) IS
+'Check a Keras model architecture (Keras 3 or tf.keras 2.x JSON) and optional flat float32 weights, and append it to an architecture table';
+
+CREATE OR REPLACE FUNCTION @extschema@.load_keras_model(message VARCHAR DEFAULT NULL)
+RETURNS TEXT LANGUAGE plpython3u IMMUTABLE AS $python$
+@usage load_keras_model@
+$python$;
+
+CREATE OR REPLACE FUNCTION @extschema@.delete_keras_model(
+    keras_model_arch_table VARCHAR,
+    model_id               INTEGER
+) RETURNS VOID LANGUAGE plpython3u VOLATILE AS $python$
+@plpython delete_keras_model@
+$python$;
+COMMENT ON FUNCTION @extschema@.delete_keras_model(VARCHAR, INTEGER) IS
+'Delete one architecture from an architecture table; drops the table once it is empty';
+
+CREATE OR REPLACE FUNCTION @extschema@.delete_keras_model(message VARCHAR DEFAULT NULL)
+RETURNS TEXT LANGUAGE plpython3u IMMUTABLE AS $python$
+@usage delete_keras_model@
+$python$;
+
+------------------------------------------------------------------------------------------
+-- Model configurations
+------------------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION @extschema@.load_model_selection_table(
+    model_arch_table      VARCHAR,
+    model_selection_table VARCHAR,
+    model_id_list         INTEGER[],
+    compile_params_list   VARCHAR[],
+    fit_params_list       VARCHAR[],
+    object_table          VARCHAR DEFAULT NULL
+) RETURNS VOID LANGUAGE plpython3u VOLATILE AS $python$
+@plpython load_model_selection_table@
+$python$;
+COMMENT ON FUNCTION @extschema@.load_model_selection_table(VARCHAR, VARCHAR, INTEGER[],
+    VARCHAR[], VARCHAR[], VARCHAR) IS
+'Write the cartesian product of model ids, compile_params and fit_params strings (deduplicated by content) to a model selection table';
+
+CREATE OR REPLACE FUNCTION @extschema@.load_model_selection_table(message VARCHAR DEFAULT NULL)
+RETURNS TEXT LANGUAGE plpython3u IMMUTABLE AS $python$
+@usage load_model_selection_table@
+$python$;
+
+CREATE OR REPLACE FUNCTION @extschema@.generate_model_configs(
+    model_arch_table      VARCHAR,
+    model_selection_table VARCHAR,
+    model_id_list         INTEGER[],
+    compile_params_grid   VARCHAR,
+    fit_params_grid       VARCHAR,
+    search_type           VARCHAR DEFAULT 'grid',
+    num_configs           INTEGER DEFAULT NULL,
+    random_state          INTEGER DEFAULT NULL,
+    object_table          VARCHAR DEFAULT NULL
+) RETURNS VOID LANGUAGE plpython3u VOLATILE AS $python$
+@plpython generate_model_configs@
+$python$;
+COMMENT ON FUNCTION @extschema@.generate_model_configs(VARCHAR, VARCHAR, INTEGER[], VARCHAR,
+    VARCHAR, VARCHAR, INTEGER, INTEGER, VARCHAR) IS
+'Generate model configurations by grid or random search over compile and fit parameter grids, appending to a model selection table';
+
+CREATE OR REPLACE FUNCTION @extschema@.generate_model_configs(message VARCHAR DEFAULT NULL)
+RETURNS TEXT LANGUAGE plpython3u IMMUTABLE AS $python$
+@usage generate_model_configs@
+$python$;
+
+------------------------------------------------------------------------------------------
+-- Other (since 0.2.0)
+------------------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION @extschema@.cerebro_db_version()
+RETURNS TEXT LANGUAGE plpython3u STABLE AS $python$
+@plpython cerebro_db_version@
+$python$;
+COMMENT ON FUNCTION @extschema@.cerebro_db_version() IS
+'The version of the cerebro_db Python package the server imports';

@@ -1,0 +1,605 @@
+"""Unit tests for cerebro_db.params: the literal-only parser and compile/fit/automl params."""
+from __future__ import annotations
+
+import ast
+import builtins
+import math
+import os
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cerebro_db import params
+from cerebro_db.errors import CerebroError
+from cerebro_db.params import (
+    MAX_INPUT_CHARS,
+    CompileParams,
+    FitParams,
+    OptimizerSpec,
+    hyperband_s_max,
+    parse_automl_params,
+    parse_compile_params,
+    parse_fit_params,
+    parse_keyword_string,
+    parse_literal,
+    parse_optimizer_spec,
+    render_literal,
+    validate_compile_params,
+)
+
+FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def err(fn, *args, **kwargs) -> CerebroError:
+    with pytest.raises(CerebroError) as info:
+        fn(*args, **kwargs)
+    e = info.value
+    assert e.message == e.message.rstrip(".")
+    assert e.message[:1] == e.message[:1].lower()
+    assert len(e.sqlstate) == 5
+    return e
+
+
+@pytest.fixture()
+def no_code_execution(monkeypatch):
+    """Fail the test if anything evals, execs or compiles to code (AST-only compile is fine)."""
+
+    real_compile = builtins.compile
+
+    def guarded_compile(source, filename, mode, flags=0, *args, **kwargs):
+        assert flags & ast.PyCF_ONLY_AST, "compile() to code object called"
+        return real_compile(source, filename, mode, flags, *args, **kwargs)
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("eval/exec called")
+
+    monkeypatch.setattr(builtins, "compile", guarded_compile)
+    monkeypatch.setattr(builtins, "eval", forbidden)
+    monkeypatch.setattr(builtins, "exec", forbidden)
+
+
+# ------------------------------------------------------------------------------------------
+# the key=value parser
+# ------------------------------------------------------------------------------------------
+
+
+def test_keyword_string_literals():
+    d = parse_keyword_string(
+        "a=1, b=-2.5, c=+3, d=1e-3, e='x,y=z', f=True, g=None, h=[1, (2, 3)], "
+        "i={'k': [1, 2]}, j={1, 2}, k=(1,), l=\"dq\"",
+        "p",
+    )
+    assert d == {
+        "a": 1, "b": -2.5, "c": 3, "d": 0.001, "e": "x,y=z", "f": True, "g": None,
+        "h": [1, (2, 3)], "i": {"k": [1, 2]}, "j": {1, 2}, "k": (1,), "l": "dq",
+    }
+    assert d["f"] is True
+
+
+@pytest.mark.parametrize("text", [None, "", "   ", "\n\t "])
+def test_keyword_string_empty(text):
+    assert parse_keyword_string(text, "p") == {}
+
+
+def test_keyword_string_trailing_comma_comment_and_newlines():
+    assert parse_keyword_string("a=1,\n b=2, # note\n", "p") == {"a": 1, "b": 2}
+
+
+def test_nested_commas():
+    d = parse_keyword_string("metrics=['accuracy', 'mae'], loss='mse'", "compile_params")
+    assert d == {"metrics": ["accuracy", "mae"], "loss": "mse"}
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "a=1, a=2",
+        "1, a=2",
+        "a=1, 'b'",
+        "**{'a': 1}",
+        "*x",
+        "a=",
+        "a=1 b=2",
+        "a=(1",
+        "a=1), (_(b=2",
+        "a=1)\n_(b=2",
+        "a=1\x00",
+        "a=" + "1" * 5000,
+        "a=" + "[" * 300 + "]" * 300,
+        "a=" + "-" * 50_000 + "1",
+        "a=" + "not " * 20_000 + "1",
+    ],
+)
+def test_keyword_string_malformed(text):
+    e = err(parse_keyword_string, text, "fit_params")
+    assert e.sqlstate in ("42601", "22023")
+    assert e.message.startswith("fit_params")
+
+
+def test_duplicate_and_positional_are_syntax_errors():
+    assert err(parse_keyword_string, "a=1, a=2", "p").sqlstate == "42601"
+    assert "duplicate key 'a'" in err(parse_keyword_string, "a=1, a=2", "p").message
+    assert err(parse_keyword_string, "1", "p").sqlstate == "42601"
+
+
+@pytest.mark.parametrize(
+    "value, described",
+    [
+        ("__import__('os').system('touch /tmp/cerebro_pwned')", "function call"),
+        ("open('/etc/passwd').read()", "function call"),
+        ("os.system", "attribute access"),
+        ("().__class__.__bases__[0].__subclasses__()", "function call"),
+        ("lambda: 1", "lambda"),
+        ("f'{1}'", "f-string"),
+        ("[x for x in range(3)]", "comprehension"),
+        ("1 + 2", "expression"),
+        ("x", "name 'x'"),
+        ("[1, foo]", "name 'foo'"),
+        ("{'a': exec}", "name 'exec'"),
+        ("[*a]", "unpacking"),
+        ("{**a}", "unpacking"),
+        ("b'bytes'", "bytes literal"),
+        ("1j", "complex literal"),
+        ("...", "ellipsis literal"),
+        ("-'x'", "sign"),
+        ("(x := 1)", "expression"),
+    ],
+)
+def test_non_literals_rejected_and_never_run(value, described, no_code_execution):
+    e = err(parse_keyword_string, f"loss={value}", "compile_params")
+    assert e.sqlstate == "22023"
+    assert e.message.startswith("compile_params: loss")
+    assert described in e.message.lower()
+    assert not os.path.exists("/tmp/cerebro_pwned")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "optimizer=__import__('os').system('touch /tmp/cerebro_pwned'), loss='mse'",
+        "optimizer=os.system('x'), loss='mse'",
+        "optimizer='__import__(\"os\").system(\"touch /tmp/cerebro_pwned\")', loss='mse'",
+        "optimizer=Adam(learning_rate=__import__('os')), loss='mse'",
+        "optimizer=Adam(0.1), loss='mse'",
+        "optimizer='Adam(lr=0.1)(1)', loss='mse'",
+        "optimizer='Adam.__init__', loss='mse'",
+    ],
+)
+def test_hostile_compile_params(text, no_code_execution):
+    e = err(parse_compile_params, text)
+    assert e.sqlstate in ("22023", "42601")
+    assert not os.path.exists("/tmp/cerebro_pwned")
+
+
+def test_limits():
+    e = err(parse_keyword_string, "a=" + "1" * MAX_INPUT_CHARS, "fit_params")
+    assert "too long" in e.message
+    deep = "a=" + "[" * 40 + "]" * 40
+    assert "nested too deeply" in err(parse_keyword_string, deep, "p").message
+    assert err(parse_keyword_string, "a=1e999", "p").message == "p: a must be a finite number, got inf"
+    assert "must be a string" in err(parse_keyword_string, 12, "p").message
+
+
+def test_dict_and_set_checks():
+    assert "duplicate dict key" in err(parse_keyword_string, "a={'k': 1, 'k': 2}", "p").message
+    assert "hashable" in err(parse_keyword_string, "a={[1]: 2}", "p").message
+    assert "hashable" in err(parse_keyword_string, "a={[1]}", "p").message
+
+
+def test_bare_names_only_for_named_keys():
+    assert parse_keyword_string("algorithm=tpe", "p", bare_name_keys=("algorithm",)) == {
+        "algorithm": "tpe"
+    }
+    assert "name 'tpe'" in err(parse_keyword_string, "other=tpe", "p").message
+
+
+def test_parse_literal():
+    assert parse_literal(" {'a': [1, 2.5, 'x']}\n", "g") == {"a": [1, 2.5, "x"]}
+    assert err(parse_literal, None, "g").sqlstate == "22004"
+    assert err(parse_literal, "  ", "g").sqlstate == "22023"
+    assert err(parse_literal, "{'a': [1}", "g").sqlstate == "42601"
+    assert err(parse_literal, "{'a': f(1)}", "g").sqlstate == "22023"
+
+
+@FUZZ
+@given(st.text(max_size=200))
+def test_fuzz_text_only_raises_cerebro_error(text):
+    for fn in (
+        parse_compile_params,
+        parse_fit_params,
+        lambda t: parse_automl_params(t, "hyperband"),
+        lambda t: parse_automl_params(t, "hyperopt"),
+        lambda t: parse_literal(t, "g"),
+        parse_optimizer_spec,
+    ):
+        try:
+            fn(text)
+        except CerebroError:
+            pass
+
+
+_TOKENS = [
+    "a", "=", "loss", "optimizer", "metrics", "batch_size", "epochs", "Adam", "sgd", "lr",
+    "learning_rate", "(", ")", "[", "]", "{", "}", ",", ":", "'", '"', "1", "-", "+", "0.5",
+    "1e-3", "True", "None", "x", ".", "*", "**", "lambda", "#", "\n", " ", "\\", "'mse'",
+    "'Adam(lr=0.1)'", "__import__", "if", "else", "for", "in", ";", "@", "1e999", "0x1f",
+]
+
+
+@FUZZ
+@given(st.lists(st.sampled_from(_TOKENS), max_size=40).map("".join))
+def test_fuzz_tokens_only_raises_cerebro_error(text):
+    for fn in (parse_compile_params, parse_fit_params, lambda t: parse_literal(t, "g"),
+               parse_optimizer_spec, lambda t: parse_automl_params(t, "hyperopt")):
+        try:
+            fn(text)
+        except CerebroError:
+            pass
+
+
+_literals = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(10**12), 10**12)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3)
+    | st.tuples(inner, inner)
+    | st.dictionaries(st.text(max_size=4) | st.integers(0, 9), inner, max_size=3),
+    max_leaves=10,
+)
+
+
+@FUZZ
+@given(_literals)
+def test_render_literal_round_trips(value):
+    for inner in (False, True):
+        assert parse_literal(render_literal(value, inner=inner), "v") == value
+
+
+# ------------------------------------------------------------------------------------------
+# optimizers
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "given_name, keras_name",
+    [("adam", "Adam"), ("ADAM", "Adam"), ("Adam", "Adam"), ("sgd", "SGD"), ("Sgd", "SGD"),
+     ("rmsprop", "RMSprop"), ("adamw", "AdamW"), ("NADAM", "Nadam"), ("adagrad", "Adagrad")],
+)
+def test_optimizer_names_case_insensitive(given_name, keras_name):
+    assert parse_optimizer_spec(given_name).name == keras_name
+    assert parse_optimizer_spec(f"{given_name}()").name == keras_name
+
+
+def test_optimizer_list_from_keras():
+    names = params.optimizer_names()
+    assert {"Adam", "SGD", "RMSprop", "AdamW"} <= set(names)
+    assert "Optimizer" not in names and "LossScaleOptimizer" not in names
+
+
+def test_amsgrad_false_is_false():
+    spec = parse_optimizer_spec("Adam(learning_rate=0.001, amsgrad=False)")
+    assert spec.kwargs == {"learning_rate": 0.001, "amsgrad": False}
+    assert spec.kwargs["amsgrad"] is False
+    assert spec.to_keras().amsgrad is False
+    assert parse_optimizer_spec("Adam(amsgrad=True)").to_keras().amsgrad is True
+
+
+def test_lr_alias():
+    spec = parse_optimizer_spec("SGD(lr=0.01, momentum=0.9, nesterov=True)")
+    assert spec == OptimizerSpec("SGD", {"learning_rate": 0.01, "momentum": 0.9, "nesterov": True})
+    assert spec.canonical() == parse_optimizer_spec(
+        "sgd(nesterov=True, momentum=0.9, learning_rate=0.01)"
+    ).canonical()
+    opt = spec.to_keras()
+    assert math.isclose(float(opt.learning_rate), 0.01, rel_tol=1e-6)
+    e = err(parse_optimizer_spec, "SGD(lr=0.1, learning_rate=0.2)")
+    assert "both lr and learning_rate" in e.message
+
+
+def test_string_and_tuple_kwargs():
+    assert parse_optimizer_spec('Adam(name="my_adam")').kwargs == {"name": "my_adam"}
+    assert parse_optimizer_spec("Adam(name='my_adam')").kwargs == {"name": "my_adam"}
+    assert parse_optimizer_spec("SGD(learning_rate=0.1, clipnorm=(1.0))").kwargs == {
+        "learning_rate": 0.1, "clipnorm": 1.0,
+    }
+    assert parse_optimizer_spec('Adam(name="my_adam")').to_keras().name == "my_adam"
+
+
+def test_bare_call_equals_quoted():
+    a = parse_compile_params("optimizer=SGD(lr=0.1), loss='mse'")
+    b = parse_compile_params("optimizer='SGD(lr=0.1)', loss='mse'")
+    c = parse_compile_params("optimizer=sgd(learning_rate=0.1), loss='mse'")
+    assert a == b == c
+    assert parse_compile_params("optimizer=Adam, loss='mse'").optimizer.name == "Adam"
+
+
+def test_optimizer_errors():
+    e = err(parse_optimizer_spec, "adamx")
+    assert e.message == "compile_params: unknown optimizer 'adamx'"
+    assert "Adam" in e.hint and "SGD" in e.hint
+    e = err(parse_optimizer_spec, "Adam(decay=0.01)")
+    assert "decay" in e.message and "schedule" in e.hint
+    e = err(parse_optimizer_spec, "SGD(betas=0.9)")
+    assert e.message == "compile_params: optimizer SGD has no argument 'betas'"
+    assert "momentum" in e.hint
+    assert "positive" in err(parse_optimizer_spec, "Adam(lr=0)").message
+    assert "positive" in err(parse_optimizer_spec, "Adam(lr='fast')").message
+    assert "keyword arguments only" in err(parse_optimizer_spec, "Adam(0.1)").message
+    assert err(parse_optimizer_spec, "").sqlstate == "22023"
+    assert err(parse_optimizer_spec, 3).sqlstate == "22023"
+    assert err(parse_optimizer_spec, "[1]").sqlstate == "22023"
+    assert err(parse_optimizer_spec, "Adam(").sqlstate == "42601"
+    assert "invalid" in err(parse_optimizer_spec("SGD(momentum=-1.0)").to_keras).message
+
+
+def test_optimizer_fallback_without_keras(monkeypatch):
+    def no_keras():
+        raise ImportError("no keras")
+
+    params._optimizer_table.cache_clear()
+    monkeypatch.setattr(params, "_import_keras", no_keras)
+    try:
+        assert parse_optimizer_spec("adamw(anything=1)").name == "AdamW"
+        assert err(parse_optimizer_spec, "Adam(decay=0.1)").sqlstate == "22023"
+        cp = parse_compile_params("optimizer='adam', loss='mse'")
+        assert err(validate_compile_params, cp).sqlstate == "0A000"
+    finally:
+        params._optimizer_table.cache_clear()
+
+
+# ------------------------------------------------------------------------------------------
+# compile_params
+# ------------------------------------------------------------------------------------------
+
+
+def test_compile_params_full():
+    cp = parse_compile_params(
+        "optimizer='Adam(learning_rate=0.001)', loss='categorical_crossentropy', "
+        "metrics=['accuracy', 'top_k_categorical_accuracy'], loss_weights=[1.0], "
+        "weighted_metrics=['acc'], jit_compile=False, steps_per_execution=2, run_eagerly=False"
+    )
+    assert cp.optimizer == OptimizerSpec("Adam", {"learning_rate": 0.001})
+    assert cp.loss == "categorical_crossentropy"
+    assert cp.metrics == ("accuracy", "top_k_categorical_accuracy")
+    assert cp.loss_weights == (1.0,)
+    assert cp.weighted_metrics == ("acc",)
+    assert cp.steps_per_execution == 2 and cp.jit_compile is False and cp.run_eagerly is False
+    validate_compile_params(cp)
+    assert parse_compile_params(cp.canonical()) == cp
+    assert hash(cp) == hash(parse_compile_params(cp.canonical()))
+
+
+def test_compile_params_defaults_and_forms():
+    cp = parse_compile_params("loss='mse', optimizer='adam'")
+    assert cp.metrics == () and cp.loss_weights is None and cp.weighted_metrics is None
+    assert cp.canonical() == "optimizer='Adam()',loss='mse',metrics=[]"
+    assert parse_compile_params("optimizer='adam', loss='mse', metrics='mae'").metrics == ("mae",)
+    multi = parse_compile_params(
+        "optimizer='adam', loss={'a': 'mse', 'b': 'mae'}, loss_weights={'a': 1, 'b': 0.5}"
+    )
+    assert multi.loss == {"a": "mse", "b": "mae"}
+    assert parse_compile_params("optimizer='adam', loss=['mse', 'mae']").loss == ("mse", "mae")
+    assert parse_compile_params(multi.canonical()) == multi
+
+
+def test_canonical_ignores_spelling():
+    a = parse_compile_params("optimizer='Adam(lr=0.01, amsgrad=False)', loss='mse', metrics=['mae']")
+    b = parse_compile_params(
+        "metrics = [ 'mae' ] ,loss=\"mse\",optimizer=adam(amsgrad=False,learning_rate=0.01)"
+    )
+    assert a.canonical() == b.canonical()
+    assert a.canonical() != parse_compile_params(
+        "optimizer='Adam(lr=0.02, amsgrad=False)', loss='mse', metrics=['mae']"
+    ).canonical()
+
+
+@pytest.mark.parametrize(
+    "text, fragment",
+    [
+        ("loss='mse'", "optimizer is required"),
+        ("optimizer='adam'", "loss is required"),
+        ("optimizer='adam', loss='mse', foo=1", "unknown key 'foo'"),
+        ("optimizer='adam', loss='mse', foo=bar", "unknown key 'foo'"),
+        ("optimizer='adam', loss=''", "must not be empty"),
+        ("optimizer='adam', loss=[]", "empty list"),
+        ("optimizer='adam', loss=1", "loss name"),
+        ("optimizer='adam', loss='mse', metrics=[1]", "list of names"),
+        ("optimizer='adam', loss='mse', metrics={'a': 'b'}", "list of names"),
+        ("optimizer='adam', loss='mse', loss_weights=[-1]", "non-negative"),
+        ("optimizer='adam', loss='mse', loss_weights='x'", "list or dict"),
+        ("optimizer='adam', loss='mse', jit_compile='yes'", "jit_compile"),
+        ("optimizer='adam', loss='mse', steps_per_execution=0", "steps_per_execution"),
+        ("optimizer='adam', loss='mse', run_eagerly=1", "run_eagerly"),
+        ("optimizer=1, loss='mse'", "optimizer must be a string"),
+    ],
+)
+def test_compile_params_errors(text, fragment):
+    e = err(parse_compile_params, text)
+    assert fragment in e.message
+    assert e.sqlstate == "22023"
+
+
+def test_unknown_key_hint_lists_allowed():
+    e = err(parse_compile_params, "optimizer='adam', loss='mse', sample_weight_mode='x'")
+    assert "loss_weights" in e.hint and "metrics" in e.hint
+
+
+def test_validate_compile_params():
+    ok = parse_compile_params(
+        "optimizer='sgd', loss='sparse_categorical_crossentropy', "
+        "metrics=['acc', 'accuracy', 'ce', 'crossentropy', 'mae', 'AUC']"
+    )
+    validate_compile_params(ok)
+    bad_loss = parse_compile_params("optimizer='sgd', loss='no_such_loss'")
+    e = err(validate_compile_params, bad_loss)
+    assert e.message == "compile_params: unknown loss 'no_such_loss'"
+    bad_metric = parse_compile_params("optimizer='sgd', loss='mse', metrics=['nope']")
+    assert "unknown metric 'nope'" in err(validate_compile_params, bad_metric).message
+    validate_compile_params(bad_metric, custom_functions=["nope"])
+    bad_opt = parse_compile_params("optimizer='SGD(momentum=2.0)', loss='mse'")
+    assert err(validate_compile_params, bad_opt).sqlstate == "22023"
+
+
+def test_compile_to_keras_compiles_a_model():
+    import keras
+
+    cp = parse_compile_params(
+        "optimizer='Adam(learning_rate=0.01, amsgrad=False)', loss='mse', metrics=['mae']"
+    )
+    kwargs = cp.to_keras()
+    assert isinstance(kwargs["optimizer"], keras.optimizers.Adam)
+    assert kwargs["loss"] == "mse" and kwargs["metrics"] == ["mae"]
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(**kwargs)
+
+
+def test_compile_params_frozen():
+    cp = parse_compile_params("optimizer='adam', loss='mse'")
+    with pytest.raises(AttributeError):
+        cp.loss = "mae"  # type: ignore[misc]
+    assert isinstance(cp, CompileParams)
+
+
+# ------------------------------------------------------------------------------------------
+# fit_params
+# ------------------------------------------------------------------------------------------
+
+
+def test_fit_params_defaults():
+    for text in (None, "", "  "):
+        fp = parse_fit_params(text)
+        assert fp == FitParams(batch_size=32, epochs=1)
+        assert fp.canonical() == "batch_size=32,epochs=1"
+    assert parse_fit_params("epochs=1").canonical() == parse_fit_params("batch_size=32").canonical()
+
+
+def test_fit_params_full():
+    fp = parse_fit_params(
+        "batch_size=64, epochs=3, shuffle=False, class_weight={0: 1, 1: 2.5}, verbose=0, "
+        "callbacks=['terminateonnan']"
+    )
+    assert fp.batch_size == 64 and fp.epochs == 3 and fp.shuffle is False
+    assert fp.class_weight == {0: 1, 1: 2.5} and fp.verbose == 0
+    assert fp.callbacks == ("TerminateOnNaN",)
+    assert parse_fit_params(fp.canonical()) == fp
+    kw = fp.to_keras()
+    assert kw["batch_size"] == 64 and kw["epochs"] == 3 and kw["shuffle"] is False
+    assert type(kw["callbacks"][0]).__name__ == "TerminateOnNaN"
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("batch_size=0", "fit_params: batch_size must be at least 1, got 0"),
+        ("epochs=0", "fit_params: epochs must be at least 1, got 0"),
+        ("batch_size=1.5", "fit_params: batch_size must be an integer, got 1.5"),
+        ("batch_size=True", "fit_params: batch_size must be an integer, got True"),
+        ("batch_size=1e999", "fit_params: batch_size must be a finite number, got inf"),
+        ("shuffle=1", "fit_params: shuffle must be True or False, got 1"),
+        ("verbose=3", "fit_params: verbose must be 0, 1, 2 or 'auto', got 3"),
+        ("callbacks=['EarlyStopping']", "fit_params: callback 'EarlyStopping' is not allowed"),
+        ("class_weight=[1, 2]", "fit_params: class_weight must be a dict"),
+        ("class_weight={'a': 1}", "fit_params: class_weight keys must be class indexes"),
+        ("class_weight={0: -1}", "fit_params: class_weight values must be non-negative"),
+        ("foo=1", "fit_params: unknown key 'foo'"),
+    ],
+)
+def test_fit_params_errors(text, message):
+    e = err(parse_fit_params, text)
+    assert e.message.startswith(message)
+    assert e.sqlstate == "22023"
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["x", "y", "sample_weight", "validation_split", "validation_data", "steps_per_epoch",
+     "initial_epoch", "workers", "use_multiprocessing", "validation_freq"],
+)
+def test_fit_params_forbidden_keys(key):
+    e = err(parse_fit_params, f"{key}=1")
+    assert e.message == f"fit_params: {key} is not allowed"
+    assert e.hint
+
+
+@FUZZ
+@given(
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "batch_size": st.integers(1, 10**6),
+            "epochs": st.integers(1, 1000),
+            "shuffle": st.booleans(),
+            "class_weight": st.dictionaries(
+                st.integers(0, 20), st.floats(0, 1e6, allow_nan=False), max_size=4
+            ),
+            "verbose": st.sampled_from([0, 1, 2, "auto"]),
+        },
+    )
+)
+def test_fit_params_round_trip(d):
+    text = ", ".join(f"{k}={render_literal(v)}" for k, v in d.items())
+    fp = parse_fit_params(text)
+    for k, v in d.items():
+        assert getattr(fp, k) == v
+    again = parse_fit_params(fp.canonical())
+    assert again == fp and again.canonical() == fp.canonical()
+
+
+# ------------------------------------------------------------------------------------------
+# automl_params
+# ------------------------------------------------------------------------------------------
+
+
+def test_hyperband_params():
+    assert parse_automl_params(None, "hyperband") == {"R": 6, "eta": 3, "skip_last": 0}
+    assert parse_automl_params("R=243, eta=3, skip_last=5", "Hyperband") == {
+        "R": 243, "eta": 3, "skip_last": 5,
+    }
+    assert parse_automl_params("r=9", "hyperband")["R"] == 9
+    e = err(parse_automl_params, "R=243, eta=3, skip_last=6", "hyperband")
+    assert "skip_last must be less than the number of brackets (6" in e.message
+    assert "R must be at least 1, got 0" in err(parse_automl_params, "R=0", "hyperband").message
+    assert "eta must be at least 2" in err(parse_automl_params, "eta=1", "hyperband").message
+    assert "skip_last must be at least 0" in err(
+        parse_automl_params, "skip_last=-1", "hyperband"
+    ).message
+    assert "must be an integer" in err(parse_automl_params, "R=6.0", "hyperband").message
+    assert "unknown key 'foo'" in err(parse_automl_params, "foo=1", "hyperband").message
+    assert err(parse_automl_params, "R=6, r=7", "hyperband").sqlstate == "42601"
+
+
+@pytest.mark.parametrize("R, eta", [(243, 3), (81, 3), (8, 2), (1, 3), (1000, 10), (999, 10)])
+def test_hyperband_s_max_exact(R, eta):
+    s = hyperband_s_max(R, eta)
+    assert eta**s <= R < eta ** (s + 1)
+
+
+def test_hyperopt_params():
+    assert parse_automl_params("", "hyperopt") == {
+        "num_configs": 20, "num_iterations": 5, "algorithm": "tpe",
+    }
+    assert parse_automl_params("num_configs=3, algorithm=rand", "hyperopt")["algorithm"] == "rand"
+    assert parse_automl_params("algorithm='TPE'", "hyperopt")["algorithm"] == "tpe"
+    assert "'tpe' or 'rand'" in err(parse_automl_params, "algorithm=anneal", "hyperopt").message
+    e = err(parse_automl_params, "algorithm=hyperopt.tpe.suggest", "hyperopt")
+    assert "attribute access" in e.message
+    assert "num_configs must be at least 1" in err(
+        parse_automl_params, "num_configs=0", "hyperopt"
+    ).message
+    # bare words are only accepted for the algorithm key
+    assert "name 'x'" in err(parse_automl_params, "num_configs=x", "hyperopt").message
+
+
+def test_generic_automl_params():
+    defaults = {"eta": 3, "min_r": 1.0, "flag": False, "mode": "min", "anything": None}
+    out = parse_automl_params("ETA=4, min_r=2, flag=True, anything=[1]", "asha", defaults)
+    assert out == {"eta": 4, "min_r": 2.0, "flag": True, "mode": "min", "anything": [1]}
+    assert "must be a number" in err(parse_automl_params, "min_r='a'", "asha", defaults).message
+    assert "True or False" in err(parse_automl_params, "flag=1", "asha", defaults).message
+    assert "must be a string" in err(parse_automl_params, "mode=1", "asha", defaults).message
+    assert "must be an integer" in err(parse_automl_params, "eta=True", "asha", defaults).message
+    e = err(parse_automl_params, "", "asha")
+    assert e.message == "unknown automl_method 'asha'" and "hyperband" in e.hint
