@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any, Iterable, Mapping, Sequence, Union
+from typing import Any, Union
 
 import numpy as np
 
@@ -47,8 +48,8 @@ __all__ = [
     "MAX_CONFIGS",
     "OPTIMIZER_PARAMS_LIST",
     "Distribution",
-    "parse_grid",
     "generate_model_configs",
+    "parse_grid",
     "product_configs",
 ]
 
@@ -150,7 +151,7 @@ def _choices(value: Any, key: str, where: str, numeric: bool) -> Choices:
     if kind == "log_near_one":
         if integer:
             raise invalid(f"{where}: {key} is an integer and cannot take log_near_one")
-        if not (0 <= low and high < 1):
+        if not (low >= 0 and high < 1):
             raise invalid(
                 f"{where}: {key} log_near_one distribution needs 0 <= low < high < 1, "
                 f"got [{low}, {high}]"
@@ -262,7 +263,9 @@ def parse_grid(text: str | Mapping[str, Any], which: str) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------
 
 
-def _render_compile(opt: tuple[str, dict[str, Any]] | str, others: Iterable[tuple[str, Any]]) -> str:
+def _render_compile(
+    opt: tuple[str, dict[str, Any]] | str, others: Iterable[tuple[str, Any]]
+) -> str:
     if isinstance(opt, str):
         parts = [f"optimizer={render_literal(opt)}"]
     else:
@@ -271,9 +274,8 @@ def _render_compile(opt: tuple[str, dict[str, Any]] | str, others: Iterable[tupl
                         for k, v in kwargs.items())
         parts = [f"optimizer={render_literal(f'{name}({args})')}"]
     for key, value in others:
-        if key == "metrics" or key == "weighted_metrics":
-            value = [value] if isinstance(value, str) else value
-        parts.append(f"{key}={render_literal(value, sort_dicts=False)}")
+        wrap = key in ("metrics", "weighted_metrics") and isinstance(value, str)
+        parts.append(f"{key}={render_literal([value] if wrap else value, sort_dicts=False)}")
     return ",".join(parts)
 
 
@@ -382,7 +384,7 @@ def _reraise(parse: Any, s: str, where: str) -> Any:
         return parse(s, where)
     except CerebroError as e:
         raise CerebroError(e.message, e.sqlstate, hint=e.hint,
-                           detail=f"in the generated configuration {s}")
+                           detail=f"in the generated configuration {s}") from None
 
 
 def _unique(strings: Iterable[str], key: Any) -> list[str]:

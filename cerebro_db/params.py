@@ -18,8 +18,9 @@ import inspect
 import json
 import math
 import warnings
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Collection, Mapping, Union
+from typing import Any, Callable, Union
 
 from .errors import (
     FEATURE_NOT_SUPPORTED,
@@ -31,28 +32,28 @@ from .errors import (
 )
 
 __all__ = [
+    "AUTOML_DEFAULTS",
+    "COMPILE_KEYS",
+    "FIT_CALLBACKS",
+    "FIT_KEYS",
     "MAX_INPUT_CHARS",
     "MAX_NESTING",
-    "COMPILE_KEYS",
-    "FIT_KEYS",
-    "FIT_CALLBACKS",
-    "AUTOML_DEFAULTS",
     "CompileParams",
     "FitParams",
     "OptimizerSpec",
+    "fit_key_error",
+    "hyperband_s_max",
+    "optimizer_arguments",
+    "optimizer_names",
+    "parse_automl_params",
+    "parse_compile_params",
+    "parse_fit_params",
     "parse_keyword_string",
     "parse_literal",
     "parse_optimizer_spec",
-    "parse_compile_params",
-    "validate_compile_params",
-    "parse_fit_params",
-    "parse_automl_params",
-    "hyperband_s_max",
-    "optimizer_names",
-    "optimizer_arguments",
-    "resolve_optimizer_name",
     "render_literal",
-    "fit_key_error",
+    "resolve_optimizer_name",
+    "validate_compile_params",
 ]
 
 MAX_INPUT_CHARS = 100_000
@@ -76,7 +77,9 @@ COMPILE_KEYS: tuple[str, ...] = (
     "auto_scale_loss",
 )
 
-FIT_KEYS: tuple[str, ...] = ("batch_size", "epochs", "shuffle", "class_weight", "verbose", "callbacks")
+FIT_KEYS: tuple[str, ...] = (
+    "batch_size", "epochs", "shuffle", "class_weight", "verbose", "callbacks",
+)
 
 # Callbacks a fit_params string may name (lower-case name -> Keras class name).
 FIT_CALLBACKS: dict[str, str] = {"terminateonnan": "TerminateOnNaN"}
@@ -181,9 +184,9 @@ def _literal(node: ast.AST, where: str, depth: int = 0) -> Any:
         )
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
         operand = node.operand
-        if isinstance(operand, ast.Constant) and type(operand.value) in (int, float):
-            value = operand.value
-            return _check_number(where, -value if isinstance(node.op, ast.USub) else value)
+        number = operand.value if isinstance(operand, ast.Constant) else None
+        if isinstance(number, (int, float)) and not isinstance(number, bool):
+            return _check_number(where, -number if isinstance(node.op, ast.USub) else number)
         raise invalid(f"{where}: a sign must be followed by a number")
     if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
         items = [_literal(elt, where, depth + 1) for elt in node.elts]
@@ -194,17 +197,21 @@ def _literal(node: ast.AST, where: str, depth: int = 0) -> Any:
         try:
             return set(items)
         except TypeError:
-            raise invalid(f"{where}: set elements must be hashable (numbers, strings, tuples)")
+            msg = f"{where}: set elements must be hashable (numbers, strings, tuples)"
+            raise invalid(msg) from None
     if isinstance(node, ast.Dict):
         out: dict[Any, Any] = {}
         for key_node, value_node in zip(node.keys, node.values):
             if key_node is None:
-                raise invalid(f"{where} must be a literal ({_LITERAL_KINDS}), got unpacking with **")
+                raise invalid(
+                    f"{where} must be a literal ({_LITERAL_KINDS}), got unpacking with **"
+                )
             key = _literal(key_node, where, depth + 1)
             try:
                 duplicate = key in out
             except TypeError:
-                raise invalid(f"{where}: dict keys must be hashable (numbers, strings, tuples)")
+                msg = f"{where}: dict keys must be hashable (numbers, strings, tuples)"
+                raise invalid(msg) from None
             if duplicate:
                 raise invalid(f"{where} has a duplicate dict key {key!r}")
             out[key] = _literal(value_node, where, depth + 1)
@@ -226,11 +233,11 @@ def _parse_tree(source: str, what: str, hint: str | None = None) -> ast.Expressi
         if len(msg) > 120:
             msg = msg[:117] + "..."
         detail = "" if msg in ("", "invalid syntax") else f" ({msg})"
-        raise syntax(f"{what}: invalid syntax{detail}", hint=hint)
+        raise syntax(f"{what}: invalid syntax{detail}", hint=hint) from None
     except (ValueError, TypeError) as e:  # null bytes, int digit limit on some versions
-        raise syntax(f"{what}: invalid syntax ({str(e)[:120]})", hint=hint)
+        raise syntax(f"{what}: invalid syntax ({str(e)[:120]})", hint=hint) from None
     except (RecursionError, MemoryError):
-        raise syntax(f"{what}: input is too deeply nested or too complex to parse")
+        raise syntax(f"{what}: input is too deeply nested or too complex to parse") from None
 
 
 def _check_text(text: Any, what: str) -> str | None:
@@ -260,11 +267,11 @@ def parse_keyword_string(
     ``what`` names the parameter in error messages (``compile_params``). A None, empty or
     all-blank string gives ``{}``. ``bare_name_keys`` may take a bare identifier, returned as its
     string (``algorithm=tpe``); ``call_keys`` may also take a bare ``Name(k=literal, ...)`` call or
-    bare name, returned as a :class:`_Call`-like value for :func:`parse_optimizer_spec`.
+    bare name, kept as data for :func:`parse_optimizer_spec` (never called).
     ``key_normalizer`` maps each key before the bare-name/call/duplicate checks (used for
     case-insensitive keys); ``key_check`` is called with each (normalised) key before its value
-    is read, to reject unknown keys first. Raises :class:`CerebroError` (42601 for malformed text, duplicate
-    keys and positional arguments; 22023 for non-literal values).
+    is read, to reject unknown keys first. Raises :class:`CerebroError`: 42601 for malformed
+    text, duplicate keys and positional arguments; 22023 for non-literal values.
     """
     checked = _check_text(text, what)
     if checked is None:
@@ -385,7 +392,7 @@ def render_literal(value: Any, *, inner: bool = False, sort_dicts: bool = True) 
 
 
 def _import_keras() -> Any:
-    import keras  # noqa: PLC0415 - deliberately lazy
+    import keras
 
     return keras
 
@@ -398,7 +405,7 @@ def _keras_or_error(what: str) -> Any:
             f"{what}: keras is not installed, cannot check names against it",
             FEATURE_NOT_SUPPORTED,
             hint="install TensorFlow in the database server's Python (cerebro_db[train])",
-        )
+        ) from None
 
 
 @functools.lru_cache(maxsize=1)
@@ -477,6 +484,11 @@ class OptimizerSpec:
         )
         return f"{self.name}({args})"
 
+    def __eq__(self, other: object) -> bool:
+        """Equal when the canonical strings are equal (so equality agrees with the hash)."""
+        other_any: Any = other
+        return type(other) is type(self) and self.canonical() == other_any.canonical()
+
     def __hash__(self) -> int:
         return hash(self.canonical())
 
@@ -486,9 +498,10 @@ class OptimizerSpec:
         cls = getattr(keras.optimizers, self.name)
         try:
             return cls(**self.kwargs)
-        except (TypeError, ValueError) as e:
+        except Exception as e:  # noqa: BLE001 - built from the user's literals: a user error
             reason = str(e).strip().rstrip(".").replace("`", "")
-            raise invalid(f"compile_params: optimizer {self.canonical()} is invalid: {reason}")
+            msg = f"compile_params: optimizer {self.canonical()} is invalid: {reason}"
+            raise invalid(msg) from None
 
 
 def _optimizer_from_call(call: _Call, what: str) -> OptimizerSpec:
@@ -542,7 +555,8 @@ def parse_optimizer_spec(value: Any, what: str = "compile_params") -> OptimizerS
     checked = _check_text(value, where)
     if checked is None:
         raise invalid(f"{where} must not be empty", hint="e.g. optimizer='Adam'")
-    tree = _parse_tree(checked.strip(), where, "e.g. optimizer='SGD(learning_rate=0.01, momentum=0.9)'")
+    example = "e.g. optimizer='SGD(learning_rate=0.01, momentum=0.9)'"
+    tree = _parse_tree(checked.strip(), where, example)
     node = tree.body
     if isinstance(node, ast.Name):
         return _optimizer_from_call(_Call(node.id, {}), what)
@@ -650,6 +664,11 @@ class CompileParams:
         parts += [f"{k}={render_literal(v)}" for k, v in self._items()]
         return ",".join(parts)
 
+    def __eq__(self, other: object) -> bool:
+        """Equal when the canonical strings are equal (so equality agrees with the hash)."""
+        other_any: Any = other
+        return type(other) is type(self) and self.canonical() == other_any.canonical()
+
     def __hash__(self) -> int:
         return hash(self.canonical())
 
@@ -667,7 +686,9 @@ class CompileParams:
 
 def _check_compile_key(key: str, what: str) -> None:
     if key not in COMPILE_KEYS:
-        raise invalid(f"{what}: unknown key {key!r}", hint="allowed keys: " + ", ".join(COMPILE_KEYS))
+        raise invalid(
+            f"{what}: unknown key {key!r}", hint="allowed keys: " + ", ".join(COMPILE_KEYS)
+        )
 
 
 def parse_compile_params(text: str | None, what: str = "compile_params") -> CompileParams:
@@ -738,7 +759,7 @@ def validate_compile_params(
                 f"{what}: unknown loss {name!r}",
                 hint="use a Keras loss name such as 'categorical_crossentropy', "
                 "'sparse_categorical_crossentropy', 'binary_crossentropy' or 'mse'",
-            )
+            ) from None
     for key, names in (("metrics", cp.metrics), ("weighted_metrics", cp.weighted_metrics or ())):
         for name in names:
             if name in custom or name in _COMPILE_SPECIAL_METRICS:
@@ -750,7 +771,7 @@ def validate_compile_params(
                     f"{what}: unknown metric {name!r} in {key}",
                     hint="use a Keras metric name such as 'accuracy', 'top_k_categorical_accuracy'"
                     " or 'mae'",
-                )
+                ) from None
     cp.optimizer.to_keras()
 
 
@@ -780,6 +801,11 @@ class FitParams:
         if self.callbacks:
             parts.append(f"callbacks={render_literal(list(self.callbacks))}")
         return ",".join(parts)
+
+    def __eq__(self, other: object) -> bool:
+        """Equal when the canonical strings are equal (so equality agrees with the hash)."""
+        other_any: Any = other
+        return type(other) is type(self) and self.canonical() == other_any.canonical()
 
     def __hash__(self) -> int:
         return hash(self.canonical())
@@ -845,9 +871,13 @@ def parse_fit_params(text: str | None, what: str = "fit_params") -> FitParams:
             )
         for k, v in cw.items():
             if not isinstance(k, int) or isinstance(k, bool) or k < 0:
-                raise invalid(f"{what}: class_weight keys must be class indexes (0, 1, ...), got {k!r}")
+                raise invalid(
+                    f"{what}: class_weight keys must be class indexes (0, 1, ...), got {k!r}"
+                )
             if not _is_number(v) or v < 0:
-                raise invalid(f"{what}: class_weight values must be non-negative numbers, got {v!r}")
+                raise invalid(
+                    f"{what}: class_weight values must be non-negative numbers, got {v!r}"
+                )
         kwargs["class_weight"] = dict(cw)
     if d.get("verbose") is not None:
         v = d["verbose"]
@@ -892,6 +922,22 @@ def hyperband_s_max(R: int, eta: int) -> int:
     return s
 
 
+def _automl_value(value: Any, default: Any, where: str) -> Any:
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise invalid(f"{where} must be True or False, got {value!r}")
+    elif isinstance(default, int):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise invalid(f"{where} must be an integer, got {render_literal(value)}")
+    elif isinstance(default, float):
+        if not _is_number(value):
+            raise invalid(f"{where} must be a number, got {render_literal(value)}")
+        return float(value)
+    elif isinstance(default, str) and not isinstance(value, str):
+        raise invalid(f"{where} must be a string, got {render_literal(value)}")
+    return value
+
+
 def parse_automl_params(
     text: str | None,
     method: str,
@@ -903,11 +949,13 @@ def parse_automl_params(
     Keys are matched case-insensitively. Built in: hyperband (``R=6, eta=3, skip_last=0``) and
     hyperopt (``num_configs=20, num_iterations=5, algorithm=tpe``; ``algorithm`` may be a bare
     word). Other methods pass ``defaults``: allowed keys and their defaults, whose types the
-    values must match (int, float, bool or str; None allows any literal).
+    values must match (int, float, bool or str; None allows any literal); for these the
+    built-in range checks do not apply. Raises :class:`CerebroError`.
     """
     if not isinstance(method, str):
         raise invalid(f"automl_method must be a string, got {type(method).__name__}")
     m = method.strip().lower()
+    builtin = defaults is None
     if defaults is None:
         if m not in AUTOML_DEFAULTS:
             raise invalid(
@@ -916,7 +964,7 @@ def parse_automl_params(
             )
         defaults = AUTOML_DEFAULTS[m]
     by_lower = {k.lower(): k for k in defaults}
-    bare = ("algorithm",) if m == "hyperopt" else ()
+    bare = ("algorithm",) if builtin and m == "hyperopt" else ()
 
     def norm(key: str) -> str:
         return by_lower.get(key.lower(), key)
@@ -932,23 +980,8 @@ def parse_automl_params(
     )
     out = dict(defaults)
     for key, value in given.items():
-        default = defaults[key]
-        where = f"{what}: {key}"
-        if isinstance(default, bool):
-            if not isinstance(value, bool):
-                raise invalid(f"{where} must be True or False, got {value!r}")
-        elif isinstance(default, int):
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise invalid(f"{where} must be an integer, got {render_literal(value)}")
-        elif isinstance(default, float):
-            if not _is_number(value):
-                raise invalid(f"{where} must be a number, got {render_literal(value)}")
-            value = float(value)
-        elif isinstance(default, str):
-            if not isinstance(value, str):
-                raise invalid(f"{where} must be a string, got {render_literal(value)}")
-        out[key] = value
-    if m == "hyperband":
+        out[key] = _automl_value(value, defaults[key], f"{what}: {key}")
+    if builtin and m == "hyperband":
         _int_at_least(out["R"], f"{what}: R", 1)
         _int_at_least(out["eta"], f"{what}: eta", 2)
         _int_at_least(out["skip_last"], f"{what}: skip_last", 0)
@@ -958,7 +991,7 @@ def parse_automl_params(
                 f"{what}: skip_last must be less than the number of brackets "
                 f"({s_max + 1} for R={out['R']}, eta={out['eta']}), got {out['skip_last']}"
             )
-    elif m == "hyperopt":
+    elif builtin and m == "hyperopt":
         _int_at_least(out["num_configs"], f"{what}: num_configs", 1)
         _int_at_least(out["num_iterations"], f"{what}: num_iterations", 1)
         algorithm = out["algorithm"].lower()

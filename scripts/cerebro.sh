@@ -117,6 +117,13 @@ cmd_createdb() {
   if ! psql_cmd -d postgres -tAc "SELECT 1 FROM pg_database WHERE datname = '$db'" | grep -q 1; then
     psql_cmd -d postgres -qc "CREATE DATABASE \"$db\""
   fi
+  # A development build whose script changed under the same version number is reinstalled
+  # (the extension's own tables are dropped with it; user tables are not extension members).
+  local sum mark="$PGDIR/ext-$db.sha"
+  sum=$(cat "$ROOT"/build/cerebro_db--*.sql | sha256sum | cut -c1-16)
+  if [ -f "$mark" ] && [ "$(cat "$mark")" != "$sum" ]; then
+    psql_cmd -d "$db" -qc "SET client_min_messages = warning; DROP EXTENSION IF EXISTS cerebro_db CASCADE"
+  fi
   psql_cmd -d "$db" -q -v ON_ERROR_STOP=1 <<SQL
 SET client_min_messages = warning;
 CREATE SCHEMA IF NOT EXISTS cerebro_db;
@@ -124,6 +131,7 @@ CREATE EXTENSION IF NOT EXISTS cerebro_db SCHEMA cerebro_db CASCADE;
 ALTER EXTENSION cerebro_db UPDATE;
 ALTER DATABASE "$db" SET search_path = "\$user", public, cerebro_db;
 SQL
+  echo "$sum" > "$mark"
 }
 
 cmd_env() {

@@ -3,9 +3,27 @@
 -- scripts/build_sql.py). Names, argument order and defaults follow Apache MADlib's
 -- deep-learning module; additions are trailing arguments with defaults.
 
+-- Re-raise an error caught by an entry point's wrapper, without PL/Python's type prefix.
+CREATE OR REPLACE FUNCTION @extschema@.__reraise(m TEXT, d TEXT, h TEXT, s TEXT)
+RETURNS VOID LANGUAGE plpgsql AS $reraise$
+BEGIN
+    m := regexp_replace(m, '^(plpy\.[A-Za-z]+|spiexceptions\.[A-Za-z]+): ', '');
+    IF coalesce(d, '') <> '' AND coalesce(h, '') <> '' THEN
+        RAISE EXCEPTION USING MESSAGE = m, DETAIL = d, HINT = h, ERRCODE = s;
+    ELSIF coalesce(d, '') <> '' THEN
+        RAISE EXCEPTION USING MESSAGE = m, DETAIL = d, ERRCODE = s;
+    ELSIF coalesce(h, '') <> '' THEN
+        RAISE EXCEPTION USING MESSAGE = m, HINT = h, ERRCODE = s;
+    ELSE
+        RAISE EXCEPTION USING MESSAGE = m, ERRCODE = s;
+    END IF;
+END
+$reraise$;
+
 ------------------------------------------------------------------------------------------
 -- Data preparation
 ------------------------------------------------------------------------------------------
+-- @entrypoint
 CREATE OR REPLACE FUNCTION @extschema@.training_preprocessor_dl(
     source_table        VARCHAR,
     output_table        VARCHAR,
@@ -29,6 +47,7 @@ RETURNS TEXT LANGUAGE plpython3u IMMUTABLE AS $python$
 @usage training_preprocessor_dl@
 $python$;
 
+-- @entrypoint
 CREATE OR REPLACE FUNCTION @extschema@.validation_preprocessor_dl(
     source_table                VARCHAR,
     output_table                VARCHAR,
@@ -53,6 +72,7 @@ $python$;
 ------------------------------------------------------------------------------------------
 -- Model architectures
 ------------------------------------------------------------------------------------------
+-- @entrypoint
 CREATE OR REPLACE FUNCTION @extschema@.load_keras_model(
     keras_model_arch_table VARCHAR,
     model_arch             JSON,
@@ -70,6 +90,7 @@ RETURNS TEXT LANGUAGE plpython3u IMMUTABLE AS $python$
 @usage load_keras_model@
 $python$;
 
+-- @entrypoint
 CREATE OR REPLACE FUNCTION @extschema@.delete_keras_model(
     keras_model_arch_table VARCHAR,
     model_id               INTEGER
@@ -87,6 +108,7 @@ $python$;
 ------------------------------------------------------------------------------------------
 -- Model configurations
 ------------------------------------------------------------------------------------------
+-- @entrypoint
 CREATE OR REPLACE FUNCTION @extschema@.load_model_selection_table(
     model_arch_table      VARCHAR,
     model_selection_table VARCHAR,
@@ -106,6 +128,7 @@ RETURNS TEXT LANGUAGE plpython3u IMMUTABLE AS $python$
 @usage load_model_selection_table@
 $python$;
 
+-- @entrypoint
 CREATE OR REPLACE FUNCTION @extschema@.generate_model_configs(
     model_arch_table      VARCHAR,
     model_selection_table VARCHAR,

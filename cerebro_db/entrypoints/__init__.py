@@ -27,7 +27,8 @@ def entrypoint(fn: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return fn(Catalog(plpy, schema), **kwargs)
         except CerebroError as e:
-            plpy.error(e.message, detail=e.detail, hint=e.hint, sqlstate=e.sqlstate)
+            extra = {k: v for k, v in (("detail", e.detail), ("hint", e.hint)) if v}
+            plpy.error(e.message, sqlstate=e.sqlstate, **extra)
         except spi_errors:
             raise
         except Exception as e:  # an unexpected failure: say where, keep the traceback

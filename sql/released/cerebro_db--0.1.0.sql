@@ -16,9 +16,48 @@ GRANT USAGE ON SCHEMA @extschema@ TO PUBLIC;
 -- scripts/build_sql.py). Names, argument order and defaults follow Apache MADlib's
 -- deep-learning module; additions are trailing arguments with defaults.
 
+-- Re-raise an error caught by an entry point's wrapper, without PL/Python's type prefix.
+CREATE OR REPLACE FUNCTION @extschema@.__reraise(m TEXT, d TEXT, h TEXT, s TEXT)
+RETURNS VOID LANGUAGE plpgsql AS $reraise$
+BEGIN
+    m := regexp_replace(m, '^(plpy\.[A-Za-z]+|spiexceptions\.[A-Za-z]+): ', '');
+    IF coalesce(d, '') <> '' AND coalesce(h, '') <> '' THEN
+        RAISE EXCEPTION USING MESSAGE = m, DETAIL = d, HINT = h, ERRCODE = s;
+    ELSIF coalesce(d, '') <> '' THEN
+        RAISE EXCEPTION USING MESSAGE = m, DETAIL = d, ERRCODE = s;
+    ELSIF coalesce(h, '') <> '' THEN
+        RAISE EXCEPTION USING MESSAGE = m, HINT = h, ERRCODE = s;
+    ELSE
+        RAISE EXCEPTION USING MESSAGE = m, ERRCODE = s;
+    END IF;
+END
+$reraise$;
+
 ------------------------------------------------------------------------------------------
 -- Data preparation
 ------------------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION @extschema@.__training_preprocessor_dl(
+    source_table        VARCHAR,
+    output_table        VARCHAR,
+    dependent_varname   VARCHAR,
+    independent_varname VARCHAR,
+    buffer_size         INTEGER,
+    normalizing_const   REAL,
+    num_classes         INTEGER[],
+    distribution_rules  TEXT,
+    num_partitions      INTEGER,
+    random_state        INTEGER
+) RETURNS VOID LANGUAGE plpython3u VOLATILE AS $python$
+from cerebro_db.entrypoints.preprocessing import training_preprocessor_dl
+return training_preprocessor_dl(
+    plpy, "@extschema@",
+    source_table=source_table, output_table=output_table,
+    dependent_varname=dependent_varname, independent_varname=independent_varname,
+    buffer_size=buffer_size, normalizing_const=normalizing_const, num_classes=num_classes,
+    distribution_rules=distribution_rules, num_partitions=num_partitions,
+    random_state=random_state)
+$python$;
+
 CREATE OR REPLACE FUNCTION @extschema@.training_preprocessor_dl(
     source_table        VARCHAR,
     output_table        VARCHAR,
@@ -30,16 +69,16 @@ CREATE OR REPLACE FUNCTION @extschema@.training_preprocessor_dl(
     distribution_rules  TEXT      DEFAULT NULL,
     num_partitions      INTEGER   DEFAULT NULL,
     random_state        INTEGER   DEFAULT NULL
-) RETURNS VOID LANGUAGE plpython3u VOLATILE AS $python$
-from cerebro_db.entrypoints.preprocessing import training_preprocessor_dl
-return training_preprocessor_dl(
-    plpy, "@extschema@",
-    source_table=source_table, output_table=output_table,
-    dependent_varname=dependent_varname, independent_varname=independent_varname,
-    buffer_size=buffer_size, normalizing_const=normalizing_const, num_classes=num_classes,
-    distribution_rules=distribution_rules, num_partitions=num_partitions,
-    random_state=random_state)
-$python$;
+) RETURNS VOID LANGUAGE plpgsql VOLATILE AS $wrapper$
+DECLARE _m text; _d text; _h text; _s text;
+BEGIN
+    PERFORM @extschema@.__training_preprocessor_dl($1, $2, $3, $4, $5, $6, $7, $8, $9, $10);
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS _m = MESSAGE_TEXT, _d = PG_EXCEPTION_DETAIL,
+        _h = PG_EXCEPTION_HINT, _s = RETURNED_SQLSTATE;
+    PERFORM @extschema@.__reraise(_m, _d, _h, _s);
+END
+$wrapper$;
 COMMENT ON FUNCTION @extschema@.training_preprocessor_dl(VARCHAR, VARCHAR, VARCHAR, VARCHAR,
     INTEGER, REAL, INTEGER[], TEXT, INTEGER, INTEGER) IS
 'Pack rows into shuffled float32/int16 training buffers spread over num_partitions partitions (__dist_key__); writes <output_table> and <output_table>_summary';
@@ -48,6 +87,25 @@ CREATE OR REPLACE FUNCTION @extschema@.training_preprocessor_dl(message VARCHAR 
 RETURNS TEXT LANGUAGE plpython3u IMMUTABLE AS $python$
 from cerebro_db.entrypoints import usage
 return usage("training_preprocessor_dl", message)
+$python$;
+
+CREATE OR REPLACE FUNCTION @extschema@.__validation_preprocessor_dl(
+    source_table                VARCHAR,
+    output_table                VARCHAR,
+    dependent_varname           VARCHAR,
+    independent_varname         VARCHAR,
+    training_preprocessor_table VARCHAR,
+    buffer_size                 INTEGER,
+    distribution_rules          TEXT,
+    num_partitions              INTEGER
+) RETURNS VOID LANGUAGE plpython3u VOLATILE AS $python$
+from cerebro_db.entrypoints.preprocessing import validation_preprocessor_dl
+return validation_preprocessor_dl(
+    plpy, "@extschema@",
+    source_table=source_table, output_table=output_table,
+    dependent_varname=dependent_varname, independent_varname=independent_varname,
+    training_preprocessor_table=training_preprocessor_table, buffer_size=buffer_size,
+    distribution_rules=distribution_rules, num_partitions=num_partitions)
 $python$;
 
 CREATE OR REPLACE FUNCTION @extschema@.validation_preprocessor_dl(
@@ -59,15 +117,16 @@ CREATE OR REPLACE FUNCTION @extschema@.validation_preprocessor_dl(
     buffer_size                 INTEGER DEFAULT NULL,
     distribution_rules          TEXT    DEFAULT NULL,
     num_partitions              INTEGER DEFAULT NULL
-) RETURNS VOID LANGUAGE plpython3u VOLATILE AS $python$
-from cerebro_db.entrypoints.preprocessing import validation_preprocessor_dl
-return validation_preprocessor_dl(
-    plpy, "@extschema@",
-    source_table=source_table, output_table=output_table,
-    dependent_varname=dependent_varname, independent_varname=independent_varname,
-    training_preprocessor_table=training_preprocessor_table, buffer_size=buffer_size,
-    distribution_rules=distribution_rules, num_partitions=num_partitions)
-$python$;
+) RETURNS VOID LANGUAGE plpgsql VOLATILE AS $wrapper$
+DECLARE _m text; _d text; _h text; _s text;
+BEGIN
+    PERFORM @extschema@.__validation_preprocessor_dl($1, $2, $3, $4, $5, $6, $7, $8);
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS _m = MESSAGE_TEXT, _d = PG_EXCEPTION_DETAIL,
+        _h = PG_EXCEPTION_HINT, _s = RETURNED_SQLSTATE;
+    PERFORM @extschema@.__reraise(_m, _d, _h, _s);
+END
+$wrapper$;
 COMMENT ON FUNCTION @extschema@.validation_preprocessor_dl(VARCHAR, VARCHAR, VARCHAR, VARCHAR,
     VARCHAR, INTEGER, TEXT, INTEGER) IS
 'Pack validation rows with the class values and normalizing constant of a training table made by training_preprocessor_dl';
@@ -81,12 +140,12 @@ $python$;
 ------------------------------------------------------------------------------------------
 -- Model architectures
 ------------------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION @extschema@.load_keras_model(
+CREATE OR REPLACE FUNCTION @extschema@.__load_keras_model(
     keras_model_arch_table VARCHAR,
     model_arch             JSON,
-    model_weights          BYTEA DEFAULT NULL,
-    name                   TEXT  DEFAULT NULL,
-    description            TEXT  DEFAULT NULL
+    model_weights          BYTEA,
+    name                   TEXT,
+    description            TEXT
 ) RETURNS VOID LANGUAGE plpython3u VOLATILE AS $python$
 from cerebro_db.entrypoints.models import load_keras_model
 return load_keras_model(
@@ -94,6 +153,23 @@ return load_keras_model(
     keras_model_arch_table=keras_model_arch_table, model_arch=model_arch,
     model_weights=model_weights, name=name, description=description)
 $python$;
+
+CREATE OR REPLACE FUNCTION @extschema@.load_keras_model(
+    keras_model_arch_table VARCHAR,
+    model_arch             JSON,
+    model_weights          BYTEA DEFAULT NULL,
+    name                   TEXT  DEFAULT NULL,
+    description            TEXT  DEFAULT NULL
+) RETURNS VOID LANGUAGE plpgsql VOLATILE AS $wrapper$
+DECLARE _m text; _d text; _h text; _s text;
+BEGIN
+    PERFORM @extschema@.__load_keras_model($1, $2, $3, $4, $5);
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS _m = MESSAGE_TEXT, _d = PG_EXCEPTION_DETAIL,
+        _h = PG_EXCEPTION_HINT, _s = RETURNED_SQLSTATE;
+    PERFORM @extschema@.__reraise(_m, _d, _h, _s);
+END
+$wrapper$;
 COMMENT ON FUNCTION @extschema@.load_keras_model(VARCHAR, JSON, BYTEA, TEXT, TEXT) IS
 'Check a Keras model architecture (Keras 3 or tf.keras 2.x JSON) and optional flat float32 weights, and append it to an architecture table';
 
@@ -103,7 +179,7 @@ from cerebro_db.entrypoints import usage
 return usage("load_keras_model", message)
 $python$;
 
-CREATE OR REPLACE FUNCTION @extschema@.delete_keras_model(
+CREATE OR REPLACE FUNCTION @extschema@.__delete_keras_model(
     keras_model_arch_table VARCHAR,
     model_id               INTEGER
 ) RETURNS VOID LANGUAGE plpython3u VOLATILE AS $python$
@@ -111,6 +187,20 @@ from cerebro_db.entrypoints.models import delete_keras_model
 return delete_keras_model(
     plpy, "@extschema@", keras_model_arch_table=keras_model_arch_table, model_id=model_id)
 $python$;
+
+CREATE OR REPLACE FUNCTION @extschema@.delete_keras_model(
+    keras_model_arch_table VARCHAR,
+    model_id               INTEGER
+) RETURNS VOID LANGUAGE plpgsql VOLATILE AS $wrapper$
+DECLARE _m text; _d text; _h text; _s text;
+BEGIN
+    PERFORM @extschema@.__delete_keras_model($1, $2);
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS _m = MESSAGE_TEXT, _d = PG_EXCEPTION_DETAIL,
+        _h = PG_EXCEPTION_HINT, _s = RETURNED_SQLSTATE;
+    PERFORM @extschema@.__reraise(_m, _d, _h, _s);
+END
+$wrapper$;
 COMMENT ON FUNCTION @extschema@.delete_keras_model(VARCHAR, INTEGER) IS
 'Delete one architecture from an architecture table; drops the table once it is empty';
 
@@ -123,13 +213,13 @@ $python$;
 ------------------------------------------------------------------------------------------
 -- Model configurations
 ------------------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION @extschema@.load_model_selection_table(
+CREATE OR REPLACE FUNCTION @extschema@.__load_model_selection_table(
     model_arch_table      VARCHAR,
     model_selection_table VARCHAR,
     model_id_list         INTEGER[],
     compile_params_list   VARCHAR[],
     fit_params_list       VARCHAR[],
-    object_table          VARCHAR DEFAULT NULL
+    object_table          VARCHAR
 ) RETURNS VOID LANGUAGE plpython3u VOLATILE AS $python$
 from cerebro_db.entrypoints.selection import load_model_selection_table
 return load_model_selection_table(
@@ -138,6 +228,24 @@ return load_model_selection_table(
     model_id_list=model_id_list, compile_params_list=compile_params_list,
     fit_params_list=fit_params_list, object_table=object_table)
 $python$;
+
+CREATE OR REPLACE FUNCTION @extschema@.load_model_selection_table(
+    model_arch_table      VARCHAR,
+    model_selection_table VARCHAR,
+    model_id_list         INTEGER[],
+    compile_params_list   VARCHAR[],
+    fit_params_list       VARCHAR[],
+    object_table          VARCHAR DEFAULT NULL
+) RETURNS VOID LANGUAGE plpgsql VOLATILE AS $wrapper$
+DECLARE _m text; _d text; _h text; _s text;
+BEGIN
+    PERFORM @extschema@.__load_model_selection_table($1, $2, $3, $4, $5, $6);
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS _m = MESSAGE_TEXT, _d = PG_EXCEPTION_DETAIL,
+        _h = PG_EXCEPTION_HINT, _s = RETURNED_SQLSTATE;
+    PERFORM @extschema@.__reraise(_m, _d, _h, _s);
+END
+$wrapper$;
 COMMENT ON FUNCTION @extschema@.load_model_selection_table(VARCHAR, VARCHAR, INTEGER[],
     VARCHAR[], VARCHAR[], VARCHAR) IS
 'Write the cartesian product of model ids, compile_params and fit_params strings (deduplicated by content) to a model selection table';
@@ -146,6 +254,26 @@ CREATE OR REPLACE FUNCTION @extschema@.load_model_selection_table(message VARCHA
 RETURNS TEXT LANGUAGE plpython3u IMMUTABLE AS $python$
 from cerebro_db.entrypoints import usage
 return usage("load_model_selection_table", message)
+$python$;
+
+CREATE OR REPLACE FUNCTION @extschema@.__generate_model_configs(
+    model_arch_table      VARCHAR,
+    model_selection_table VARCHAR,
+    model_id_list         INTEGER[],
+    compile_params_grid   VARCHAR,
+    fit_params_grid       VARCHAR,
+    search_type           VARCHAR,
+    num_configs           INTEGER,
+    random_state          INTEGER,
+    object_table          VARCHAR
+) RETURNS VOID LANGUAGE plpython3u VOLATILE AS $python$
+from cerebro_db.entrypoints.selection import generate_model_configs
+return generate_model_configs(
+    plpy, "@extschema@",
+    model_arch_table=model_arch_table, model_selection_table=model_selection_table,
+    model_id_list=model_id_list, compile_params_grid=compile_params_grid,
+    fit_params_grid=fit_params_grid, search_type=search_type, num_configs=num_configs,
+    random_state=random_state, object_table=object_table)
 $python$;
 
 CREATE OR REPLACE FUNCTION @extschema@.generate_model_configs(
@@ -158,15 +286,16 @@ CREATE OR REPLACE FUNCTION @extschema@.generate_model_configs(
     num_configs           INTEGER DEFAULT NULL,
     random_state          INTEGER DEFAULT NULL,
     object_table          VARCHAR DEFAULT NULL
-) RETURNS VOID LANGUAGE plpython3u VOLATILE AS $python$
-from cerebro_db.entrypoints.selection import generate_model_configs
-return generate_model_configs(
-    plpy, "@extschema@",
-    model_arch_table=model_arch_table, model_selection_table=model_selection_table,
-    model_id_list=model_id_list, compile_params_grid=compile_params_grid,
-    fit_params_grid=fit_params_grid, search_type=search_type, num_configs=num_configs,
-    random_state=random_state, object_table=object_table)
-$python$;
+) RETURNS VOID LANGUAGE plpgsql VOLATILE AS $wrapper$
+DECLARE _m text; _d text; _h text; _s text;
+BEGIN
+    PERFORM @extschema@.__generate_model_configs($1, $2, $3, $4, $5, $6, $7, $8, $9);
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS _m = MESSAGE_TEXT, _d = PG_EXCEPTION_DETAIL,
+        _h = PG_EXCEPTION_HINT, _s = RETURNED_SQLSTATE;
+    PERFORM @extschema@.__reraise(_m, _d, _h, _s);
+END
+$wrapper$;
 COMMENT ON FUNCTION @extschema@.generate_model_configs(VARCHAR, VARCHAR, INTEGER[], VARCHAR,
     VARCHAR, VARCHAR, INTEGER, INTEGER, VARCHAR) IS
 'Generate model configurations by grid or random search over compile and fit parameter grids, appending to a model selection table';

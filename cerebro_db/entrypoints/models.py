@@ -1,0 +1,77 @@
+"""``load_keras_model`` and ``delete_keras_model``."""
+from __future__ import annotations
+
+import uuid
+
+from .. import keras_arch
+from ..catalog import Catalog
+from ..errors import NULL_VALUE_NOT_ALLOWED, UNDEFINED_OBJECT, CerebroError
+from ..names import TableName
+from . import entrypoint
+
+ARCH_COLUMNS = [
+    ("model_id", "SERIAL PRIMARY KEY"),
+    ("model_arch", "json"),
+    ("model_weights", "bytea"),
+    ("name", "text"),
+    ("description", "text"),
+    ("__internal_madlib_id__", "text"),
+]
+
+
+def require_arch_table(cat: Catalog, table: TableName, what: str) -> None:
+    """An existing table with the architecture table's columns, or a clear error."""
+    oid = cat.require_table(table, what)
+    cols = cat.columns(oid)
+    missing = [c for c, _ in ARCH_COLUMNS[:3] if c not in cols]
+    if missing:
+        raise CerebroError(
+            f'{what} "{table}" is not a model architecture table (no column {missing[0]})',
+            "42809",
+            hint="Architecture tables are created by load_keras_model.",
+        )
+
+
+@entrypoint
+def load_keras_model(cat: Catalog, *, keras_model_arch_table: str, model_arch: str,
+                     model_weights: bytes | None = None, name: str | None = None,
+                     description: str | None = None) -> None:
+    """Check the architecture (and weights) and append it to the architecture table."""
+    table = TableName.parse(keras_model_arch_table, "keras_model_arch_table")
+    if model_arch is None:
+        raise CerebroError("model_arch must not be NULL", NULL_VALUE_NOT_ALLOWED)
+    text, model = keras_arch.normalize_arch(model_arch)
+    if model_weights is not None:
+        keras_arch.check_weights(model, model_weights)
+    if cat.relation_oid(table) is None:
+        cat.create_table(table, ARCH_COLUMNS)
+    else:
+        require_arch_table(cat, table, "keras_model_arch_table")
+    row = cat.query(
+        f"INSERT INTO {table.sql} (model_arch, model_weights, name, description, "
+        "__internal_madlib_id__) VALUES ($1::json, $2, $3, $4, $5) RETURNING model_id",
+        [text, model_weights, name, description, "__cerebro_db_" + uuid.uuid4().hex],
+        ["text", "bytea", "text", "text", "text"],
+    )
+    cat.notice(
+        f"load_keras_model: model_id {row[0]['model_id']} in {table}: "
+        f"{keras_arch.model_type_name(model)}, {keras_arch.count_params(model)} parameters"
+        + (", with weights" if model_weights is not None else "")
+    )
+
+
+@entrypoint
+def delete_keras_model(cat: Catalog, *, keras_model_arch_table: str, model_id: int) -> None:
+    """Delete one architecture; drop the table once it is empty."""
+    table = TableName.parse(keras_model_arch_table, "keras_model_arch_table")
+    if model_id is None:
+        raise CerebroError("model_id must not be NULL", NULL_VALUE_NOT_ALLOWED)
+    require_arch_table(cat, table, "keras_model_arch_table")
+    gone = cat.query(f"DELETE FROM {table.sql} WHERE model_id = $1 RETURNING model_id",
+                     [model_id], ["int4"])
+    if not gone:
+        raise CerebroError(f'model_id {model_id} does not exist in "{table}"', UNDEFINED_OBJECT)
+    left = cat.query(f"SELECT EXISTS (SELECT 1 FROM {table.sql}) AS any")[0]["any"]
+    if not left:
+        cat.drop_table(table)
+        cat.notice(f'delete_keras_model: "{table}" is empty and was dropped')

@@ -1,0 +1,168 @@
+"""``load_model_selection_table`` and ``generate_model_configs``."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from .. import configs, params
+from ..catalog import Catalog
+from ..errors import (
+    FEATURE_NOT_SUPPORTED,
+    NULL_VALUE_NOT_ALLOWED,
+    UNDEFINED_OBJECT,
+    CerebroError,
+    invalid,
+)
+from ..names import TableName
+from . import entrypoint
+from .models import require_arch_table
+
+MST_COLUMNS = [
+    ("mst_key", "SERIAL PRIMARY KEY"),
+    ("model_id", "integer"),
+    ("compile_params", "varchar"),
+    ("fit_params", "varchar"),
+]
+
+
+def _no_object_table(object_table: str | None) -> None:
+    if object_table is not None:
+        raise CerebroError(
+            "object_table is not supported: cerebro_db never unpickles user-supplied objects",
+            FEATURE_NOT_SUPPORTED,
+            hint="Use Keras' built-in losses and metrics by name; leave object_table NULL.",
+        )
+
+
+def _check_model_ids(cat: Catalog, arch: TableName, ids: Sequence[int] | None) -> list[int]:
+    if ids is None:
+        raise CerebroError("model_id_list must not be NULL", NULL_VALUE_NOT_ALLOWED)
+    if len(ids) == 0:
+        raise invalid("model_id_list must not be empty")
+    if any(i is None for i in ids):
+        raise CerebroError("model_id_list must not contain NULL", NULL_VALUE_NOT_ALLOWED)
+    rows = cat.query(f"SELECT model_id FROM {arch.sql} ORDER BY model_id")
+    have = [r["model_id"] for r in rows]
+    missing = [i for i in ids if i not in set(have)]
+    if missing:
+        shown = ", ".join(map(str, have[:20])) + (" ..." if len(have) > 20 else "")
+        raise CerebroError(
+            f'model_id {missing[0]} does not exist in "{arch}"', UNDEFINED_OBJECT,
+            hint=f"Existing model ids: {shown}." if have else
+            "Load architectures with load_keras_model first.")
+    return list(dict.fromkeys(ids))
+
+
+def _validate_compiles(strings: Sequence[str]) -> None:
+    seen: set[str] = set()
+    for s in strings:
+        if s in seen:
+            continue
+        seen.add(s)
+        params.validate_compile_params(params.parse_compile_params(s), "compile_params")
+
+
+def _key(model_id: int, compile_params: str, fit_params: str) -> tuple[int, str, str]:
+    return (int(model_id), params.parse_compile_params(compile_params).canonical(),
+            params.parse_fit_params(fit_params).canonical())
+
+
+def _create_mst(cat: Catalog, mst: TableName, summary: TableName, arch: TableName) -> None:
+    cat.create_table(mst, MST_COLUMNS)
+    cat.db.execute(f"ALTER TABLE {mst.sql} ADD UNIQUE (model_id, compile_params, fit_params)")
+    cat.create_table(summary, [("model_arch_table", "varchar"), ("object_table", "varchar")])
+    cat.insert(summary, ["model_arch_table", "object_table"], ["text", "text"], [[str(arch), None]])
+
+
+def _insert(cat: Catalog, mst: TableName, rows: list[tuple[int, str, str]]) -> None:
+    cat.insert(mst, ["model_id", "compile_params", "fit_params"], ["int4", "text", "text"], rows)
+
+
+@entrypoint
+def load_model_selection_table(cat: Catalog, *, model_arch_table: str, model_selection_table: str,
+                               model_id_list: Sequence[int] | None,
+                               compile_params_list: Sequence[str] | None,
+                               fit_params_list: Sequence[str] | None,
+                               object_table: str | None = None) -> None:
+    """model ids x compile strings x fit strings, deduplicated by content, into a new table."""
+    arch = TableName.parse(model_arch_table, "model_arch_table")
+    mst = TableName.parse(model_selection_table, "model_selection_table")
+    summary = mst.with_suffix("_summary", "model_selection_table")
+    _no_object_table(object_table)
+    require_arch_table(cat, arch, "model_arch_table")
+    cat.require_absent(mst, "model_selection_table",
+                       hint="Drop it first, or use generate_model_configs to append to it.")
+    cat.require_absent(summary, "model selection summary table")
+    ids = _check_model_ids(cat, arch, model_id_list)
+    rows = configs.product_configs(ids, compile_params_list, fit_params_list)  # type: ignore[arg-type]
+    _validate_compiles([c for _, c, _ in rows])
+    _create_mst(cat, mst, summary, arch)
+    _insert(cat, mst, rows)
+    cat.notice(f"load_model_selection_table: {len(rows)} configurations in {mst}")
+
+
+def _existing(cat: Catalog, mst: TableName, summary: TableName, arch: TableName
+              ) -> list[tuple[int, str, str]]:
+    """Rows of an existing model selection table made for the same architecture table."""
+    oid = cat.require_table(mst, "model_selection_table")
+    cols = cat.columns(oid)
+    if not {"mst_key", "model_id", "compile_params", "fit_params"} <= set(cols):
+        raise invalid(f'model_selection_table "{mst}" is not a model selection table')
+    if cat.relation_oid(summary) is None:
+        raise invalid(f'model_selection_table "{mst}" has no summary table "{summary}"')
+    srow = cat.select(summary, ["model_arch_table"])
+    their = srow[0]["model_arch_table"] if srow else None
+    same = their is not None and cat.relation_oid(
+        TableName.parse(their, "model_arch_table")) == cat.relation_oid(arch)
+    if not same:
+        raise invalid(
+            f'model_selection_table "{mst}" was made for model_arch_table "{their}", not "{arch}"',
+            hint="Use another model_selection_table, or the same model_arch_table.")
+    rows = cat.select(mst, ["model_id", "compile_params", "fit_params"], order_by=["mst_key"])
+    return [(r["model_id"], r["compile_params"], r["fit_params"]) for r in rows]
+
+
+@entrypoint
+def generate_model_configs(cat: Catalog, *, model_arch_table: str, model_selection_table: str,
+                           model_id_list: Sequence[int] | None, compile_params_grid: str | None,
+                           fit_params_grid: str | None, search_type: str | None = "grid",
+                           num_configs: int | None = None, random_state: int | None = None,
+                           object_table: str | None = None) -> None:
+    """Grid or random search configurations, appended to the model selection table."""
+    arch = TableName.parse(model_arch_table, "model_arch_table")
+    mst = TableName.parse(model_selection_table, "model_selection_table")
+    summary = mst.with_suffix("_summary", "model_selection_table")
+    _no_object_table(object_table)
+    for name, v in (("compile_params_grid", compile_params_grid),
+                    ("fit_params_grid", fit_params_grid), ("search_type", search_type)):
+        if v is None:
+            raise CerebroError(f"{name} must not be NULL", NULL_VALUE_NOT_ALLOWED)
+    require_arch_table(cat, arch, "model_arch_table")
+    ids = _check_model_ids(cat, arch, model_id_list)
+    pairs = configs.generate_model_configs(compile_params_grid, fit_params_grid,  # type: ignore[arg-type]
+                                           search_type, num_configs, random_state)
+    if search_type.strip().lower().startswith("r"):
+        rng = np.random.default_rng(random_state)
+        rows = [(int(ids[int(rng.integers(len(ids)))]), c, f) for c, f in pairs]
+    else:
+        rows = [(m, c, f) for m in ids for c, f in pairs]
+    _validate_compiles([c for _, c, _ in rows])
+    existing: list[tuple[int, str, str]] = []
+    if cat.relation_oid(mst) is None:
+        _create_mst(cat, mst, summary, arch)
+    else:
+        existing = _existing(cat, mst, summary, arch)
+    seen = {_key(*r) for r in existing}
+    new: list[tuple[int, str, str]] = []
+    for r in rows:
+        k = _key(*r)
+        if k not in seen:
+            seen.add(k)
+            new.append(r)
+    _insert(cat, mst, new)
+    skipped = len(rows) - len(new)
+    cat.notice(f"generate_model_configs: {len(new)} new configurations in {mst}"
+               + (f" ({skipped} already present)" if skipped else ""))
+
+

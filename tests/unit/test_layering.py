@@ -1,0 +1,25 @@
+"""DESIGN.md layering rule 1: the package imports without a database, plpy or TensorFlow."""
+from __future__ import annotations
+
+import pkgutil
+import subprocess
+import sys
+from pathlib import Path
+
+import cerebro_db
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_every_module_imports_without_tensorflow_or_a_database():
+    mods = sorted(m.name for m in pkgutil.walk_packages(cerebro_db.__path__, "cerebro_db."))
+    code = (
+        "import sys, importlib\n"
+        f"for m in {mods!r}: importlib.import_module(m)\n"
+        "bad = [m for m in ('tensorflow', 'keras', 'plpy', 'psycopg2') if m in sys.modules]\n"
+        "assert not bad, bad\n"
+        "print(len(sys.modules))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert len(mods) >= 8
