@@ -1,0 +1,208 @@
+"""Bookkeeping of a fit's progress, shared by the coordinator and the simulator.
+
+:class:`Progress` tracks epochs, visits, units in flight, pending evaluation units and live
+workers; it builds the :class:`~.base.Snapshot` a policy sees and refuses any assignment that
+would break an invariant (completeness, model isolation, worker exclusivity), so a buggy
+policy fails loudly instead of training a config twice on a partition.
+"""
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping
+from typing import Any
+
+from .base import (
+    EVAL,
+    TRAIN,
+    Assignment,
+    EvalUnit,
+    RunningUnit,
+    SchedulingError,
+    Snapshot,
+    eval_epochs_for,
+    normalise_targets,
+)
+
+__all__ = ["Progress"]
+
+
+class Progress:
+    """Mutable progress of one fit.
+
+    ``targets``: config -> epochs to train (or give ``configs`` order via a dict).
+    ``workers``: worker -> partitions it holds. ``eval_epochs``: the epochs after which every
+    partition evaluates the config (one set for all configs, or config -> set).
+    """
+
+    def __init__(
+        self,
+        targets: Mapping[int, int],
+        num_partitions: int,
+        workers: Mapping[int, Iterable[int]],
+        eval_epochs: Collection[int] | Mapping[int, Collection[int]] = (),
+    ) -> None:
+        if num_partitions < 1:
+            raise SchedulingError(f"num_partitions must be at least 1, got {num_partitions}")
+        self.num_partitions = num_partitions
+        self.targets: dict[int, int] = normalise_targets(targets, targets)
+        self.completed: dict[int, int] = {c: 0 for c in self.targets}
+        self.visited: dict[int, set[int]] = {c: set() for c in self.targets}
+        self.workers: dict[int, frozenset[int]] = {}
+        for w, parts in workers.items():
+            self.add_worker(w, parts)
+        self.running: dict[int, RunningUnit] = {}
+        self.pending_evals: list[EvalUnit] = []
+        self._eval_epochs = eval_epochs
+
+    # -- what the policy sees -------------------------------------------------------------
+
+    def snapshot(self, now: float = 0.0) -> Snapshot:
+        """A frozen view for the policy."""
+        return Snapshot(
+            num_partitions=self.num_partitions,
+            target_epochs=self.targets,
+            completed_epochs=self.completed,
+            visited={c: frozenset(v) for c, v in self.visited.items()},
+            running=tuple(self.running[w] for w in sorted(self.running)),
+            workers=self.workers,
+            idle_workers=tuple(w for w in sorted(self.workers) if w not in self.running),
+            pending_evals=tuple(self.pending_evals),
+            now=now,
+        )
+
+    def all_done(self) -> bool:
+        """Every config at its target, every evaluation done, nothing in flight."""
+        return (
+            not self.running
+            and not self.pending_evals
+            and all(self.completed[c] >= t for c, t in self.targets.items())
+        )
+
+    # -- workers ----------------------------------------------------------------------------
+
+    def add_worker(self, worker: int, partitions: Iterable[int]) -> None:
+        """A worker joins (or re-joins) holding ``partitions``."""
+        if worker in self.workers:
+            raise SchedulingError(f"worker {worker} is already present")
+        parts = frozenset(int(q) for q in partitions)
+        bad = sorted(q for q in parts if not 0 <= q < self.num_partitions)
+        if bad:
+            raise SchedulingError(f"worker {worker} holds unknown partitions {bad}")
+        self.workers[worker] = parts
+
+    def remove_worker(self, worker: int) -> RunningUnit | None:
+        """A worker leaves; its unit in flight (returned) fails and is re-queued."""
+        if worker not in self.workers:
+            raise SchedulingError(f"worker {worker} is not present")
+        unit = self.finish(worker, ok=False) if worker in self.running else None
+        del self.workers[worker]
+        return unit
+
+    # -- units ------------------------------------------------------------------------------
+
+    def set_target(self, config: int, epochs: int) -> None:
+        """Change a config's target (an AutoML policy stopping or extending it)."""
+        if config not in self.targets:
+            raise SchedulingError(f"unknown config {config}")
+        self.targets[config] = max(int(epochs), self.completed[config])
+
+    def check(self, a: Assignment) -> None:
+        """Raise :class:`SchedulingError` if starting ``a`` now would break an invariant."""
+        where = f"assignment {a}"
+        if a.worker not in self.workers:
+            raise SchedulingError(f"{where}: worker {a.worker} is not present")
+        if a.worker in self.running:
+            raise SchedulingError(f"{where}: worker {a.worker} is busy")
+        if a.partition not in self.workers[a.worker]:
+            raise SchedulingError(f"{where}: worker {a.worker} does not hold the partition")
+        if a.config not in self.targets:
+            raise SchedulingError(f"{where}: unknown config")
+        if a.kind == TRAIN:
+            if self.completed[a.config] >= self.targets[a.config]:
+                raise SchedulingError(f"{where}: config is finished")
+            if a.epoch != self.completed[a.config] + 1:
+                raise SchedulingError(
+                    f"{where}: config is in epoch {self.completed[a.config] + 1}"
+                )
+            if any(u.config == a.config and u.kind == TRAIN for u in self.running.values()):
+                raise SchedulingError(f"{where}: config is already training")
+            if a.partition in self.visited[a.config]:
+                raise SchedulingError(f"{where}: partition already visited this epoch")
+        elif a.kind == EVAL:
+            if EvalUnit(a.config, a.epoch, a.partition) not in self.pending_evals:
+                raise SchedulingError(f"{where}: no such pending evaluation unit")
+        else:
+            raise SchedulingError(f"{where}: unknown kind {a.kind!r}")
+
+    def start(self, a: Assignment) -> RunningUnit:
+        """Start ``a`` (checked first)."""
+        self.check(a)
+        if a.kind == EVAL:
+            self.pending_evals.remove(EvalUnit(a.config, a.epoch, a.partition))
+        unit = RunningUnit(a.worker, a.config, a.epoch, a.partition, a.kind)
+        self.running[a.worker] = unit
+        return unit
+
+    def start_all(self, assignments: Iterable[Assignment]) -> list[RunningUnit]:
+        """Start a policy's batch of assignments, in order."""
+        return [self.start(a) for a in assignments]
+
+    def finish(self, worker: int, ok: bool) -> RunningUnit:
+        """The unit on ``worker`` ended; if not ``ok`` nothing of it counts and it is re-queued."""
+        unit = self.running.pop(worker, None)
+        if unit is None:
+            raise SchedulingError(f"worker {worker} is not running a unit")
+        if unit.kind == EVAL:
+            if not ok:
+                self.pending_evals.append(EvalUnit(unit.config, unit.epoch, unit.partition))
+            return unit
+        if ok:
+            self._visit(unit.config, unit.partition)
+        return unit
+
+    def _visit(self, config: int, partition: int) -> None:
+        seen = self.visited[config]
+        seen.add(partition)
+        if len(seen) == self.num_partitions:
+            seen.clear()
+            self.completed[config] += 1
+            epoch = self.completed[config]
+            if epoch in eval_epochs_for(self._eval_epochs, config):
+                self.pending_evals.extend(
+                    EvalUnit(config, epoch, q) for q in range(self.num_partitions)
+                )
+
+    # -- resume -----------------------------------------------------------------------------
+
+    @classmethod
+    def from_log(
+        cls,
+        records: Iterable[Any],
+        targets: Mapping[int, int],
+        num_partitions: int,
+        workers: Mapping[int, Iterable[int]],
+        eval_epochs: Collection[int] | Mapping[int, Collection[int]] = (),
+    ) -> Progress:
+        """Rebuild progress from a unit log (successful units, replayed by end time).
+
+        Records are mappings or objects with config, epoch, partition, kind, end, ok; units
+        that were in flight when the log was cut are simply not there, hence re-queued.
+        """
+        from .invariants import as_record
+
+        p = cls(targets, num_partitions, workers, eval_epochs)
+        recs = sorted((as_record(r) for r in records if _get(r, "ok")), key=lambda r: r.end)
+        for r in recs:
+            if r.kind == TRAIN:
+                if r.epoch != p.completed[r.config] + 1 or r.partition in p.visited[r.config]:
+                    raise SchedulingError(f"unit log is inconsistent at {r}")
+                p._visit(r.config, r.partition)
+            else:
+                u = EvalUnit(r.config, r.epoch, r.partition)
+                if u not in p.pending_evals:
+                    raise SchedulingError(f"unit log is inconsistent at {r}")
+                p.pending_evals.remove(u)
+        return p
+
+
+def _get(r: Any, key: str) -> Any:
+    return r[key] if isinstance(r, Mapping) else getattr(r, key)

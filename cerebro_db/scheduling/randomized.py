@@ -1,0 +1,99 @@
+"""Randomized asynchronous model hopper parallelism (the default policy, ``'mop'``).
+
+Implementation note. This is the randomized scheduler of Cerebro (Nakandala, Zhang and Kumar,
+"Cerebro: A Data System for Optimized Deep Learning Model Selection", VLDB 2020, Algorithm 1):
+whenever workers are idle, each of them, in random order, picks uniformly at random a config
+that is not training anywhere and has not yet visited that worker's partition in the current
+epoch. What differs from the paper:
+
+- no epoch barrier: the paper schedules one epoch at a time; here a config starts its next
+  epoch as soon as its own epoch is done (DESIGN.md section 4), so fast configs never wait for
+  slow ones and the tail of one epoch overlaps the head of the next;
+- replicas: a worker may hold several partitions (Cerebro's replica-aware variant); it first
+  picks a config among those with an unvisited partition it holds, then one such partition,
+  both uniformly;
+- evaluation units: a worker with no eligible training unit takes the oldest pending
+  evaluation unit on a partition it holds (evaluations read a frozen state and never block
+  training);
+- the random stream is Python's Mersenne Twister seeded by ``random_state``; its state is
+  part of :meth:`state_json`, so a resumed fit makes the decisions the original would have.
+"""
+from __future__ import annotations
+
+import operator
+import random
+from collections.abc import Mapping
+from typing import Any
+
+from ..errors import invalid
+from .base import TRAIN, Assignment, Policy, Snapshot, assign_evals
+
+__all__ = ["RandomizedMOP"]
+
+
+class RandomizedMOP(Policy):
+    """Cerebro's randomized MOP scheduler without barriers (registry names ``'mop'``,
+    ``'random'``).
+
+    ``random_state``: seed (a non-negative integer); ``None`` draws one from the system, and
+    :meth:`options` then reports the drawn seed so the run can be replayed.
+    """
+
+    name = "mop"
+    option_names = ("random_state",)
+
+    def __init__(self, random_state: int | None = None) -> None:
+        if random_state is None:
+            random_state = random.SystemRandom().randrange(2**32)
+        if isinstance(random_state, bool):
+            raise invalid(f"random_state must be a non-negative integer, got {random_state!r}")
+        try:
+            seed = operator.index(random_state)
+        except TypeError:
+            raise invalid(
+                f"random_state must be a non-negative integer, got {random_state!r}"
+            ) from None
+        if seed < 0:
+            raise invalid(f"random_state must be a non-negative integer, got {seed}")
+        self.random_state = seed
+        self._rng = random.Random(seed)
+
+    def options(self) -> dict[str, Any]:
+        """``{"random_state": seed}``."""
+        return {"random_state": self.random_state}
+
+    def _dynamic_state(self) -> dict[str, Any]:
+        version, internal, gauss = self._rng.getstate()
+        return {"rng": [version, list(internal), gauss]}
+
+    def _restore(self, state: Mapping[str, Any]) -> None:
+        if "rng" in state:
+            version, internal, gauss = state["rng"]
+            self._rng.setstate((version, tuple(internal), gauss))
+
+    def assign(self, snapshot: Snapshot) -> list[Assignment]:
+        """Random eligible config for each idle worker, in random worker order."""
+        idle = list(snapshot.idle_workers)
+        self._rng.shuffle(idle)
+        taken = {c for c in snapshot.configs if snapshot.is_training(c)}
+        out: list[Assignment] = []
+        leftover: list[int] = []
+        for w in idle:
+            held = snapshot.workers[w]
+            candidates = []
+            for c in snapshot.configs:
+                if c in taken or snapshot.finished(c):
+                    continue
+                parts = held & snapshot.unvisited(c)
+                if parts:
+                    candidates.append((c, parts))
+            if not candidates:
+                leftover.append(w)
+                continue
+            c, parts = candidates[self._rng.randrange(len(candidates))]
+            ordered = sorted(parts)
+            q = ordered[0] if len(ordered) == 1 else ordered[self._rng.randrange(len(ordered))]
+            taken.add(c)
+            out.append(Assignment(w, c, snapshot.current_epoch(c), q, TRAIN))
+        out.extend(assign_evals(snapshot, sorted(leftover)))
+        return out

@@ -1,0 +1,429 @@
+"""Model state <-> bytes: weights, optimizer variables, step counters, with a versioned header.
+
+A model state is what hops between workers: everything needed to continue training a
+configuration exactly where it stopped. It is stored in a ``bytea`` column, so it is plain
+bytes with no pickling anywhere.
+
+Layout (version 1)::
+
+    offset  size  field
+    0       8     MAGIC  b"CR\\xff\\xffST\\r\\n"
+    8       2     format version, little-endian uint16 (currently 1)
+    10      2     reserved, zero
+    12      4     length H of the JSON metadata block, little-endian uint32
+    16      H     metadata: UTF-8 JSON object (see below)
+    16+H    P     payload: the arrays' raw little-endian bytes, back to back, C order
+
+The metadata object has:
+
+* ``arrays``: one entry per array, ``{"group": "w" | "o", "dtype": "<f4", "shape": [..]}``;
+  ``w`` arrays are the model weights in ``model.get_weights()`` order (trainable and
+  non-trainable, e.g. batch-norm statistics), ``o`` arrays are ``optimizer.variables`` in order
+  (in Keras 3 these start with ``iteration`` (int64) and ``learning_rate``, then the slots);
+* ``payload_bytes`` and ``payload_crc32``: the payload's length and CRC-32, so truncation and
+  corruption are detected;
+* ``counters``: ``epochs_done``, ``units_done``, ``samples_seen`` (non-negative integers);
+* ``info``: a free-form JSON object (seed, optimizer name, ...).
+
+Random-number state is not stored as arrays: every training unit re-seeds all random sources
+(shuffling, dropout) from its own seed, which the coordinator derives from (run seed, config,
+epoch, partition) and may record in ``info``. A unit's result therefore depends only on the
+state it starts from, its data and its seed.
+
+The first four bytes of :data:`MAGIC` read as a float32 NaN, so a state can be told apart from
+MADlib's flat float32 ``model_weights`` by :func:`is_state`.
+
+States larger than PostgreSQL's 1 GB ``bytea`` limit are stored as several rows:
+:func:`split_chunks` cuts the bytes into chunks that each carry a small header (index, count,
+total length, CRC-32 of the whole and of the chunk), and :func:`join_chunks` reassembles them,
+detecting a missing, duplicated, reordered, foreign or corrupted chunk.
+"""
+from __future__ import annotations
+
+import json
+import struct
+import zlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+import numpy as np
+
+from cerebro_db.errors import DATA_EXCEPTION, INVALID_PARAMETER_VALUE, CerebroError
+
+__all__ = [
+    "CHUNK_MAGIC",
+    "DEFAULT_CHUNK_SIZE",
+    "FORMAT_VERSION",
+    "MAGIC",
+    "MAX_CHUNK_SIZE",
+    "ModelState",
+    "decode_state",
+    "encode_state",
+    "is_state",
+    "join_chunks",
+    "read_meta",
+    "split_chunks",
+]
+
+BytesLike = Union[bytes, bytearray, memoryview]
+
+MAGIC = b"CR\xff\xffST\r\n"
+"""First bytes of every state (the first four are a float32 NaN bit pattern)."""
+
+CHUNK_MAGIC = b"CR\xff\xffCK\r\n"
+"""First bytes of every chunk made by :func:`split_chunks`."""
+
+FORMAT_VERSION = 1
+CHUNK_VERSION = 1
+
+MAX_CHUNK_SIZE = (1 << 30) - 1024
+"""Largest chunk (payload plus header) that fits a PostgreSQL ``bytea`` value (1 GB)."""
+
+DEFAULT_CHUNK_SIZE = 256 << 20
+"""Default payload bytes per chunk (256 MiB): well below the ``bytea`` limit."""
+
+COUNTERS = ("epochs_done", "units_done", "samples_seen")
+
+_HEADER = struct.Struct("<8sHHI")  # magic, version, reserved, metadata length
+_CHUNK_HEADER = struct.Struct("<8sHHIIQII")  # magic, ver, reserved, index, count, total,
+#                                                 crc of the whole, crc of this chunk's data
+_MAX_META = 64 << 20
+_ALLOWED_KINDS = frozenset("biuf")  # bool, signed, unsigned, float
+_STATE_HINT = "the state must be bytes written by cerebro_db.state.encode_state"
+
+
+@dataclass(frozen=True)
+class ModelState:
+    """A decoded model state.
+
+    ``weights`` and ``optimizer_vars`` are read-only numpy arrays viewing the encoded bytes
+    (copy them before modifying). ``info`` is the free-form metadata object.
+    """
+
+    weights: tuple[np.ndarray, ...]
+    optimizer_vars: tuple[np.ndarray, ...]
+    epochs_done: int = 0
+    units_done: int = 0
+    samples_seen: int = 0
+    info: dict[str, Any] = field(default_factory=dict)
+    version: int = FORMAT_VERSION
+
+    def counters(self) -> dict[str, int]:
+        """The step counters as a dict (keys :data:`COUNTERS`)."""
+        return {k: int(getattr(self, k)) for k in COUNTERS}
+
+    def meta(self) -> dict[str, Any]:
+        """A ``meta`` mapping for :func:`encode_state` that reproduces this state's metadata."""
+        return {**self.counters(), "info": dict(self.info)}
+
+
+def _state_error(message: str, detail: str | None = None) -> CerebroError:
+    return CerebroError(message, DATA_EXCEPTION, hint=_STATE_HINT, detail=detail)
+
+
+def _as_array(value: Any, what: str) -> np.ndarray:
+    arr = np.asarray(value)
+    if arr.dtype.kind not in _ALLOWED_KINDS:
+        raise CerebroError(
+            f"{what} has dtype {arr.dtype}, only numeric and boolean arrays can be stored",
+            INVALID_PARAMETER_VALUE,
+        )
+    return arr
+
+
+def _le_dtype(dtype: np.dtype) -> np.dtype:
+    return dtype.newbyteorder("<") if dtype.itemsize > 1 else dtype
+
+
+def _counters_from(meta: Mapping[str, Any]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for key in COUNTERS:
+        value = meta.get(key, 0)
+        if isinstance(value, (bool, float)) or not isinstance(value, (int, np.integer)):
+            raise CerebroError(
+                f"state counter {key} must be an integer, got {value!r}", INVALID_PARAMETER_VALUE
+            )
+        if value < 0:
+            raise CerebroError(
+                f"state counter {key} must be at least 0, got {value}", INVALID_PARAMETER_VALUE
+            )
+        out[key] = int(value)
+    return out
+
+
+def encode_state(
+    weights: Sequence[Any],
+    optimizer_vars: Sequence[Any] = (),
+    meta: Mapping[str, Any] | None = None,
+) -> bytes:
+    """Encode a model state as bytes (format described in the module docstring).
+
+    ``weights`` and ``optimizer_vars`` are sequences of numeric arrays (anything
+    :func:`numpy.asarray` accepts; Keras variables should be converted with ``.numpy()``
+    first). ``meta`` may hold the counters ``epochs_done``, ``units_done``, ``samples_seen``
+    (default 0) and ``info``, a JSON-serializable object; any other key is merged into
+    ``info``. Raises :class:`CerebroError` (22023) for non-numeric arrays, bad counters or
+    metadata that is not JSON-serializable.
+    """
+    meta = dict(meta or {})
+    counters = _counters_from(meta)
+    info = meta.pop("info", None) or {}
+    if not isinstance(info, Mapping):
+        raise CerebroError(
+            f"state info must be a JSON object, got {type(info).__name__}", INVALID_PARAMETER_VALUE
+        )
+    info = dict(info)
+    for key, value in meta.items():
+        if key not in COUNTERS:
+            info[key] = value
+
+    entries: list[dict[str, Any]] = []
+    parts: list[bytes] = []
+    for group, arrays, what in (("w", weights, "weight"), ("o", optimizer_vars, "optimizer var")):
+        for i, value in enumerate(arrays):
+            arr = _as_array(value, f"{what} {i}")
+            dt = _le_dtype(arr.dtype)
+            data = np.ascontiguousarray(arr, dtype=dt).tobytes()
+            entries.append({"group": group, "dtype": dt.str, "shape": list(arr.shape)})
+            parts.append(data)
+    payload = b"".join(parts)
+    header = {
+        "arrays": entries,
+        "payload_bytes": len(payload),
+        "payload_crc32": zlib.crc32(payload),
+        "counters": counters,
+        "info": info,
+    }
+    try:
+        meta_bytes = json.dumps(header, separators=(",", ":"), sort_keys=True).encode("utf-8")
+    except (TypeError, ValueError) as exc:
+        raise CerebroError(
+            f"state info is not JSON-serializable: {exc}", INVALID_PARAMETER_VALUE
+        ) from None
+    return _HEADER.pack(MAGIC, FORMAT_VERSION, 0, len(meta_bytes)) + meta_bytes + payload
+
+
+def is_state(data: BytesLike | None) -> bool:
+    """True when ``data`` starts with :data:`MAGIC` (a state, not flat float32 weights)."""
+    if data is None:
+        return False
+    return bytes(memoryview(data)[: len(MAGIC)]) == MAGIC
+
+
+def _parse_header(data: memoryview) -> tuple[dict[str, Any], int, int]:
+    """(metadata, payload offset, version) after checking magic, version and lengths."""
+    if len(data) < _HEADER.size:
+        if bytes(data[: len(MAGIC)]) != MAGIC[: len(data)]:
+            raise _state_error("model state has a bad magic number")
+        raise _state_error(
+            f"model state is truncated: {len(data)} bytes, shorter than its "
+            f"{_HEADER.size}-byte header"
+        )
+    magic, version, _reserved, meta_len = _HEADER.unpack_from(data, 0)
+    if magic != MAGIC:
+        raise _state_error(
+            "model state has a bad magic number",
+            detail=f"expected {MAGIC!r}, got {bytes(magic)!r}",
+        )
+    if version != FORMAT_VERSION:
+        raise CerebroError(
+            f"model state has format version {version}, this cerebro_db reads version "
+            f"{FORMAT_VERSION}",
+            DATA_EXCEPTION,
+            hint="upgrade cerebro_db to read states written by a newer version",
+        )
+    if meta_len > _MAX_META:
+        raise _state_error(f"model state metadata is too large ({meta_len} bytes)")
+    start = _HEADER.size + meta_len
+    if len(data) < start:
+        raise _state_error(
+            f"model state is truncated: {len(data)} bytes, its metadata ends at byte {start}"
+        )
+    try:
+        meta = json.loads(bytes(data[_HEADER.size:start]).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise _state_error("model state metadata is not valid JSON", detail=str(exc)) from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("arrays"), list):
+        raise _state_error("model state metadata has no array list")
+    return meta, start, version
+
+
+def read_meta(data: BytesLike) -> dict[str, Any]:
+    """The metadata object of a state (counters, info, array shapes) without its arrays.
+
+    Checks the magic, version and that the bytes are as long as the header says; the
+    payload checksum is not computed. Raises :class:`CerebroError` (22000).
+    """
+    return _read(memoryview(data).cast("B"))[0]
+
+
+def _read(view: memoryview) -> tuple[dict[str, Any], int, int]:
+    meta, start, version = _parse_header(view)
+    size = meta.get("payload_bytes")
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        raise _state_error("model state metadata has no valid payload_bytes")
+    expected = start + size
+    if len(view) < expected:
+        raise _state_error(
+            f"model state is truncated: {len(view)} bytes, expected {expected}"
+        )
+    if len(view) > expected:
+        raise _state_error(
+            f"model state has {len(view) - expected} trailing bytes after its payload"
+        )
+    return meta, start, version
+
+
+def decode_state(data: BytesLike, *, verify: bool = True) -> ModelState:
+    """Decode bytes written by :func:`encode_state` into a :class:`ModelState`.
+
+    The arrays are zero-copy, read-only views of ``data`` (do not modify a ``bytearray``
+    passed in while they are in use). With ``verify`` (the default) the
+    payload CRC-32 is checked. Raises :class:`CerebroError` (SQLSTATE 22000) for a bad magic
+    number, an unknown format version, truncated or trailing bytes, malformed metadata or a
+    checksum mismatch.
+    """
+    if data is None:
+        raise _state_error("model state is NULL")
+    view = memoryview(data).cast("B")
+    meta, start, version = _read(view)
+    payload = view[start:]
+    if verify and zlib.crc32(payload) != meta.get("payload_crc32"):
+        raise _state_error("model state is corrupt: payload checksum mismatch")
+    weights: list[np.ndarray] = []
+    opt: list[np.ndarray] = []
+    offset = 0
+    for i, entry in enumerate(meta["arrays"]):
+        try:
+            dtype = np.dtype(entry["dtype"])
+            shape = tuple(int(d) for d in entry["shape"])
+            group = entry["group"]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise _state_error(f"model state array {i} has bad metadata", detail=str(exc)) from None
+        if dtype.kind not in _ALLOWED_KINDS or group not in ("w", "o") or min(shape, default=0) < 0:
+            raise _state_error(f"model state array {i} has bad metadata", detail=str(entry))
+        count = int(np.prod(shape, dtype=np.int64))
+        nbytes = count * dtype.itemsize
+        if offset + nbytes > len(payload):
+            raise _state_error(f"model state is truncated inside array {i}")
+        arr = np.frombuffer(view, dtype=dtype, count=count, offset=start + offset).reshape(shape)
+        if arr.flags.writeable:
+            arr.flags.writeable = False
+        (weights if group == "w" else opt).append(arr)
+        offset += nbytes
+    if offset != len(payload):
+        raise _state_error(
+            f"model state payload has {len(payload)} bytes but its arrays need {offset}"
+        )
+    counters = meta.get("counters") or {}
+    info = meta.get("info") or {}
+    if not isinstance(counters, dict) or not isinstance(info, dict):
+        raise _state_error("model state metadata has bad counters or info")
+    try:
+        c = _counters_from(counters)
+    except CerebroError as exc:
+        raise _state_error(f"model state metadata is invalid: {exc.message}") from None
+    return ModelState(
+        weights=tuple(weights),
+        optimizer_vars=tuple(opt),
+        info=dict(info),
+        version=version,
+        **c,
+    )
+
+
+# --------------------------------------------------------------------------- chunking
+
+
+def _chunk_error(message: str, detail: str | None = None) -> CerebroError:
+    return CerebroError(
+        message,
+        DATA_EXCEPTION,
+        hint="pass every chunk made by split_chunks, ordered by chunk index",
+        detail=detail,
+    )
+
+
+def split_chunks(data: BytesLike, chunk_size: int = DEFAULT_CHUNK_SIZE) -> list[bytes]:
+    """Cut ``data`` into chunks of at most ``chunk_size`` data bytes, each with a header.
+
+    Every chunk (even for small data, which gives one chunk) starts with :data:`CHUNK_MAGIC`
+    and carries its index, the chunk count, the total length, the CRC-32 of the whole data
+    and of its own data, so :func:`join_chunks` can check the set. ``chunk_size`` must be
+    between 1 and :data:`MAX_CHUNK_SIZE` minus the header size (so each chunk fits one
+    ``bytea``). Raises :class:`CerebroError` (22023) for a bad ``chunk_size``.
+    """
+    limit = MAX_CHUNK_SIZE - _CHUNK_HEADER.size
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or not (
+        1 <= chunk_size <= limit
+    ):
+        raise CerebroError(
+            f"chunk_size must be between 1 and {limit}, got {chunk_size!r}",
+            INVALID_PARAMETER_VALUE,
+        )
+    view = memoryview(data).cast("B")
+    total = len(view)
+    count = max(1, -(-total // chunk_size))
+    whole_crc = zlib.crc32(view)
+    out: list[bytes] = []
+    for i in range(count):
+        part = view[i * chunk_size:(i + 1) * chunk_size]
+        head = _CHUNK_HEADER.pack(
+            CHUNK_MAGIC, CHUNK_VERSION, 0, i, count, total, whole_crc, zlib.crc32(part)
+        )
+        out.append(head + bytes(part))
+    return out
+
+
+def join_chunks(chunks: Sequence[BytesLike]) -> bytes:
+    """Reassemble the bytes cut by :func:`split_chunks`; chunks must be given in index order.
+
+    Raises :class:`CerebroError` (22000) when a chunk is missing, duplicated, out of order,
+    from another state, truncated or corrupt, or has a bad magic number or version.
+    """
+    if not chunks:
+        raise _chunk_error("no state chunks given")
+    first: tuple[int, int, int] | None = None
+    parts: list[memoryview] = []
+    for pos, chunk in enumerate(chunks):
+        if chunk is None:
+            raise _chunk_error(f"state chunk at position {pos} is NULL")
+        view = memoryview(chunk).cast("B")
+        if len(view) < _CHUNK_HEADER.size:
+            raise _chunk_error(f"state chunk at position {pos} is truncated")
+        magic, version, _r, index, count, total, whole_crc, crc = _CHUNK_HEADER.unpack_from(view)
+        if magic != MAGIC and magic != CHUNK_MAGIC:
+            raise _chunk_error(f"state chunk at position {pos} has a bad magic number")
+        if magic != CHUNK_MAGIC:
+            raise _chunk_error(f"state chunk at position {pos} is a whole state, not a chunk")
+        if version != CHUNK_VERSION:
+            raise CerebroError(
+                f"state chunk has format version {version}, this cerebro_db reads version "
+                f"{CHUNK_VERSION}",
+                DATA_EXCEPTION,
+            )
+        ident = (count, total, whole_crc)
+        if first is None:
+            first = ident
+        elif ident != first:
+            raise _chunk_error(f"state chunk at position {pos} belongs to another state")
+        if index != pos:
+            if index < pos:
+                raise _chunk_error(f"state chunk {index} is duplicated or out of order")
+            raise _chunk_error(
+                f"state chunk {pos} is missing or out of order (found chunk {index} at "
+                f"position {pos})"
+            )
+        body = view[_CHUNK_HEADER.size:]
+        if zlib.crc32(body) != crc:
+            raise _chunk_error(f"state chunk {index} is corrupt or truncated: checksum mismatch")
+        parts.append(body)
+    assert first is not None
+    count, total, whole_crc = first
+    if len(parts) != count:
+        raise _chunk_error(f"state has {count} chunks but {len(parts)} were given")
+    out = b"".join(parts)
+    if len(out) != total or zlib.crc32(out) != whole_crc:
+        raise _chunk_error("reassembled state does not match its checksum")
+    return out
