@@ -27,7 +27,8 @@ start: install
 
 demo: start
 	@$(CEREBRO) createdb cerebro
-	@$(PY) demo/demo.py
+	@eval "$$($(CEREBRO) env | sed 's/^/export /')" && $(PY) demo/load_data.py --if-missing
+	@CEREBRO_PY=$(PY) $(CEREBRO) psql -f demo/demo.sql
 
 psql:
 	@$(CEREBRO) psql

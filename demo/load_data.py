@@ -34,6 +34,15 @@ def load_table(conn, name: str, x: np.ndarray, y: np.ndarray) -> None:
     conn.commit()
 
 
+def _count(conn, table: str) -> int | None:
+    with conn.cursor() as cur:
+        cur.execute("SELECT to_regclass(%s) IS NOT NULL", (table,))
+        if not cur.fetchone()[0]:
+            return None
+        cur.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(table)))
+        return cur.fetchone()[0]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=60000)
@@ -41,9 +50,16 @@ def main() -> None:
     ap.add_argument("--prefix", default="fashion")
     ap.add_argument("--dataset", default="fashion-mnist")
     ap.add_argument("--dsn", default="")
+    ap.add_argument("--if-missing", action="store_true",
+                    help="do nothing when both tables already hold the requested rows")
     args = ap.parse_args()
     d = find_dataset_dir(args.dataset)
     conn = psycopg2.connect(args.dsn)
+    if args.if_missing and all(
+            _count(conn, f"{args.prefix}_{s}") == n
+            for s, n in (("train", args.rows), ("test", args.test_rows))):
+        print(f"{args.prefix}_train and {args.prefix}_test are already loaded")
+        return
     t0 = time.monotonic()
     for split, table, n in (("train", f"{args.prefix}_train", args.rows),
                             ("t10k", f"{args.prefix}_test", args.test_rows)):

@@ -1,0 +1,885 @@
+"""Keras on one worker: build, train one unit, evaluate, predict (TensorFlow imported lazily).
+
+A *training unit* is one configuration making ``epochs`` passes (from ``fit_params``) over one
+partition's rows. A unit starts from a model state (:mod:`cerebro_db.state`: weights and
+optimizer variables), trains, and returns the new state; nothing else about the model survives
+between units, so the state can hop to another worker.
+
+Decisions:
+
+* **Compiled models are cached per worker** (:class:`ModelCache`), keyed by what forces a
+  rebuild: the architecture, the optimizer class and its arguments other than the learning
+  rate, the loss, the metrics and the other compile options. A unit swaps its state into the
+  cached model (weights, then every optimizer variable, then the learning rate from its
+  ``compile_params``) instead of building and tracing a new model. Measured on this machine
+  (2 cores, Keras 3 / TF 2.21, 512 rows x 784 features, a 784-32-10 MLP, batch 64): a unit on
+  a fresh model takes ~0.85 s more than on a cached one, where loading the state costs
+  ~1 ms; see ``bench`` numbers in the report of this module's tests. A new batch size or a new
+  last-batch size retraces once.
+* **Learning rates never force a rebuild**: Keras 3 keeps the learning rate in a variable
+  (``optimizer.learning_rate``, also among ``optimizer.variables``); it is assigned from the
+  unit's ``compile_params`` after the state is loaded, so ``compile_params`` are authoritative.
+* **Reproducibility**: each unit calls ``keras.utils.set_random_seed`` with its seed (Python,
+  NumPy, TensorFlow and Keras' global generator; this also resets TensorFlow's op-seed counter,
+  so ``fit``'s shuffle is the same every time) and resets every per-layer random-seed generator
+  (dropout, noise layers) to values derived from the seed. Seeds are taken modulo 2**32. The
+  result of a unit is therefore a function of (state, data, fit_params, seed): a model that
+  hops between workers ends bitwise equal to one model trained in a single process over the
+  same visit order (:func:`replay`), given deterministic kernels (plain CPU TensorFlow is; on
+  GPU call :func:`configure_runtime` with ``deterministic=True``).
+* **Partitions combine exactly** in evaluation: Keras reports the loss and mean-type metrics
+  (accuracy variants, crossentropies, mae, mse, ...) as means weighted by rows, so
+  :func:`combine_results` (a row-weighted mean) equals the value over the concatenated data up to
+  float32 rounding. Metrics that are ratios of counts (AUC, precision, recall, F-scores) do not
+  combine this way; evaluate them over all rows at once.
+
+Errors are :class:`~cerebro_db.errors.CerebroError`: 22000 for data that does not fit the
+model or a Keras failure caused by the inputs, 42804 for a feature shape that cannot be
+reshaped to the model's input, XX000 (with the traceback in ``detail``) for unexpected ones.
+"""
+from __future__ import annotations
+
+import collections
+import inspect
+import math
+import time
+import traceback
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Union
+
+import numpy as np
+
+from cerebro_db import keras_arch
+from cerebro_db.errors import (
+    DATA_EXCEPTION,
+    DATATYPE_MISMATCH,
+    FEATURE_NOT_SUPPORTED,
+    INTERNAL_ERROR,
+    INVALID_PARAMETER_VALUE,
+    CerebroError,
+)
+from cerebro_db.params import (
+    CompileParams,
+    FitParams,
+    OptimizerSpec,
+    parse_compile_params,
+    parse_fit_params,
+)
+from cerebro_db.state import (
+    ModelState,
+    decode_state,
+    encode_state,
+    is_state,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    import keras
+
+__all__ = [
+    "CachedModel",
+    "EvalResult",
+    "ModelCache",
+    "UnitResult",
+    "combine_results",
+    "configure_runtime",
+    "decode_buffer",
+    "evaluate",
+    "fit_input_shape",
+    "initial_state",
+    "predict",
+    "replay",
+    "train_unit",
+]
+
+BytesLike = Union[bytes, bytearray, memoryview]
+CompileInput = Union[str, CompileParams]
+FitInput = Union[str, FitParams, None]
+
+_SEED_MOD = 1 << 32
+_Y_DTYPES = {
+    "int2": "<i2", "smallint": "<i2", "int16": "<i2",
+    "int4": "<i4", "integer": "<i4", "int32": "<i4",
+    "float4": "<f4", "real": "<f4", "float32": "<f4",
+    "float8": "<f8", "double precision": "<f8", "float64": "<f8",
+}
+
+
+# --------------------------------------------------------------------------- runtime
+
+
+def configure_runtime(
+    threads: int | None = None, *, deterministic: bool = False
+) -> None:
+    """Set TensorFlow's thread pools and, optionally, deterministic kernels.
+
+    ``threads`` sets both the intra-op and inter-op pool sizes; it only takes effect before
+    TensorFlow has run anything in this process (later calls leave the pools as they are).
+    ``deterministic`` calls ``tf.config.experimental.enable_op_determinism()`` (needed for
+    bitwise reproducibility on GPUs; ops without a deterministic kernel then raise).
+    """
+    import tensorflow as tf
+
+    if threads is not None:
+        try:
+            tf.config.threading.set_intra_op_parallelism_threads(threads)
+            tf.config.threading.set_inter_op_parallelism_threads(threads)
+        except RuntimeError:
+            pass  # the runtime is already initialised
+    if deterministic:
+        tf.config.experimental.enable_op_determinism()
+
+
+# --------------------------------------------------------------------------- data
+
+
+def _dtype(value: Any, what: str) -> np.dtype:
+    if isinstance(value, str) and value.strip().lower() in _Y_DTYPES:
+        value = _Y_DTYPES[value.strip().lower()]
+    try:
+        dt = np.dtype(value)
+    except TypeError:
+        raise CerebroError(f"{what} {value!r} is not a numeric type", INVALID_PARAMETER_VALUE)
+    if dt.kind not in "biuf":
+        raise CerebroError(f"{what} {value!r} is not a numeric type", INVALID_PARAMETER_VALUE)
+    return dt.newbyteorder("<") if dt.itemsize > 1 else dt
+
+
+def _shape(value: Sequence[Any], what: str) -> tuple[int, ...]:
+    try:
+        shape = tuple(int(d) for d in value)
+    except (TypeError, ValueError):
+        raise CerebroError(f"{what} must be a list of integers, got {value!r}",
+                           INVALID_PARAMETER_VALUE) from None
+    if not shape or min(shape) < 0:
+        raise CerebroError(f"{what} must be a non-empty list of non-negative integers, "
+                           f"got {list(shape)}", INVALID_PARAMETER_VALUE)
+    return shape
+
+
+def _frombuffer(data: BytesLike, shape: tuple[int, ...], dtype: np.dtype, what: str) -> np.ndarray:
+    view = memoryview(data).cast("B")
+    count = int(np.prod(shape, dtype=np.int64))
+    need = count * dtype.itemsize
+    if len(view) != need:
+        raise CerebroError(
+            f"{what} buffer has {len(view)} bytes but shape {list(shape)} of {dtype.name} needs "
+            f"{need}",
+            DATA_EXCEPTION,
+            hint="the packed table may be corrupt; run the preprocessor again",
+        )
+    return np.frombuffer(view, dtype=dtype, count=count).reshape(shape)
+
+
+def decode_buffer(
+    x_bytes: BytesLike,
+    x_shape: Sequence[int],
+    y_bytes: BytesLike | None = None,
+    y_shape: Sequence[int] | None = None,
+    y_dtype: Any = "int16",
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Decode one packed buffer into ``(x, y)`` numpy arrays.
+
+    ``x`` is little-endian float32 of shape ``x_shape`` (``[rows, dims...]``), returned as a
+    zero-copy, read-only float32 view. ``y`` is ``y_dtype`` (``'int16'``/``'int2'`` one-hot or
+    integer labels, ``'float32'``/``'float4'`` targets, or any numpy dtype) of shape
+    ``y_shape``, returned as float32; with ``y_bytes`` None, ``y`` is None. Raises
+    :class:`CerebroError`: 22000 when a byte count does not match its shape or the row counts
+    differ, 22023 for a bad shape or dtype.
+    """
+    xs = _shape(x_shape, "x_shape")
+    x = _frombuffer(x_bytes, xs, np.dtype("<f4"), "x")
+    if y_bytes is None:
+        return x, None
+    if y_shape is None:
+        raise CerebroError("y_shape is required with y_bytes", INVALID_PARAMETER_VALUE)
+    ys = _shape(y_shape, "y_shape")
+    y = _frombuffer(y_bytes, ys, _dtype(y_dtype, "y_dtype"), "y")
+    if ys[0] != xs[0]:
+        raise CerebroError(
+            f"x buffer has {xs[0]} rows but y buffer has {ys[0]}", DATA_EXCEPTION,
+            hint="the packed table may be corrupt; run the preprocessor again",
+        )
+    return x, y.astype(np.float32)
+
+
+def fit_input_shape(x: np.ndarray, model: keras.Model) -> np.ndarray:
+    """Return ``x`` shaped for ``model``'s single input, reshaping rows when needed.
+
+    ``[rows, 784]`` becomes ``[rows, 28, 28, 1]`` for a model whose input shape is
+    ``(28, 28, 1)``: any per-row shape with the same number of elements is reshaped (a view,
+    no copy). Per-row shapes already matching (with ``None`` dimensions matching anything) are
+    returned unchanged. Raises :class:`CerebroError` with SQLSTATE 42804 (datatype mismatch)
+    naming both shapes when the element counts differ or the model's input has undefined
+    dimensions that the data does not match, and 0A000 for models with several inputs.
+    """
+    shapes = keras_arch.input_shapes(model)
+    if len(shapes) != 1:
+        raise CerebroError(
+            f"models with {len(shapes)} inputs are not supported", FEATURE_NOT_SUPPORTED
+        )
+    target = shapes[0]
+    x = np.asarray(x)
+    row = tuple(x.shape[1:])
+    if len(row) == len(target) and all(t is None or t == r for t, r in zip(target, row)):
+        return x
+    if all(t is not None for t in target):
+        need = int(np.prod(target, dtype=np.int64))
+        if int(np.prod(row, dtype=np.int64)) == need and x.ndim >= 1:
+            return x.reshape((x.shape[0],) + tuple(int(t) for t in target))
+    raise CerebroError(
+        f"independent variable has shape {_fmt_shape(row)} per row but the model expects "
+        f"{_fmt_shape(target)}",
+        DATATYPE_MISMATCH,
+        hint="the number of features per row must equal the number of elements of the model's "
+        "input shape",
+    )
+
+
+def _fmt_shape(shape: Sequence[Any]) -> str:
+    return "(" + ", ".join("None" if d is None else str(d) for d in shape) + \
+        ("," if len(shape) == 1 else "") + ")"
+
+
+def _fit_xy(model: keras.Model, x: Any, y: Any) -> tuple[np.ndarray, np.ndarray]:
+    x = fit_input_shape(np.asarray(x, dtype=np.float32), model)
+    y = np.asarray(y, dtype=np.float32)
+    if y.ndim == 0 or y.shape[0] != x.shape[0]:
+        raise CerebroError(
+            f"x has {x.shape[0]} rows but y has {y.shape[0] if y.ndim else 0}", DATA_EXCEPTION
+        )
+    outs = keras_arch.output_shapes(model)
+    if len(outs) == 1 and y.ndim == 2 and len(outs[0]) == 1 and outs[0][0] is not None:
+        k = outs[0][0]
+        if y.shape[1] not in (k, 1):
+            raise CerebroError(
+                f"dependent variable has {y.shape[1]} values per row but the model has "
+                f"{k} outputs",
+                DATATYPE_MISMATCH,
+                hint="the last layer must have one unit per class (or per target)",
+            )
+    return x, y
+
+
+# --------------------------------------------------------------------------- params
+
+
+def _compile_params(value: CompileInput) -> CompileParams:
+    if isinstance(value, CompileParams):
+        return value
+    return parse_compile_params(value)
+
+
+def _fit_params(value: FitInput) -> FitParams:
+    if isinstance(value, FitParams):
+        return value
+    return parse_fit_params(value)
+
+
+def _learning_rate(cp: CompileParams) -> float | None:
+    """The configuration's learning rate: given, else the optimizer class' default."""
+    lr = cp.optimizer.kwargs.get("learning_rate")
+    if isinstance(lr, (int, float)) and not isinstance(lr, bool):
+        return float(lr)
+    import keras
+
+    cls = getattr(keras.optimizers, cp.optimizer.name, None)
+    if cls is None:
+        return None
+    param = inspect.signature(cls.__init__).parameters.get("learning_rate")
+    default = None if param is None else param.default
+    if isinstance(default, (int, float)) and not isinstance(default, bool):
+        return float(default)
+    return None
+
+
+def _rebuild_key(cp: CompileParams) -> str:
+    """Canonical compile parameters with the learning rate left out."""
+    kwargs = {k: v for k, v in cp.optimizer.kwargs.items() if k != "learning_rate"}
+    return replace(cp, optimizer=OptimizerSpec(cp.optimizer.name, kwargs)).canonical()
+
+
+def _seed(seed: int) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise CerebroError(f"seed must be an integer, got {seed!r}", INVALID_PARAMETER_VALUE)
+    return int(seed) % _SEED_MOD
+
+
+# --------------------------------------------------------------------------- cache
+
+
+@dataclass
+class CachedModel:
+    """A built, compiled Keras model whose optimizer variables exist (``optimizer.build``).
+
+    ``rng_vars`` are the per-layer seed-generator states (dropout etc.), reset per unit.
+    ``compiled`` is False for models built only for prediction.
+    """
+
+    key: tuple[str, str | None]
+    model: Any
+    compiled: bool
+    n_params: int
+    rng_vars: list[Any] = field(default_factory=list)
+    uses: int = 0
+
+    @property
+    def optimizer(self) -> Any:
+        """The model's optimizer (None when not compiled)."""
+        return self.model.optimizer if self.compiled else None
+
+
+class ModelCache:
+    """A worker's compiled Keras models, reused across training units of many configs.
+
+    Keys are (Keras 3 JSON of the architecture, compile parameters without the learning
+    rate), so configurations that differ only in learning rate share one model. Predict-only
+    requests reuse any cached model of the architecture, else build an uncompiled one.
+
+    Memory rule: at most ``max_models`` models are kept (least recently used evicted first,
+    default 4); with ``max_params`` set, models are also evicted, least recent first, while
+    the cached models together have more than ``max_params`` parameters (the model just used
+    is always kept). Each entry costs about (1 + optimizer slots per weight) x parameters x 4
+    bytes (Adam: 3x the weights) plus its traced functions. ``hits``, ``misses`` (= builds)
+    and ``evictions`` count what happened. Not thread-safe: one cache per worker process.
+    """
+
+    def __init__(self, max_models: int = 4, max_params: int | None = None) -> None:
+        if isinstance(max_models, bool) or not isinstance(max_models, int) or max_models < 1:
+            raise CerebroError(
+                f"max_models must be at least 1, got {max_models!r}", INVALID_PARAMETER_VALUE
+            )
+        if max_params is not None and (not isinstance(max_params, int) or max_params < 1):
+            raise CerebroError(
+                f"max_params must be at least 1, got {max_params!r}", INVALID_PARAMETER_VALUE
+            )
+        self.max_models = max_models
+        self.max_params = max_params
+        self.hits = 0
+        self.misses = 0
+        self.evictions = 0
+        self._entries: collections.OrderedDict[tuple[str, str | None], CachedModel] = (
+            collections.OrderedDict()
+        )
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def clear(self) -> None:
+        """Drop every cached model."""
+        self._entries.clear()
+
+    def stats(self) -> dict[str, int]:
+        """``{'models', 'hits', 'misses', 'evictions', 'params'}``."""
+        return {
+            "models": len(self._entries),
+            "hits": self.hits,
+            "misses": self.misses,
+            "evictions": self.evictions,
+            "params": sum(e.n_params for e in self._entries.values()),
+        }
+
+    def get(self, arch_json: Any, compile_params: CompileInput) -> CachedModel:
+        """The compiled model for this architecture and compile parameters (built if new).
+
+        The returned model holds the weights and optimizer state of whatever used it last;
+        callers load a state before using it.
+        """
+        cp = _compile_params(compile_params)
+        key = (keras_arch.to_keras3_json(arch_json), _rebuild_key(cp))
+        entry = self._entries.get(key)
+        if entry is not None:
+            self.hits += 1
+            self._entries.move_to_end(key)
+            entry.uses += 1
+            return entry
+        self.misses += 1
+        entry = _build_entry(key, arch_json, cp)
+        entry.uses = 1
+        self._add(key, entry)
+        return entry
+
+    def get_for_predict(self, arch_json: Any) -> CachedModel:
+        """Any cached model of this architecture (most recent first), else an uncompiled one."""
+        arch = keras_arch.to_keras3_json(arch_json)
+        for key in reversed(self._entries):
+            if key[0] == arch:
+                self.hits += 1
+                self._entries.move_to_end(key)
+                entry = self._entries[key]
+                entry.uses += 1
+                return entry
+        self.misses += 1
+        key = (arch, None)
+        entry = _build_entry(key, arch_json, None)
+        entry.uses = 1
+        self._add(key, entry)
+        return entry
+
+    def discard(self, entry: CachedModel) -> None:
+        """Forget ``entry`` (after a failure left its model in an unknown state)."""
+        if self._entries.get(entry.key) is entry:
+            del self._entries[entry.key]
+
+    def _add(self, key: tuple[str, str | None], entry: CachedModel) -> None:
+        self._entries[key] = entry
+        while len(self._entries) > self.max_models:
+            self._entries.popitem(last=False)
+            self.evictions += 1
+        if self.max_params is not None:
+            while len(self._entries) > 1 and (
+                sum(e.n_params for e in self._entries.values()) > self.max_params
+            ):
+                self._entries.popitem(last=False)
+                self.evictions += 1
+
+
+def _build_entry(
+    key: tuple[str, str | None], arch_json: Any, cp: CompileParams | None
+) -> CachedModel:
+    model = keras_arch.build_from_json(arch_json)
+    if cp is not None:
+        _compile(model, cp)
+    return CachedModel(
+        key=key,
+        model=model,
+        compiled=cp is not None,
+        n_params=keras_arch.count_params(model),
+        rng_vars=_rng_vars(model),
+    )
+
+
+def _compile(model: keras.Model, cp: CompileParams) -> None:
+    try:
+        model.compile(**cp.to_keras())
+    except CerebroError:
+        raise
+    except (ValueError, TypeError) as exc:
+        raise CerebroError(
+            f"compile_params cannot be used with this model: {_first_line(exc)}",
+            INVALID_PARAMETER_VALUE,
+            detail=_traceback(),
+        ) from None
+    model.optimizer.build(model.trainable_variables)
+
+
+def _rng_vars(model: keras.Model) -> list[Any]:
+    """Variables of ``model`` that are not weights: the seed-generator states."""
+    weight_ids = {id(v) for v in model.weights}
+    return [v for v in model.variables if id(v) not in weight_ids]
+
+
+# --------------------------------------------------------------------------- state swap
+
+
+def _state_mismatch(message: str) -> CerebroError:
+    return CerebroError(
+        f"model state does not match the model: {message}",
+        DATA_EXCEPTION,
+        hint="the state was made for another model_arch or optimizer",
+    )
+
+
+def _load_weights(model: keras.Model, weights: Sequence[np.ndarray]) -> None:
+    variables = model.weights
+    if len(weights) != len(variables):
+        raise _state_mismatch(
+            f"the state has {len(weights)} weight arrays, the model {len(variables)}"
+        )
+    for i, (v, w) in enumerate(zip(variables, weights)):
+        if tuple(v.shape) != tuple(w.shape):
+            raise _state_mismatch(
+                f"weight {i} has shape {_fmt_shape(w.shape)} in the state, "
+                f"{_fmt_shape(tuple(v.shape))} in the model"
+            )
+        v.assign(w)
+
+
+def _load_any(entry: CachedModel, data: BytesLike) -> ModelState | None:
+    """Load weights from a state (returned) or from MADlib flat float32 weights (None)."""
+    if is_state(data):
+        state = decode_state(data)
+        _load_weights(entry.model, state.weights)
+        return state
+    keras_arch.set_weights_from_bytes(entry.model, data)
+    return None
+
+
+def _optimizer_vars(entry: CachedModel) -> list[Any]:
+    return list(entry.model.optimizer.variables)
+
+
+def _load_optimizer(entry: CachedModel, values: Sequence[np.ndarray]) -> None:
+    variables = _optimizer_vars(entry)
+    if len(values) != len(variables):
+        raise _state_mismatch(
+            f"the state has {len(values)} optimizer variables, the optimizer "
+            f"{len(variables)}"
+        )
+    for i, (v, a) in enumerate(zip(variables, values)):
+        if tuple(v.shape) != tuple(a.shape):
+            raise _state_mismatch(
+                f"optimizer variable {i} ({v.name}) has shape {_fmt_shape(a.shape)} in the "
+                f"state, {_fmt_shape(tuple(v.shape))} in the optimizer"
+            )
+        v.assign(a)
+
+
+def _reset_optimizer(entry: CachedModel, cp: CompileParams, keep_iteration: bool) -> None:
+    """Give the optimizer the values of a freshly built one (optionally keeping ``iteration``)."""
+    opt = entry.model.optimizer
+    fresh = cp.optimizer.to_keras()
+    fresh.build(entry.model.trainable_variables)
+    keep = {id(opt.iterations)} if keep_iteration else set()
+    for v, f in zip(opt.variables, fresh.variables):
+        if id(v) not in keep:
+            v.assign(f.numpy())
+
+
+def _set_learning_rate(entry: CachedModel, lr: float | None) -> None:
+    if lr is None:
+        return
+    var = getattr(entry.model.optimizer, "_learning_rate", None)
+    if var is not None and hasattr(var, "assign"):
+        var.assign(lr)
+
+
+def _load_for_training(
+    entry: CachedModel, cp: CompileParams, data: BytesLike, reset_optimizer: bool
+) -> ModelState | None:
+    state = _load_any(entry, data)
+    if state is None or not state.optimizer_vars:
+        _reset_optimizer(entry, cp, keep_iteration=False)
+    else:
+        _load_optimizer(entry, state.optimizer_vars)
+        if reset_optimizer:
+            _reset_optimizer(entry, cp, keep_iteration=True)
+    _set_learning_rate(entry, _learning_rate(cp))
+    return state
+
+
+def _save(entry: CachedModel, meta: Mapping[str, Any]) -> bytes:
+    weights = [v.numpy() for v in entry.model.weights]
+    opt = [v.numpy() for v in _optimizer_vars(entry)] if entry.compiled else []
+    return encode_state(weights, opt, meta)
+
+
+# --------------------------------------------------------------------------- results
+
+
+@dataclass(frozen=True)
+class UnitResult:
+    """What one training unit did.
+
+    ``loss`` is the last epoch's mean training loss from Keras' history (NaN stays NaN);
+    ``metrics`` the last epoch's compiled metrics by Keras name; ``seconds`` the whole unit
+    (state load, fit, state save); ``rebuilt`` whether the cache had to build the model.
+    """
+
+    rows: int
+    loss: float
+    seconds: float
+    metrics: dict[str, float] = field(default_factory=dict)
+    epochs: int = 1
+    rebuilt: bool = False
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """Loss and metrics over ``rows`` rows (row-weighted means, as Keras reports them)."""
+
+    loss: float
+    metrics: dict[str, float]
+    rows: int
+
+    @property
+    def loss_sum(self) -> float:
+        """``loss * rows``: add these over partitions and divide by the total rows."""
+        return self.loss * self.rows
+
+    def metric_sums(self) -> dict[str, float]:
+        """``metric * rows`` for every metric."""
+        return {k: v * self.rows for k, v in self.metrics.items()}
+
+
+def combine_results(results: Sequence[EvalResult]) -> EvalResult:
+    """Combine per-partition results into the result over all their rows.
+
+    A row-weighted mean (accumulated in float64); exact, up to float32 rounding inside Keras,
+    for the loss and mean-type metrics (accuracy, crossentropy, mae, mse, ...), not for
+    ratio-of-count metrics such as AUC, precision or recall. NaN in any part gives NaN.
+    """
+    rows = sum(r.rows for r in results)
+    if rows == 0:
+        return EvalResult(float("nan"), {}, 0)
+    names = list(results[0].metrics) if results else []
+    loss = math.fsum(r.loss * r.rows for r in results) / rows
+    metrics = {
+        k: math.fsum(r.metrics.get(k, float("nan")) * r.rows for r in results) / rows
+        for k in names
+    }
+    return EvalResult(float(loss), metrics, rows)
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def _first_line(exc: BaseException, limit: int = 500) -> str:
+    text = str(exc).strip().splitlines()
+    line = text[0] if text else type(exc).__name__
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def _traceback(limit: int = 4000) -> str:
+    text = traceback.format_exc()
+    return text if len(text) <= limit else "..." + text[-limit:]
+
+
+def _keras_failure(what: str, exc: Exception) -> CerebroError:
+    try:
+        import tensorflow as tf
+
+        input_errors: tuple[type[BaseException], ...] = (
+            ValueError, TypeError, tf.errors.InvalidArgumentError,
+        )
+    except ImportError:  # pragma: no cover
+        input_errors = (ValueError, TypeError)
+    if isinstance(exc, input_errors):
+        return CerebroError(
+            f"{what} failed: {_first_line(exc)}", DATA_EXCEPTION, detail=_traceback()
+        )
+    return CerebroError(
+        f"{what} failed unexpectedly: {type(exc).__name__}: {_first_line(exc)}",
+        INTERNAL_ERROR,
+        detail=_traceback(),
+    )
+
+
+# --------------------------------------------------------------------------- training
+
+
+def _seed_everything(entry: CachedModel, seed: int) -> None:
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    if entry.rng_vars:
+        values = np.random.SeedSequence(seed).generate_state(len(entry.rng_vars), np.uint32)
+        for v, s in zip(entry.rng_vars, values):
+            v.assign(np.array([int(s) & 0x7FFFFFFF, 0], dtype=v.dtype))
+
+
+def _last(values: Any) -> float:
+    if not values:
+        return float("nan")
+    return float(values[-1])
+
+
+def _fit(
+    entry: CachedModel, fp: FitParams, x: np.ndarray, y: np.ndarray, seed: int
+) -> tuple[float, dict[str, float]]:
+    """One unit's ``model.fit`` on an already loaded model; returns (loss, metrics)."""
+    _seed_everything(entry, seed)
+    kwargs = fp.to_keras()
+    kwargs["verbose"] = 0
+    history = entry.model.fit(x, y, **kwargs)
+    hist = dict(history.history)
+    loss = _last(hist.pop("loss", None))
+    metrics = {k: _last(v) for k, v in hist.items()}
+    return loss, metrics
+
+
+def _next_meta(
+    state: ModelState | None, rows: int, epochs: int, completes_epoch: bool,
+    info: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    base = state.meta() if state is not None else {"info": {}}
+    base["units_done"] = base.get("units_done", 0) + 1
+    base["samples_seen"] = base.get("samples_seen", 0) + rows * epochs
+    if completes_epoch:
+        base["epochs_done"] = base.get("epochs_done", 0) + 1
+    if info:
+        base["info"] = {**base["info"], **dict(info)}
+    return base
+
+
+def train_unit(
+    cache: ModelCache,
+    arch_json: Any,
+    compile_params: CompileInput,
+    fit_params: FitInput,
+    state_bytes: BytesLike,
+    x: np.ndarray,
+    y: np.ndarray,
+    seed: int,
+    reset_optimizer: bool = False,
+    *,
+    completes_epoch: bool = False,
+    info: Mapping[str, Any] | None = None,
+) -> tuple[bytes, UnitResult]:
+    """Train one unit: load ``state_bytes``, ``model.fit`` over ``(x, y)``, return the new state.
+
+    The cached compiled model for (architecture, compile parameters without learning rate) is
+    loaded with the state's weights and optimizer variables, then the learning rate of
+    ``compile_params``; ``fit`` runs with ``fit_params``' batch_size, epochs, shuffle,
+    class_weight and callbacks (always ``verbose=0``) after seeding every random source from
+    ``seed``. ``state_bytes`` may also be MADlib flat float32 weights (the optimizer then
+    starts fresh). ``reset_optimizer=True`` re-initialises the optimizer variables but keeps
+    its iteration count (the 'ring' policy's emulation of MADlib losing optimizer state at
+    each hop). The new state's counters add one unit and ``rows * epochs`` samples, and one
+    epoch when ``completes_epoch``; ``info`` is merged into the state's info. A NaN loss is
+    reported as NaN (the state is saved as it is). Raises :class:`CerebroError`; on failure
+    nothing is returned and the cached model is dropped.
+    """
+    start = time.perf_counter()
+    cp = _compile_params(compile_params)
+    fp = _fit_params(fit_params)
+    seed = _seed(seed)
+    misses = cache.misses
+    entry = cache.get(arch_json, cp)
+    rebuilt = cache.misses != misses
+    try:
+        xs, ys = _fit_xy(entry.model, x, y)
+        state = _load_for_training(entry, cp, state_bytes, reset_optimizer)
+        loss, metrics = _fit(entry, fp, xs, ys, seed)
+        meta = _next_meta(state, int(xs.shape[0]), fp.epochs, completes_epoch, info)
+        new_state = _save(entry, meta)
+    except CerebroError:
+        cache.discard(entry)
+        raise
+    except Exception as exc:  # noqa: BLE001 - Keras/TF raise many types
+        cache.discard(entry)
+        raise _keras_failure("training unit", exc) from None
+    result = UnitResult(
+        rows=int(xs.shape[0]),
+        loss=loss,
+        seconds=time.perf_counter() - start,
+        metrics=metrics,
+        epochs=fp.epochs,
+        rebuilt=rebuilt,
+    )
+    return new_state, result
+
+
+def initial_state(
+    arch_json: Any,
+    compile_params: CompileInput,
+    seed: int,
+    init_weights: BytesLike | None = None,
+) -> bytes:
+    """The state a configuration starts from, reproducible from ``seed``.
+
+    The model is built after ``keras.utils.set_random_seed(seed)``, so the same seed gives the
+    same initial weights; ``init_weights`` (MADlib flat float32 bytes, e.g. an architecture
+    table's ``model_weights`` for transfer learning) override them. The optimizer is built on
+    the model's trainable variables so its variables (iteration 0, the learning rate, zeroed
+    slots) are in the state from the start. Counters are zero; ``info`` records the seed and
+    optimizer. Raises :class:`CerebroError`.
+    """
+    import keras
+
+    cp = _compile_params(compile_params)
+    seed = _seed(seed)
+    keras.utils.set_random_seed(seed)
+    model = keras_arch.build_from_json(arch_json)
+    if init_weights is not None:
+        keras_arch.set_weights_from_bytes(model, init_weights)
+    optimizer = cp.optimizer.to_keras()
+    optimizer.build(model.trainable_variables)
+    weights = [v.numpy() for v in model.weights]
+    opt = [v.numpy() for v in optimizer.variables]
+    info = {"seed": seed, "optimizer": cp.optimizer.name}
+    return encode_state(weights, opt, {"info": info})
+
+
+def replay(
+    arch_json: Any,
+    compile_params: CompileInput,
+    fit_params: FitInput,
+    init_state: BytesLike,
+    units: Sequence[tuple[np.ndarray, np.ndarray, int]],
+) -> bytes:
+    """Train one model object over ``units`` in order, without saving or loading between them.
+
+    The reference for sequential equivalence: a configuration trained by :func:`train_unit`
+    hopping between workers (state saved and loaded around every unit) over the same
+    ``(x, y, seed)`` sequence ends with bitwise the same weights and optimizer variables (and,
+    as no epoch is marked complete here, the same state bytes when ``train_unit`` is called
+    with its defaults). Builds a fresh model; returns the final state.
+    """
+    cp = _compile_params(compile_params)
+    fp = _fit_params(fit_params)
+    entry = _build_entry(("", None), arch_json, cp)
+    state = _load_for_training(entry, cp, init_state, reset_optimizer=False)
+    meta: dict[str, Any] = state.meta() if state is not None else {"info": {}}
+    for x, y, seed in units:
+        xs, ys = _fit_xy(entry.model, x, y)
+        _fit(entry, fp, xs, ys, _seed(seed))
+        meta["units_done"] = meta.get("units_done", 0) + 1
+        meta["samples_seen"] = meta.get("samples_seen", 0) + int(xs.shape[0]) * fp.epochs
+    return _save(entry, meta)
+
+
+# --------------------------------------------------------------------------- eval / predict
+
+
+def evaluate(
+    cache: ModelCache,
+    arch_json: Any,
+    compile_params: CompileInput,
+    state_bytes: BytesLike,
+    x: np.ndarray,
+    y: np.ndarray,
+    batch_size: int = 32,
+) -> EvalResult:
+    """Loss and compiled metrics of the state's weights over all rows of ``(x, y)``.
+
+    Uses the cached compiled model (optimizer untouched); ``state_bytes`` may be a state or
+    MADlib flat float32 weights. Values are Keras' row-weighted means, so partitions combine
+    exactly with :func:`combine_results` (see the module docstring for which metrics).
+    Raises :class:`CerebroError`.
+    """
+    cp = _compile_params(compile_params)
+    entry = cache.get(arch_json, cp)
+    try:
+        xs, ys = _fit_xy(entry.model, x, y)
+        _load_any(entry, state_bytes)
+        if xs.shape[0] == 0:
+            return EvalResult(float("nan"), {}, 0)
+        out = entry.model.evaluate(xs, ys, batch_size=batch_size, verbose=0, return_dict=True)
+    except CerebroError:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        cache.discard(entry)
+        raise _keras_failure("evaluation", exc) from None
+    out = {k: float(v) for k, v in out.items()}
+    loss = out.pop("loss", float("nan"))
+    return EvalResult(loss=loss, metrics=out, rows=int(xs.shape[0]))
+
+
+def predict(
+    cache: ModelCache,
+    arch_json: Any,
+    state_or_weights: BytesLike,
+    x: np.ndarray,
+    batch_size: int = 256,
+) -> np.ndarray:
+    """The model's outputs for ``x`` (e.g. class probabilities), computed in batches.
+
+    ``state_or_weights`` is a state or MADlib flat float32 weights; ``x`` is reshaped to the
+    model's input as by :func:`fit_input_shape`. Returns float32 ``[rows, outputs...]``.
+    Raises :class:`CerebroError`.
+    """
+    entry = cache.get_for_predict(arch_json)
+    try:
+        xs = fit_input_shape(np.asarray(x, dtype=np.float32), entry.model)
+        _load_any(entry, state_or_weights)
+        if xs.shape[0] == 0:
+            shape = keras_arch.output_shapes(entry.model)[0]
+            return np.zeros((0,) + tuple(d or 0 for d in shape), dtype=np.float32)
+        out = entry.model.predict(xs, batch_size=batch_size, verbose=0)
+    except CerebroError:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        cache.discard(entry)
+        raise _keras_failure("prediction", exc) from None
+    return np.asarray(out, dtype=np.float32)
