@@ -52,6 +52,7 @@ import numpy as np
 from cerebro_db.errors import DATA_EXCEPTION, INVALID_PARAMETER_VALUE, CerebroError
 
 __all__ = [
+    "CHUNK_HEADER_SIZE",
     "CHUNK_MAGIC",
     "DEFAULT_CHUNK_SIZE",
     "FORMAT_VERSION",
@@ -88,6 +89,9 @@ COUNTERS = ("epochs_done", "units_done", "samples_seen")
 _HEADER = struct.Struct("<8sHHI")  # magic, version, reserved, metadata length
 _CHUNK_HEADER = struct.Struct("<8sHHIIQII")  # magic, ver, reserved, index, count, total,
 #                                                 crc of the whole, crc of this chunk's data
+CHUNK_HEADER_SIZE = _CHUNK_HEADER.size
+"""Bytes of header before each chunk's data (36)."""
+
 _MAX_META = 64 << 20
 _ALLOWED_KINDS = frozenset("biuf")  # bool, signed, unsigned, float
 _STATE_HINT = "the state must be bytes written by cerebro_db.state.encode_state"

@@ -1,0 +1,671 @@
+"""Scheduling policies: invariants (property tests over every registered policy), makespan,
+reproducibility, resume from JSON state, MADlib's ring rotation, the registry.
+
+Observed with the simulator (homogeneous unit time 1, makespan / lower bound):
+
+- randomized MOP (uniform, the paper's Algorithm 1), 16 configs, p=2, 3 epochs: 1.008 mean,
+  1.042 max over 50 seeds. Over |S| in [2p, 4p], p in 1..6, 1..4 epochs, 5 seeds: mean 1.049,
+  max 1.29, 10% of runs above 1.10 (small runs with |S| close to 2p: the tail where the last
+  few configs cannot use every worker); with |S| >= 4p the max is 1.083.
+- MOP with ``prefer_lagging=True`` on the same grid: mean 1.0005, max 1.091; 1.0 for
+  |S| >= 4p.
+- heterogeneous per-config times (uniform 1..4), p in 2..6, |S| in {2p, 3p, 4p}, 3 epochs:
+  MOP mean 1.06 (max 1.21); ring mean 1.21 (max 1.48): every hop lasts as long as the
+  slowest worker's group, and the others idle at the barrier.
+"""
+from __future__ import annotations
+
+import json
+import random
+import statistics
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cerebro_db.errors import CerebroError
+from cerebro_db.scheduling import (
+    EVAL,
+    POLICIES,
+    TRAIN,
+    Assignment,
+    InvariantError,
+    Policy,
+    Progress,
+    RandomizedMOP,
+    RingPolicy,
+    SchedulingError,
+    Snapshot,
+    WorkerChange,
+    check_invariants,
+    evaluation_epochs,
+    find_violations,
+    get_policy,
+    lower_bound,
+    policy_names,
+    random_failures,
+    simulate,
+)
+
+# Every registered name, plus the non-default options worth exercising.
+POLICY_CASES: list[tuple[str, dict[str, Any]]] = [
+    ("mop", {}),
+    ("mop", {"prefer_lagging": True}),
+    ("random", {}),
+    ("ring", {}),
+    ("ring", {"layout": "slots", "reset_optimizer_per_hop": True}),
+]
+CASE_IDS = [f"{n}-{'-'.join(f'{k}={v}' for k, v in o.items()) or 'default'}"
+            for n, o in POLICY_CASES]
+
+
+def make(name: str, options: dict[str, Any], seed: int = 0) -> Policy:
+    opts = dict(options)
+    if "random_state" in POLICIES[name].option_names:
+        opts.setdefault("random_state", seed)
+    return get_policy(name, **opts)
+
+
+def table_times(seed: int, kind: str, low: float = 0.5, high: float = 3.0):
+    """Deterministic unit times: constant, per config, or per (config, partition)."""
+    memo: dict[tuple[int, int], float] = {}
+
+    def t(c: int, q: int, w: int) -> float:
+        if kind == "homogeneous":
+            return 1.0
+        key = (c, q if kind == "per_unit" else -1)
+        if key not in memo:
+            memo[key] = random.Random(f"{seed}:{key}").uniform(low, high)
+        return memo[key]
+
+    return t
+
+
+def test_every_registered_policy_is_exercised():
+    assert {n for n, _ in POLICY_CASES} == set(policy_names())
+
+
+# ---------------------------------------------------------------------------------------------
+# invariants, property-based
+
+
+@st.composite
+def scenarios(draw):
+    n = draw(st.integers(1, 20))
+    configs = draw(st.lists(st.integers(0, 10_000), min_size=n, max_size=n, unique=True))
+    p = draw(st.integers(1, 6))
+    if draw(st.booleans()):
+        epochs: Any = draw(st.integers(1, 4))
+    else:
+        epochs = {c: draw(st.integers(1, 4)) for c in configs}
+    evals = draw(st.sampled_from(["none", "every", "every2", "last"]))
+    top = max(epochs.values()) if isinstance(epochs, dict) else epochs
+    eval_epochs = {
+        "none": frozenset(),
+        "every": evaluation_epochs(top, 1),
+        "every2": evaluation_epochs(top, 2),
+        "last": frozenset({top}),
+    }[evals]
+    return {
+        "configs": configs,
+        "num_partitions": p,
+        "epochs": epochs,
+        "eval_epochs": eval_epochs,
+        "times": draw(st.sampled_from(["homogeneous", "per_config", "per_unit"])),
+        "failure_rate": draw(st.sampled_from([0.0, 0.0, 0.2])),
+        "seed": draw(st.integers(0, 2**16)),
+    }
+
+
+def run_scenario(name: str, options: dict[str, Any], sc: dict[str, Any]):
+    return simulate(
+        make(name, options, sc["seed"]),
+        sc["configs"],
+        sc["num_partitions"],
+        sc["epochs"],
+        table_times(sc["seed"], sc["times"]),
+        eval_epochs=sc["eval_epochs"],
+        failures=random_failures(sc["failure_rate"], sc["seed"]) if sc["failure_rate"] else None,
+    )
+
+
+@pytest.mark.parametrize(("name", "options"), POLICY_CASES, ids=CASE_IDS)
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sc=scenarios())
+def test_invariants_hold(name, options, sc):
+    res = run_scenario(name, options, sc)
+    assert res.completed
+    check_invariants(res.log, num_partitions=sc["num_partitions"], epochs=sc["epochs"],
+                     eval_epochs=sc["eval_epochs"])
+    # The same checks on plain dicts, as the lead will feed them from the unit table.
+    check_invariants([r.as_dict() for r in res.log], num_partitions=sc["num_partitions"],
+                     epochs=sc["epochs"], eval_epochs=sc["eval_epochs"])
+    if not sc["failure_rate"]:
+        assert all(r.ok for r in res.log)
+    assert res.makespan >= res.lower_bound - 1e-9
+
+
+@pytest.mark.parametrize(("name", "options"), POLICY_CASES, ids=CASE_IDS)
+@settings(max_examples=15, deadline=None)
+@given(
+    p=st.integers(1, 4),
+    n=st.integers(1, 10),
+    epochs=st.integers(1, 3),
+    seed=st.integers(0, 2**16),
+    churn=st.lists(st.tuples(st.floats(0, 30), st.integers(0, 7), st.floats(0.5, 10)),
+                   max_size=4),
+)
+def test_invariants_hold_under_worker_churn(name, options, p, n, epochs, seed, churn):
+    """Two replicas of every partition; workers leave (their unit fails) and come back."""
+    workers = {w: (w % p,) for w in range(2 * p)}
+    changes = []
+    for t, w, back in churn:
+        w %= 2 * p
+        if any(abs(t - c.time) < 1e-6 for c in changes):
+            continue
+        if any(c.worker == w and c.time <= t + back + 1e-6 and t <= c.time for c in changes):
+            continue
+        changes += [WorkerChange(t, "remove", w), WorkerChange(t + back, "add", w, (w % p,))]
+    changes = _feasible(changes)
+    res = simulate(make(name, options, seed), list(range(n)), p, epochs,
+                   table_times(seed, "per_unit"), workers=workers, worker_changes=changes,
+                   eval_epochs={epochs})
+    assert res.completed
+    check_invariants(res.log, num_partitions=p, epochs=epochs, eval_epochs={epochs})
+
+
+def _feasible(changes: list[WorkerChange]) -> list[WorkerChange]:
+    """Keep removals/additions that never remove an absent worker or add a present one."""
+    present: set[int] = set(range(64))
+    out = []
+    pending = sorted(changes, key=lambda c: (c.time, c.action != "remove"))
+    removed: set[int] = set()
+    for c in pending:
+        if c.action == "remove" and c.worker in present and c.worker not in removed:
+            removed.add(c.worker)
+            out.append(c)
+        elif c.action == "add" and c.worker in removed:
+            removed.discard(c.worker)
+            out.append(c)
+    return out
+
+
+@pytest.mark.parametrize(("name", "options"), POLICY_CASES, ids=CASE_IDS)
+def test_losing_the_only_copy_of_a_partition_cannot_finish(name, options):
+    res = simulate(make(name, options), list(range(4)), 3, 2, 1.0,
+                   worker_changes=[WorkerChange(2.5, "remove", 1)])
+    assert not res.completed
+    assert any(not r.ok and r.worker == 1 and r.end == 2.5 for r in res.log)
+    check_invariants(res.log, num_partitions=3, complete=False)
+    # ... and re-adding a worker holding it lets the fit finish.
+    res = simulate(make(name, options), list(range(4)), 3, 2, 1.0,
+                   worker_changes=[WorkerChange(2.5, "remove", 1),
+                                   WorkerChange(7.0, "add", 9, (1,))])
+    assert res.completed
+    check_invariants(res.log, num_partitions=3, epochs=2)
+    assert any(r.worker == 9 for r in res.log)
+
+
+@pytest.mark.parametrize(("name", "options"), POLICY_CASES, ids=CASE_IDS)
+def test_injected_failure_is_requeued_and_counts_for_nothing(name, options):
+    res = simulate(make(name, options), [1, 2, 3], 2, 2, 1.0,
+                   failures={(2, 1, 0): 0.5, (3, 2, 1): 0.0}, eval_epochs={1, 2})
+    failed = [r for r in res.log if not r.ok]
+    assert {(r.config, r.epoch, r.partition) for r in failed} == {(2, 1, 0), (3, 2, 1)}
+    assert [r.duration for r in sorted(failed, key=lambda r: r.config)] == [0.5, 0.0]
+    check_invariants(res.log, num_partitions=2, epochs=2, eval_epochs={1, 2})
+
+
+def unassigned_but_runnable(snap: Snapshot, assigned: list[Assignment]) -> list[int]:
+    """Idle workers left without work although some unit could run on them."""
+    busy = {a.worker for a in assigned}
+    taken = {c for c in snap.configs if snap.is_training(c)}
+    taken |= {a.config for a in assigned if a.kind == TRAIN}
+    evals_taken = {(a.config, a.epoch, a.partition) for a in assigned if a.kind == EVAL}
+    out = []
+    for w in snap.idle_workers:
+        if w in busy:
+            continue
+        if any(c not in taken for c, _ in snap.trainable(w)):
+            out.append(w)
+        elif any(u.partition in snap.workers[w]
+                 and (u.config, u.epoch, u.partition) not in evals_taken
+                 for u in snap.pending_evals):
+            out.append(w)
+    return out
+
+
+class Spy(Policy):
+    """Wraps a policy and checks each of its decisions."""
+
+    name = "spy"
+
+    def __init__(self, inner: Policy, check) -> None:
+        self.inner, self.check, self.calls = inner, check, 0
+
+    def options(self) -> dict[str, Any]:
+        return {}
+
+    def assign(self, snapshot: Snapshot) -> list[Assignment]:
+        self.calls += 1
+        out = self.inner.assign(snapshot)
+        self.check(self, snapshot, out)
+        return out
+
+
+@settings(max_examples=25, deadline=None)
+@given(sc=scenarios(), lag=st.booleans())
+def test_mop_is_work_conserving(sc, lag):
+    """No barrier: after MOP's decision, no idle worker has anything it could run."""
+
+    def check(spy, snap, out):
+        assert not unassigned_but_runnable(snap, out)
+        assert out or not snap.has_runnable()
+
+    sc = {**sc, "failure_rate": 0.0}
+    pol = Spy(RandomizedMOP(sc["seed"], prefer_lagging=lag), check)
+    res = simulate(pol, sc["configs"], sc["num_partitions"], sc["epochs"],
+                   table_times(sc["seed"], sc["times"]), eval_epochs=sc["eval_epochs"])
+    assert res.completed
+
+
+def test_idle_worker_prefers_training_over_evaluation():
+    prog = Progress({1: 2, 2: 2}, 2, {0: (0,), 1: (1,)}, eval_epochs={1})
+    for c, w in ((1, 0), (1, 1)):  # config 1 finishes epoch 1 -> evaluation units pending
+        prog.start(Assignment(w, c, 1, w))
+        prog.finish(w, True)
+    snap = prog.snapshot()
+    assert len(snap.pending_evals) == 2
+    for pol in (RandomizedMOP(0), RingPolicy()):
+        out = pol.assign(snap)
+        assert len(out) == 2
+        assert any(a.kind == TRAIN and a.config == 2 for a in out)
+        kinds = sorted(a.kind for a in out)
+        assert kinds in (["eval", "train"], ["train", "train"])
+    # An evaluation of a frozen state does not stop the config's next epoch.
+    prog.start(Assignment(0, 1, 1, 0, EVAL))
+    out = RandomizedMOP(0).assign(prog.snapshot())
+    assert [(a.worker, a.kind) for a in out] == [(1, TRAIN)]
+
+
+# ---------------------------------------------------------------------------------------------
+# makespan
+
+
+def mop_ratios(shapes, seeds, lag=False, times="homogeneous"):
+    out = []
+    for p, n, k in shapes:
+        for seed in seeds:
+            res = simulate(RandomizedMOP(seed, prefer_lagging=lag), list(range(n)), p, k,
+                           table_times(seed, times, 1.0, 4.0))
+            out.append(res.ratio)
+    return out
+
+
+def test_mop_makespan_close_to_lower_bound_homogeneous():
+    ratios = mop_ratios([(2, 16, 3)], range(20))
+    assert max(ratios) <= 1.10, ratios  # observed: max 1.042, mean 1.008 over 50 seeds
+    shapes = [(p, n, k) for p in (2, 3, 4, 6) for n in (2 * p, 3 * p, 4 * p) for k in (2, 3)]
+    ratios = mop_ratios(shapes, range(3))
+    assert statistics.mean(ratios) <= 1.08, ratios  # observed ~1.05
+    assert max(mop_ratios([s for s in shapes if s[1] >= 4 * s[0]], range(3))) <= 1.10
+    lagging = mop_ratios(shapes, range(3), lag=True)
+    assert max(lagging) <= 1.10 and statistics.mean(lagging) <= 1.01, lagging
+
+
+def test_mop_with_fewer_configs_than_workers():
+    one = simulate(RandomizedMOP(3), [7], 4, 3, table_times(0, "per_unit"))
+    assert one.ratio == pytest.approx(1.0)  # a lone config never waits for a worker
+    few = mop_ratios([(6, 3, 2), (4, 4, 3)], range(3))
+    assert max(few) <= 1.5
+
+
+def test_ring_pays_for_its_barrier_under_heterogeneous_times():
+    speeds = {c: 1.0 + 3.0 * random.Random(c).random() for c in range(8)}
+    p, k = 4, 3
+
+    def t(c, q, w):
+        return speeds[c]
+
+    ring = simulate(get_policy("ring"), list(range(8)), p, k, t)
+    mop = simulate(get_policy("mop", random_state=0), list(range(8)), p, k, t)
+    check_invariants(ring.log, num_partitions=p, epochs=k)
+    # Why: every hop lasts as long as the slowest group, the other workers idle meanwhile.
+    groups = [sum(speeds[c] for c in range(8) if c % p == g) for g in range(p)]
+    assert ring.makespan == pytest.approx(k * p * max(groups))
+    assert ring.lower_bound == pytest.approx(k * sum(groups))
+    assert ring.ratio == pytest.approx(p * max(groups) / sum(groups))
+    assert ring.ratio >= 1.25 and mop.ratio <= 1.15, (ring.ratio, mop.ratio)
+    idle_ring = p * ring.makespan - ring.busy_time()
+    idle_mop = p * mop.makespan - mop.busy_time()
+    assert idle_ring > 3 * idle_mop
+    # Across shapes, MOP is close to the bound and ring clearly above it.
+    mops, rings = [], []
+    for p in (2, 4, 6):
+        for n in (2 * p, 3 * p):
+            for seed in range(3):
+                tt = table_times(seed, "per_config", 1.0, 4.0)
+                mops.append(simulate(get_policy("mop", random_state=seed), list(range(n)), p,
+                                     3, tt).ratio)
+                rings.append(simulate(get_policy("ring"), list(range(n)), p, 3, tt).ratio)
+    assert statistics.mean(mops) <= 1.10, mops  # observed ~1.06
+    assert statistics.mean(rings) >= statistics.mean(mops) + 0.08, (rings, mops)
+
+
+def test_lower_bound():
+    log = [
+        {"config": 1, "epoch": 1, "partition": 0, "worker": 0, "kind": "train",
+         "start": 0, "end": 5, "ok": True},
+        {"config": 1, "epoch": 1, "partition": 1, "worker": 1, "kind": "train",
+         "start": 5, "end": 8, "ok": True},
+        {"config": 2, "epoch": 1, "partition": 0, "worker": 0, "kind": "train",
+         "start": 5, "end": 6, "ok": True},
+        {"config": 2, "epoch": 1, "partition": 1, "worker": 1, "kind": "train",
+         "start": 0, "end": 4, "ok": False},
+        {"config": 2, "epoch": 1, "partition": 0, "worker": 0, "kind": "eval",
+         "start": 9, "end": 19, "ok": True},
+    ]
+    assert lower_bound(log, 2) == 8.0  # config 1's chain (5 + 3) beats (5 + 3 + 1) / 2
+    assert lower_bound(log, 1) == 9.0
+    assert lower_bound([], 3) == 0.0
+
+
+# ---------------------------------------------------------------------------------------------
+# reproducibility and resume
+
+
+@pytest.mark.parametrize(("name", "options"), POLICY_CASES, ids=CASE_IDS)
+def test_reproducible_with_a_seed(name, options):
+    sc = {"configs": list(range(12)), "num_partitions": 3, "epochs": 3,
+          "eval_epochs": {2, 3}, "times": "per_unit", "failure_rate": 0.1, "seed": 5}
+    a, b = run_scenario(name, options, sc), run_scenario(name, options, sc)
+    assert a.log == b.log
+    if name in ("mop", "random"):
+        c = run_scenario(name, options, {**sc, "seed": 6})
+        assert [(r.config, r.partition) for r in c.log] != [(r.config, r.partition)
+                                                           for r in a.log]
+
+
+def test_unseeded_mop_reports_its_seed():
+    pol = get_policy("mop")
+    seed = pol.options()["random_state"]
+    assert isinstance(seed, int)
+    again = get_policy("mop", random_state=seed)
+    a = simulate(pol, list(range(6)), 2, 2, 1.0)
+    b = simulate(again, list(range(6)), 2, 2, 1.0)
+    assert a.log == b.log
+
+
+class Twin(Policy):
+    """Clones the inner policy from its JSON state at call ``at`` and checks that both make
+    the same decisions from then on."""
+
+    name = "twin"
+
+    def __init__(self, inner: Policy, at: int) -> None:
+        self.inner, self.at, self.calls = inner, at, 0
+        self.clone: Policy | None = None
+
+    def options(self) -> dict[str, Any]:
+        return {}
+
+    def assign(self, snapshot: Snapshot) -> list[Assignment]:
+        self.calls += 1
+        if self.calls == self.at:
+            text = self.inner.state_json()
+            assert json.loads(text) == json.loads(json.dumps(json.loads(text)))
+            self.clone = Policy.from_state_json(text)
+            assert type(self.clone) is type(self.inner)
+            assert self.clone.state_json() == text
+        out = self.inner.assign(snapshot)
+        if self.clone is not None:
+            assert self.clone.assign(snapshot) == out
+        return out
+
+
+@pytest.mark.parametrize(("name", "options"), POLICY_CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("at", [1, 7, 30])
+def test_state_json_round_trip_mid_run(name, options, at):
+    twin = Twin(make(name, options, seed=11), at)
+    res = simulate(twin, list(range(10)), 3, 3, table_times(11, "per_unit"),
+                   eval_epochs={1, 3}, failures=random_failures(0.1, 11))
+    assert twin.clone is not None and res.completed
+    # The restored policy alone continues the run the same way.
+    plain = simulate(make(name, options, seed=11), list(range(10)), 3, 3,
+                     table_times(11, "per_unit"), eval_epochs={1, 3},
+                     failures=random_failures(0.1, 11))
+    assert plain.log == res.log
+
+
+def test_state_json_errors():
+    with pytest.raises(CerebroError) as e:
+        Policy.from_state_json("{not json")
+    assert e.value.sqlstate == "22023"
+    with pytest.raises(CerebroError):
+        Policy.from_state_json('{"policy": "nope", "format": 1}')
+    with pytest.raises(CerebroError):
+        Policy.from_state_json('{"policy": "mop", "format": 99}')
+    with pytest.raises(CerebroError):
+        RingPolicy.from_state_json(RandomizedMOP(1).state_json())
+
+
+def test_progress_rebuilt_from_a_unit_log():
+    res = simulate(RandomizedMOP(2), list(range(5)), 3, 2, table_times(2, "per_unit"),
+                   eval_epochs={1, 2}, failures=random_failures(0.2, 2))
+    full = Progress.from_log([r.as_dict() for r in res.log], {c: 2 for c in range(5)}, 3,
+                             {w: (w,) for w in range(3)}, eval_epochs={1, 2})
+    assert full.all_done()
+    cut = res.makespan / 2
+    part = Progress.from_log([r for r in res.log if r.end <= cut], {c: 2 for c in range(5)},
+                             3, {w: (w,) for w in range(3)}, eval_epochs={1, 2})
+    for c in range(5):
+        ok = [r for r in res.log if r.config == c and r.kind == TRAIN and r.ok and r.end <= cut]
+        assert part.completed[c] * 3 + len(part.visited[c]) == len(ok)
+    # A resumed fit finishes with the work left.
+    snap = part.snapshot(cut)
+    assert not snap.all_done() and snap.has_runnable()
+
+
+# ---------------------------------------------------------------------------------------------
+# ring = MADlib's rotation
+
+
+def test_ring_schedule_matches_madlib_rotation():
+    """4 configs dealt to 3 groups: g0 = [0, 3], g1 = [1], g2 = [2]; worker w trains group
+    (w + h) mod 3 in hop h; a barrier after each hop; unit time 1."""
+    res = simulate(get_policy("ring", reset_optimizer_per_hop=True), [0, 1, 2, 3], 3, 2, 1.0)
+    hop = [
+        # hop 0: w0 <- g0, w1 <- g1, w2 <- g2
+        (0, 0, 0, 0, 1), (3, 0, 0, 1, 2), (1, 1, 1, 0, 1), (2, 2, 2, 0, 1),
+        # hop 1 (after the barrier at t=2): w0 <- g1, w1 <- g2, w2 <- g0
+        (1, 0, 0, 2, 3), (2, 1, 1, 2, 3), (0, 2, 2, 2, 3), (3, 2, 2, 3, 4),
+        # hop 2 (t=4): w0 <- g2, w1 <- g0, w2 <- g1
+        (2, 0, 0, 4, 5), (0, 1, 1, 4, 5), (3, 1, 1, 5, 6), (1, 2, 2, 4, 5),
+    ]
+    expected = sorted(
+        [(c, 1, q, w, s, e) for c, q, w, s, e in hop]
+        + [(c, 2, q, w, s + 6, e + 6) for c, q, w, s, e in hop]
+    )
+    got = sorted((r.config, r.epoch, r.partition, r.worker, r.start, r.end) for r in res.log)
+    assert got == expected
+    assert res.makespan == 12.0
+    # reset_optimizer_per_hop is carried into every training assignment.
+    snap = Progress({0: 1, 1: 1}, 2, {0: (0,), 1: (1,)}).snapshot()
+    assert all(a.reset_optimizer for a in get_policy("ring", reset_optimizer_per_hop=True)
+               .assign(snap))
+    assert not any(a.reset_optimizer for a in get_policy("ring").assign(snap))
+    assert not any(a.reset_optimizer for a in get_policy("mop", random_state=0).assign(snap))
+
+
+def test_ring_slots_layout_matches_madlib_118():
+    """MADlib 1.18: n = max(|S|, p) slots; partition i trains slot (i + h) mod n in hop h."""
+    res = simulate(get_policy("ring", layout="slots"), [10, 11, 12, 13], 2, 1, 1.0)
+    got = sorted((r.start, r.partition, r.config) for r in res.log)
+    assert got == [
+        (0, 0, 10), (0, 1, 11),
+        (1, 0, 11), (1, 1, 12),
+        (2, 0, 12), (2, 1, 13),
+        (3, 0, 13), (3, 1, 10),
+    ]
+
+
+def test_ring_barrier_holds_back_fast_workers():
+    speeds = {0: 5.0, 1: 1.0}
+    res = simulate(get_policy("ring"), [0, 1], 2, 1, lambda c, q, w: speeds[c])
+    second = sorted((r for r in res.log if r.start > 0), key=lambda r: r.start)
+    assert [r.start for r in second] == [5.0, 5.0]  # config 1 waited 4 s at the barrier
+
+
+# ---------------------------------------------------------------------------------------------
+# registry, options, helpers
+
+
+def test_bad_policy_name_lists_the_valid_names():
+    with pytest.raises(CerebroError) as e:
+        get_policy("hyperband")
+    assert e.value.sqlstate == "22023"
+    assert "'mop', 'random', 'ring'" in e.value.message
+    assert "'hyperband'" in e.value.message
+    assert "mop" in (e.value.hint or "")
+
+
+def test_policy_names_and_aliases():
+    assert policy_names() == ("mop", "random", "ring")
+    assert isinstance(get_policy(" MOP ", random_state=1), RandomizedMOP)
+    assert isinstance(get_policy("random", random_state=1), RandomizedMOP)
+    assert isinstance(get_policy(None, random_state=1), RandomizedMOP)
+    assert isinstance(get_policy("Ring"), RingPolicy)
+    assert get_policy("random", random_state=4).state()["policy"] == "mop"
+
+
+@pytest.mark.parametrize(
+    ("name", "options", "needle"),
+    [
+        ("ring", {"random_state": 1}, "no option 'random_state'"),
+        ("mop", {"reset_optimizer_per_hop": True}, "no option"),
+        ("mop", {"random_state": -1}, "random_state must be a non-negative integer"),
+        ("mop", {"random_state": "7"}, "random_state must be a non-negative integer"),
+        ("mop", {"random_state": True}, "random_state must be a non-negative integer"),
+        ("mop", {"prefer_lagging": 1}, "prefer_lagging must be a boolean"),
+        ("ring", {"reset_optimizer_per_hop": "yes"}, "reset_optimizer_per_hop must be"),
+        ("ring", {"layout": "star"}, "layout must be one of 'groups', 'slots'"),
+    ],
+)
+def test_bad_options(name, options, needle):
+    with pytest.raises(CerebroError) as e:
+        get_policy(name, **options)
+    assert e.value.sqlstate == "22023"
+    assert needle in e.value.message
+
+
+def test_evaluation_epochs():
+    assert evaluation_epochs(10, 3) == {3, 6, 9, 10}
+    assert evaluation_epochs(4, None) == {4}
+    assert evaluation_epochs(4, 1) == {1, 2, 3, 4}
+    with pytest.raises(CerebroError):
+        evaluation_epochs(3, 0)
+    with pytest.raises(CerebroError):
+        evaluation_epochs(0, 1)
+
+
+def test_progress_refuses_what_the_invariants_forbid():
+    prog = Progress({1: 1, 2: 1}, 2, {0: (0,), 1: (1,), 2: (0, 1)}, eval_epochs={1})
+    prog.start(Assignment(0, 1, 1, 0))
+    bad = [
+        Assignment(0, 2, 1, 0),          # worker busy
+        Assignment(1, 1, 1, 1),          # config already training
+        Assignment(1, 2, 1, 0),          # partition not held
+        Assignment(1, 2, 2, 1),          # wrong epoch
+        Assignment(1, 9, 1, 1),          # unknown config
+        Assignment(7, 2, 1, 1),          # unknown worker
+        Assignment(1, 2, 1, 1, EVAL),    # no such evaluation unit
+        Assignment(1, 2, 1, 1, "dance"),  # unknown kind
+    ]
+    for a in bad:
+        with pytest.raises(SchedulingError):
+            prog.start(a)
+    prog.finish(0, True)
+    with pytest.raises(SchedulingError):
+        prog.start(Assignment(2, 1, 1, 0))  # partition already visited this epoch
+    with pytest.raises(SchedulingError):
+        prog.finish(0, True)  # nothing running there
+    prog.start(Assignment(2, 1, 1, 1))
+    prog.finish(2, True)
+    with pytest.raises(SchedulingError):
+        prog.start(Assignment(2, 1, 2, 0))  # finished
+    assert len(prog.snapshot().pending_evals) == 2
+
+
+class BadPolicy(Policy):
+    name = "bad"
+
+    def options(self) -> dict[str, Any]:
+        return {}
+
+    def assign(self, snapshot: Snapshot) -> list[Assignment]:
+        # Sends config 0 to every idle worker at once: model isolation broken.
+        return [Assignment(w, 0, snapshot.current_epoch(0), w) for w in snapshot.idle_workers]
+
+
+def test_simulator_rejects_a_policy_that_breaks_isolation():
+    with pytest.raises(SchedulingError, match="already training"):
+        simulate(BadPolicy(), [0, 1], 2, 1, 1.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# check_invariants catches broken logs
+
+
+def rec(c, e, q, w, s, t, ok=True, kind="train"):
+    return {"config": c, "epoch": e, "partition": q, "worker": w, "kind": kind,
+            "start": s, "end": t, "ok": ok}
+
+
+GOOD = [rec(1, 1, 0, 0, 0, 1), rec(1, 1, 1, 1, 1, 2), rec(2, 1, 1, 1, 0, 1),
+        rec(2, 1, 0, 0, 1, 2), rec(1, 1, 0, 1, 2, 2.5, kind="eval"),
+        rec(1, 1, 1, 0, 2, 2.5, kind="eval")]
+
+
+def test_check_invariants_accepts_a_good_log():
+    check_invariants(GOOD, num_partitions=2, epochs=1, eval_epochs={1})
+    assert find_violations(GOOD) == []
+
+
+@pytest.mark.parametrize(
+    ("log", "needle"),
+    [
+        (GOOD + [rec(3, 1, 0, 0, 0.5, 0.7, ok=False)], "worker exclusivity"),
+        ([rec(1, 1, 0, 0, 0, 1), rec(1, 1, 1, 1, 0.5, 2)], "model isolation"),
+        ([rec(1, 1, 0, 0, 0, 1)], "missed partitions [1]"),
+        ([rec(1, 1, 0, 0, 0, 1), rec(1, 1, 1, 0, 1, 2), rec(1, 1, 1, 1, 2, 3)],
+         "succeeded 2 times"),
+        ([rec(1, 1, 0, 0, 0, 1), rec(1, 1, 1, 0, 1, 2, ok=False)], "never retried"),
+        ([rec(1, 1, 0, 0, 0, 1), rec(1, 1, 1, 0, 1, 2), rec(1, 2, 0, 1, 1.5, 3),
+          rec(1, 2, 1, 0, 3, 4)], "epoch order"),
+        ([rec(1, 1, 0, 0, 0, 1), rec(1, 1, 1, 1, 1, 2, ok=False), rec(1, 2, 0, 0, 2, 3),
+          rec(1, 2, 1, 1, 3, 4)], "never retried"),
+        (GOOD[:5], "not evaluated on partitions [1]"),
+        (GOOD[:4] + [rec(1, 1, 0, 1, 1.5, 2.5, kind="eval"), rec(1, 1, 1, 0, 2, 2.5,
+                                                                  kind="eval")],
+         "starts before config 1 finished epoch 1"),
+        ([rec(1, 1, 0, 0, 0, 1), rec(1, 1, 1, 1, 1, 2),
+          rec(1, 2, 0, 0, 2, 3, kind="eval"), rec(1, 2, 1, 1, 2, 3, kind="eval")],
+         "evaluated but never trained"),
+        ([rec(1, 1, 0, 0, 2, 1), rec(1, 1, 1, 1, 2, 3)], "ends before it starts"),
+    ],
+)
+def test_check_invariants_catches(log, needle):
+    with pytest.raises(InvariantError) as e:
+        check_invariants(log, num_partitions=2, eval_epochs={1})
+    assert needle in str(e.value)
+    assert isinstance(e.value, AssertionError)
+
+
+def test_check_invariants_targets_and_partial_logs():
+    with pytest.raises(InvariantError, match="target 2"):
+        check_invariants(GOOD, num_partitions=2, epochs=2)
+    cut = [rec(1, 1, 0, 0, 0, 1), rec(1, 1, 1, 1, 1, 2, ok=False)]
+    check_invariants(cut, num_partitions=2, complete=False)
+    with pytest.raises(InvariantError, match="unknown partition"):
+        check_invariants(GOOD + [rec(5, 1, 4, 3, 0, 1)], num_partitions=2, complete=False)

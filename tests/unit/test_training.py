@@ -1,0 +1,384 @@
+"""cerebro_db.training: build, train one unit, hop, evaluate, predict (tiny Keras models)."""
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+keras = pytest.importorskip("keras")
+
+from cerebro_db import keras_arch  # noqa: E402
+from cerebro_db import training as T  # noqa: E402
+from cerebro_db.errors import CerebroError  # noqa: E402
+from cerebro_db.state import decode_state, encode_state  # noqa: E402
+
+T.configure_runtime(threads=2)
+
+CP = "optimizer='Adam(learning_rate=0.01)', loss='categorical_crossentropy', metrics=['accuracy']"
+FP = "batch_size=32, epochs=1"
+
+
+def mlp(inputs: int = 20, hidden: int = 8, outputs: int = 3, dropout: float = 0.0,
+        activation: str = "softmax") -> str:
+    layers = [keras.Input((inputs,)), keras.layers.Dense(hidden, activation="relu")]
+    if dropout:
+        layers.append(keras.layers.Dropout(dropout))
+    layers.append(keras.layers.Dense(outputs, activation=activation))
+    return keras.Sequential(layers).to_json()
+
+
+def blobs(n: int, seed: int, inputs: int = 20, classes: int = 3) -> tuple[np.ndarray, np.ndarray]:
+    """Separable-ish random data: class centres plus noise, one-hot labels."""
+    r = np.random.default_rng(seed)
+    centres = np.random.default_rng(99).normal(size=(classes, inputs))
+    label = r.integers(0, classes, n)
+    x = (centres[label] + r.normal(size=(n, inputs))).astype(np.float32)
+    return x, np.eye(classes, dtype=np.float32)[label]
+
+
+ARCH = mlp()
+ARCH_DROP = mlp(hidden=16, dropout=0.3)
+
+
+@pytest.fixture(scope="module")
+def cache() -> T.ModelCache:
+    return T.ModelCache(max_models=8)
+
+
+def weights_of(state: bytes) -> list[np.ndarray]:
+    return list(decode_state(state).weights)
+
+
+def opt_of(state: bytes) -> list[np.ndarray]:
+    return list(decode_state(state).optimizer_vars)
+
+
+def all_equal(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
+    return len(a) == len(b) and all(
+        p.dtype == q.dtype and p.shape == q.shape and p.tobytes() == q.tobytes()
+        for p, q in zip(a, b)
+    )
+
+
+# --------------------------------------------------------------------------- data
+
+
+def test_decode_buffer_packed_format():
+    x = np.arange(24, dtype="<f4").reshape(4, 6)
+    y = np.eye(3, dtype="<i2")[[0, 2, 1, 2]]
+    dx, dy = T.decode_buffer(x.tobytes(), [4, 6], y.tobytes(), [4, 3], "int16")
+    assert dx.dtype == np.float32 and dx.shape == (4, 6) and np.array_equal(dx, x)
+    assert dy.dtype == np.float32 and np.array_equal(dy, y)
+    assert not dx.flags.writeable  # zero copy
+    t = np.linspace(0, 1, 4, dtype="<f4").reshape(4, 1)
+    _, dt = T.decode_buffer(memoryview(x.tobytes()), (4, 6), t.tobytes(), (4, 1), "float4")
+    assert np.array_equal(dt, t)
+    assert T.decode_buffer(x.tobytes(), [4, 2, 3])[1] is None
+
+
+def test_decode_buffer_errors():
+    x = np.zeros((4, 6), "<f4").tobytes()
+    y = np.zeros((4, 3), "<i2").tobytes()
+    with pytest.raises(CerebroError) as exc:
+        T.decode_buffer(x[:-1], [4, 6], y, [4, 3])
+    assert exc.value.sqlstate == "22000" and "[4, 6]" in exc.value.message
+    with pytest.raises(CerebroError) as exc:
+        T.decode_buffer(x, [4, 6], np.zeros((3, 3), "<i2").tobytes(), [3, 3])
+    assert exc.value.sqlstate == "22000" and "rows" in exc.value.message
+    with pytest.raises(CerebroError):
+        T.decode_buffer(x, [4, 6], y, [4, 3], "text")
+    with pytest.raises(CerebroError):
+        T.decode_buffer(x, [], y, [4, 3])
+
+
+def test_fit_input_shape_reshapes_rows():
+    model = keras_arch.build_from_json(keras.Sequential([
+        keras.Input((28, 28, 1)), keras.layers.Flatten(), keras.layers.Dense(2)]).to_json())
+    x = np.zeros((5, 784), np.float32)
+    out = T.fit_input_shape(x, model)
+    assert out.shape == (5, 28, 28, 1) and np.shares_memory(out, x)
+    same = np.zeros((5, 28, 28, 1), np.float32)
+    assert T.fit_input_shape(same, model) is same
+    with pytest.raises(CerebroError) as exc:
+        T.fit_input_shape(np.zeros((5, 780), np.float32), model)
+    assert exc.value.sqlstate == "42804"
+    assert "(780,)" in exc.value.message and "(28, 28, 1)" in exc.value.message
+
+
+# --------------------------------------------------------------------------- initial state
+
+
+def test_initial_state_is_reproducible_and_has_optimizer_vars():
+    a = T.initial_state(ARCH, CP, seed=5)
+    b = T.initial_state(ARCH, CP, seed=5)
+    c = T.initial_state(ARCH, CP, seed=6)
+    assert a == b
+    assert not all_equal(weights_of(a), weights_of(c))
+    state = decode_state(a)
+    # Adam: iteration, learning_rate, then momentum/velocity per trainable variable
+    assert len(state.optimizer_vars) == 2 + 2 * len(state.weights)
+    assert int(state.optimizer_vars[0]) == 0
+    assert float(state.optimizer_vars[1]) == pytest.approx(0.01)
+    assert all(not v.any() for v in state.optimizer_vars[2:])
+    assert state.counters() == {"epochs_done": 0, "units_done": 0, "samples_seen": 0}
+    assert state.info["seed"] == 5
+
+
+def test_initial_state_transfer_weights():
+    base = weights_of(T.initial_state(ARCH, CP, seed=1))
+    flat = keras_arch.weights_to_bytes([np.full_like(w, 0.5) for w in base])
+    state = T.initial_state(ARCH, CP, seed=1, init_weights=flat)
+    assert all((w == 0.5).all() for w in weights_of(state))
+    with pytest.raises(CerebroError):
+        T.initial_state(ARCH, CP, seed=1, init_weights=flat[:-4])
+
+
+# --------------------------------------------------------------------------- training
+
+
+@pytest.fixture(scope="module")
+def fashion() -> tuple[np.ndarray, np.ndarray]:
+    from cerebro_db.datasets import find_dataset_dir, load_split
+
+    try:
+        x, y = load_split(find_dataset_dir("fashion-mnist"), "t10k")
+    except FileNotFoundError as e:
+        pytest.skip(f"fashion-mnist not available: {e}")
+    x = (x[:512].reshape(512, 784) / 255.0).astype(np.float32)
+    return x, np.eye(10, dtype=np.float32)[y[:512]]
+
+
+def test_train_unit_lowers_loss_on_fashion_mnist(cache, fashion):
+    # the model takes (28, 28, 1) images; packed rows are 784 floats
+    arch = keras.Sequential([keras.Input((28, 28, 1)), keras.layers.Flatten(),
+                             keras.layers.Dense(16, activation="relu"),
+                             keras.layers.Dense(10, activation="softmax")]).to_json()
+    cp = "optimizer='Adam(learning_rate=0.003)', loss='categorical_crossentropy', " \
+         "metrics=['accuracy']"
+    x, y = fashion
+    state = T.initial_state(arch, cp, seed=0)
+    before = T.evaluate(cache, arch, cp, state, x, y, batch_size=128)
+    losses = []
+    for i in range(3):
+        state, res = T.train_unit(cache, arch, cp, "batch_size=64", state, x, y, seed=i)
+        losses.append(res.loss)
+        assert res.rows == 512 and res.seconds > 0 and "accuracy" in res.metrics
+    after = T.evaluate(cache, arch, cp, state, x, y, batch_size=128)
+    assert losses[-1] < losses[0]
+    assert after.loss < 0.7 * before.loss and after.metrics["accuracy"] > 0.6
+    s = decode_state(state)
+    assert s.units_done == 3 and s.samples_seen == 3 * 512
+    assert int(s.optimizer_vars[0]) == 3 * 8  # 8 batches of 64 per unit
+
+
+def test_seed_controls_the_unit(cache):
+    x, y = blobs(100, 1)
+    init = T.initial_state(ARCH_DROP, CP, seed=3)
+    a, _ = T.train_unit(cache, ARCH_DROP, CP, FP, init, x, y, seed=1)
+    b, _ = T.train_unit(cache, ARCH_DROP, CP, FP, init, x, y, seed=1)
+    c, _ = T.train_unit(cache, ARCH_DROP, CP, FP, init, x, y, seed=2)
+    assert a == b
+    assert not all_equal(weights_of(a), weights_of(c))
+
+
+def test_optimizer_state_survives_a_hop(cache):
+    x, y = blobs(96, 2)
+    state, _ = T.train_unit(cache, ARCH, CP, FP, T.initial_state(ARCH, CP, 1), x, y, seed=4)
+    entry1 = cache.get(ARCH, CP)
+    moments = [v.numpy() for v in entry1.model.optimizer.variables]
+    assert int(moments[0]) == 3 and any(m.any() for m in moments[2:])
+    other = T.ModelCache()
+    entry2 = other.get(ARCH, CP)
+    T.load_state(entry2, CP, state)
+    assert all_equal([v.numpy() for v in entry2.model.optimizer.variables], moments)
+    assert all_equal(opt_of(state), moments)
+    assert all_equal([w.numpy() for w in entry2.model.weights], weights_of(state))
+
+
+def test_sequential_equivalence_bitwise():
+    """Hopping across two workers equals single-process replay of the visit order, bitwise."""
+    cp_other_lr = CP.replace("0.01", "0.3")
+    cp_sgd = "optimizer='SGD(learning_rate=0.05, momentum=0.9)', loss='categorical_crossentropy'"
+    fp = "batch_size=32, epochs=2"
+    parts = [blobs(150, 10), blobs(110, 11), blobs(90, 12)]  # uneven: partial last batches
+    visits = [0, 2, 1, 2, 0, 1]  # two epochs over three partitions
+    units = [(parts[p][0], parts[p][1], 1000 + i) for i, p in enumerate(visits)]
+    init = T.initial_state(ARCH_DROP, CP, seed=21)
+    reference = T.replay(ARCH_DROP, CP, fp, init, units)
+
+    workers = [T.ModelCache(), T.ModelCache()]
+    others = {
+        cp_other_lr: T.initial_state(ARCH_DROP, cp_other_lr, seed=22),
+        cp_sgd: T.initial_state(ARCH_DROP, cp_sgd, seed=23),
+    }
+    state = init
+    for i, (x, y, seed) in enumerate(units):
+        worker = workers[i % 2]
+        state, _ = T.train_unit(worker, ARCH_DROP, CP, fp, state, x, y, seed)
+        # other configs use the same worker (same cached model for the lr variant)
+        for cp, st in list(others.items()):
+            others[cp], _ = T.train_unit(worker, ARCH_DROP, cp, fp, st, x, y, seed + 7)
+    assert state == reference  # the whole state: weights, optimizer variables, counters
+    assert all_equal(weights_of(state), weights_of(reference))
+    assert all_equal(opt_of(state), opt_of(reference))
+    assert not all_equal(weights_of(state), weights_of(init))
+    # the lr variant shared the model: one build per worker per rebuild key
+    for w in workers:
+        assert w.misses == 2 and w.hits == 3 * len(units) // 2 - 2
+
+
+def test_learning_rate_change_does_not_rebuild():
+    cache = T.ModelCache()
+    x, y = blobs(64, 3)
+    for lr in (0.1, 0.01, 0.001):
+        cp = f"optimizer='Adam(learning_rate={lr})', loss='categorical_crossentropy', " \
+             "metrics=['accuracy']"
+        state, res = T.train_unit(cache, ARCH, cp, FP, T.initial_state(ARCH, CP, 1), x, y, 1)
+        assert float(opt_of(state)[1]) == pytest.approx(lr)
+        assert float(cache.get(ARCH, cp).model.optimizer.learning_rate.numpy()) == \
+            pytest.approx(lr)
+    assert cache.misses == 1 and len(cache) == 1
+    assert not res.rebuilt
+    # a different optimizer argument (or loss) does rebuild
+    cache.get(ARCH, "optimizer='Adam(learning_rate=0.1, beta_1=0.8)', "
+                    "loss='categorical_crossentropy', metrics=['accuracy']")
+    assert cache.misses == 2
+
+
+def test_cache_lru_bound():
+    cache = T.ModelCache(max_models=2)
+    cps = [f"optimizer='SGD(momentum={m})', loss='mse'" for m in (0.1, 0.2, 0.3)]
+    for cp in cps:
+        cache.get(ARCH, cp)
+    assert len(cache) == 2 and cache.evictions == 1
+    cache.get(ARCH, cps[2])
+    assert cache.hits == 1
+    cache.get(ARCH, cps[0])  # evicted earlier: built again
+    assert cache.misses == 4
+    small = T.ModelCache(max_models=5, max_params=200)  # ARCH has 195 parameters
+    small.get(ARCH, cps[0])
+    small.get(ARCH, cps[1])
+    assert len(small) == 1 and small.evictions == 1
+    with pytest.raises(CerebroError):
+        T.ModelCache(max_models=0)
+
+
+def test_reset_optimizer_zeroes_moments_keeps_iteration(cache):
+    x, y = blobs(64, 4)
+    state, _ = T.train_unit(cache, ARCH, CP, FP, T.initial_state(ARCH, CP, 2), x, y, 1)
+    assert int(opt_of(state)[0]) == 2 and any(v.any() for v in opt_of(state)[2:])
+    entry = cache.get(ARCH, CP)
+    T.load_state(entry, CP, state, reset_optimizer=True)
+    values = [v.numpy() for v in entry.model.optimizer.variables]
+    assert int(values[0]) == 2
+    assert float(values[1]) == pytest.approx(0.01)
+    assert all(not v.any() for v in values[2:])
+    after, _ = T.train_unit(cache, ARCH, CP, FP, state, x, y, 1, reset_optimizer=True)
+    assert int(opt_of(after)[0]) == 4
+    normal, _ = T.train_unit(cache, ARCH, CP, FP, state, x, y, 1)
+    assert not all_equal(weights_of(after), weights_of(normal))
+
+
+def test_nan_loss_is_reported_not_raised(cache):
+    x, y = blobs(64, 5)
+    cp = "optimizer='SGD(learning_rate=1e10)', loss='categorical_crossentropy'"
+    state, res = T.train_unit(cache, ARCH, cp, "batch_size=16", T.initial_state(ARCH, cp, 1),
+                              x, y, 1)
+    assert math.isnan(res.loss)
+    ev = T.evaluate(cache, ARCH, cp, state, x, y, 32)
+    assert math.isnan(ev.loss)
+
+
+def test_evaluate_matches_keras_on_concatenated_data(cache):
+    parts = [blobs(70, 30), blobs(45, 31), blobs(33, 32)]
+    state, _ = T.train_unit(cache, ARCH, CP, FP, T.initial_state(ARCH, CP, 4), *parts[0], 2)
+    results = [T.evaluate(cache, ARCH, CP, state, x, y, batch_size=16) for x, y in parts]
+    combined = T.combine_results(results)
+    x = np.concatenate([p[0] for p in parts])
+    y = np.concatenate([p[1] for p in parts])
+    model = keras_arch.build_from_json(ARCH)
+    model.set_weights(weights_of(state))
+    model.compile(loss="categorical_crossentropy", metrics=["accuracy"])
+    ref = model.evaluate(x, y, batch_size=16, verbose=0, return_dict=True)
+    assert combined.rows == len(x)
+    assert combined.loss == pytest.approx(ref["loss"], rel=1e-6)
+    assert combined.metrics["accuracy"] == pytest.approx(ref["accuracy"], rel=1e-6)
+    whole = T.evaluate(cache, ARCH, CP, state, x, y, batch_size=16)
+    assert whole.loss == pytest.approx(ref["loss"], rel=1e-7)
+    assert math.fsum(r.loss_sum for r in results) / whole.rows == pytest.approx(whole.loss,
+                                                                               rel=1e-6)
+
+
+def test_predict_batched_from_state_or_flat_weights(cache):
+    x, y = blobs(50, 6)
+    state, _ = T.train_unit(cache, ARCH, CP, FP, T.initial_state(ARCH, CP, 4), x, y, 3)
+    probs = T.predict(cache, ARCH, state, x, batch_size=16)
+    assert probs.shape == (50, 3) and probs.dtype == np.float32
+    assert np.allclose(probs.sum(axis=1), 1.0, atol=1e-5)
+    flat = keras_arch.weights_to_bytes(weights_of(state))
+    assert np.array_equal(T.predict(cache, ARCH, flat, x, batch_size=7), probs)
+    model = keras_arch.build_from_json(ARCH)
+    model.set_weights(weights_of(state))
+    assert np.allclose(model.predict(x, verbose=0), probs, atol=1e-6)
+    assert T.predict(cache, ARCH, state, x[:0]).shape == (0, 3)
+
+
+def test_regression_mse_trains(cache):
+    r = np.random.default_rng(7)
+    x = r.normal(size=(200, 20)).astype(np.float32)
+    y = (x @ r.normal(size=(20, 1)) * 0.3).astype(np.float32)
+    arch = mlp(hidden=16, outputs=1, activation="linear")
+    cp = "optimizer='Adam(learning_rate=0.01)', loss='mse', metrics=['mae']"
+    state = T.initial_state(arch, cp, 1)
+    losses = []
+    for i in range(4):
+        state, res = T.train_unit(cache, arch, cp, "batch_size=32, epochs=2", state, x, y, i)
+        losses.append(res.loss)
+    assert losses[-1] < 0.6 * losses[0] and "mae" in res.metrics
+
+
+def test_sparse_categorical_integer_labels_train(cache):
+    x, onehot = blobs(128, 8)
+    labels = onehot.argmax(axis=1).astype(np.float32)  # integer labels, as float32
+    cp = "optimizer='Adam(learning_rate=0.02)', loss='sparse_categorical_crossentropy', " \
+         "metrics=['sparse_categorical_accuracy']"
+    state = T.initial_state(ARCH, cp, 1)
+    first = None
+    for i in range(3):
+        state, res = T.train_unit(cache, ARCH, cp, "batch_size=32, epochs=2", state, x,
+                                  labels, i)
+        first = res.loss if first is None else first
+    assert res.loss < first
+    ev = T.evaluate(cache, ARCH, cp, state, x, labels[:, None], 64)
+    assert ev.metrics["sparse_categorical_accuracy"] > 0.5
+
+
+def test_train_unit_from_madlib_flat_weights_and_counters(cache):
+    x, y = blobs(40, 9)
+    flat = keras_arch.weights_to_bytes(weights_of(T.initial_state(ARCH, CP, 1)))
+    state, res = T.train_unit(cache, ARCH, CP, "batch_size=8, epochs=2", flat, x, y, 1,
+                              completes_epoch=True, info={"mst_key": 4})
+    s = decode_state(state)
+    assert int(s.optimizer_vars[0]) == 10
+    assert (s.epochs_done, s.units_done, s.samples_seen) == (1, 1, 80)
+    assert s.info == {"mst_key": 4} and res.epochs == 2
+
+
+def test_state_for_another_model_is_rejected(cache):
+    x, y = blobs(16, 1)
+    other = T.initial_state(mlp(hidden=5), CP, 1)
+    with pytest.raises(CerebroError) as exc:
+        T.train_unit(cache, ARCH, CP, FP, other, x, y, 1)
+    assert exc.value.sqlstate == "22000" and "does not match" in exc.value.message
+    bad_opt = decode_state(T.initial_state(ARCH, CP, 1))
+    trimmed = encode_state(bad_opt.weights, bad_opt.optimizer_vars[:3], bad_opt.meta())
+    with pytest.raises(CerebroError, match="optimizer variables"):
+        T.train_unit(cache, ARCH, CP, FP, trimmed, x, y, 1)
+    with pytest.raises(CerebroError) as exc:
+        T.train_unit(cache, ARCH, CP, FP, T.initial_state(ARCH, CP, 1), x, y[:, :2], 1)
+    assert exc.value.sqlstate == "42804"
+    with pytest.raises(CerebroError, match="rows"):
+        T.train_unit(cache, ARCH, CP, FP, T.initial_state(ARCH, CP, 1), x, y[:5], 1)
