@@ -30,7 +30,71 @@ class Column:
     array_ndims: int  # declared dimensions (0 when not declared)
 
 
-class Catalog:
+class DblinkMixin:
+    """dblink calls; the functions are looked up in whatever schema dblink lives in."""
+
+    _dblink: str | None = None
+
+    def _dl(self: Any, fn: str) -> str:
+        if self._dblink is None:
+            rows = self.query("SELECT extnamespace::regnamespace::text AS s FROM "
+                              "pg_catalog.pg_extension WHERE extname = 'dblink'")
+            if not rows:
+                raise CerebroError("the dblink extension is not installed", "55000",
+                                   hint="CREATE EXTENSION dblink (or install cerebro_db with "
+                                   "CASCADE).")
+            self._dblink = rows[0]["s"]
+        return f"{self._dblink}.{fn}"
+
+    def literal(self, value: str) -> str:
+        return quote_literal(value)
+
+    def dblink_connect(self: Any, name: str, conninfo: str) -> None:
+        self.query(f"SELECT {self._dl('dblink_connect')}($1, $2)", [name, conninfo],
+                   ["text", "text"])
+
+    def dblink_exec(self: Any, name: str, sql: str) -> None:
+        self.query(f"SELECT {self._dl('dblink_exec')}($1, $2)", [name, sql], ["text", "text"])
+
+    def dblink_query(self: Any, name: str, sql: str) -> list[tuple]:
+        rows = self.query(f"SELECT r FROM {self._dl('dblink')}($1, $2) AS t(r text)",
+                          [name, sql], ["text", "text"])
+        return [(r["r"],) for r in rows]
+
+    def dblink_send(self: Any, name: str, sql: str) -> None:
+        ok = self.query(f"SELECT {self._dl('dblink_send_query')}($1, $2) AS ok", [name, sql],
+                        ["text", "text"])[0]["ok"]
+        if ok != 1:
+            raise CerebroError(f"could not send a unit to {name}: "
+                               f"{self.dblink_error(name)}", "08000")
+
+    def dblink_is_busy(self: Any, name: str) -> bool:
+        return self.query(f"SELECT {self._dl('dblink_is_busy')}($1) AS b", [name],
+                          ["text"])[0]["b"] == 1
+
+    def dblink_error(self: Any, name: str) -> str:
+        return self.query(f"SELECT {self._dl('dblink_error_message')}($1) AS m", [name],
+                          ["text"])[0]["m"]
+
+    def dblink_result(self: Any, name: str) -> tuple[bool, str | None, str | None]:
+        """The text result of the last query sent on ``name``: (ok, text, error message)."""
+        rows = self.query(f"SELECT r FROM {self._dl('dblink_get_result')}($1, false) AS t(r text)",
+                          [name], ["text"])
+        # the extra call that clears the connection for the next query
+        self.query(f"SELECT r FROM {self._dl('dblink_get_result')}($1, false) AS t(r text)",
+                   [name], ["text"])
+        if not rows:
+            return False, None, self.dblink_error(name)
+        return True, rows[0]["r"], None
+
+    def dblink_cancel(self: Any, name: str) -> None:
+        self.query(f"SELECT {self._dl('dblink_cancel_query')}($1)", [name], ["text"])
+
+    def dblink_disconnect(self: Any, name: str) -> None:
+        self.query(f"SELECT {self._dl('dblink_disconnect')}($1)", [name], ["text"])
+
+
+class Catalog(DblinkMixin):
     """SQL access for one call, over a ``plpy``-like object.
 
     ``db`` must offer ``prepare(sql, types)``, ``execute(plan_or_sql, args)``,
@@ -199,3 +263,4 @@ class Catalog:
         """A (possibly custom) configuration setting, or None when unset or empty."""
         v = self.query("SELECT pg_catalog.current_setting($1, true) AS v", [name], ["text"])[0]["v"]
         return v if v not in (None, "") else None
+

@@ -26,7 +26,7 @@ Decisions:
   result of a unit is therefore a function of (state, data, fit_params, seed): a model that
   hops between workers ends bitwise equal to one model trained in a single process over the
   same visit order (:func:`replay`), given deterministic kernels (plain CPU TensorFlow is; on
-  GPU call :func:`configure_runtime` with ``deterministic=True``).
+  GPU call :func:`configure_runtime` with ``deterministic=True``; not checked on a GPU yet).
 * **Partitions combine exactly** in evaluation: Keras reports the loss and mean-type metrics
   (accuracy variants, crossentropies, mae, mse, ...) as means weighted by rows, so
   :func:`combine_results` (a row-weighted mean) equals the value over the concatenated data up to
@@ -40,6 +40,7 @@ reshaped to the model's input, XX000 (with the traceback in ``detail``) for unex
 from __future__ import annotations
 
 import collections
+import functools
 import inspect
 import math
 import time
@@ -120,7 +121,7 @@ def configure_runtime(
     ``deterministic`` calls ``tf.config.experimental.enable_op_determinism()`` (needed for
     bitwise reproducibility on GPUs; ops without a deterministic kernel then raise).
     """
-    import tensorflow as tf
+    import tensorflow as tf  # type: ignore[import-untyped]
 
     if threads is not None:
         try:
@@ -159,7 +160,9 @@ def _shape(value: Sequence[Any], what: str) -> tuple[int, ...]:
     return shape
 
 
-def _frombuffer(data: BytesLike, shape: tuple[int, ...], dtype: np.dtype, what: str) -> np.ndarray:
+def _frombuffer(
+    data: BytesLike, shape: tuple[int, ...], dtype: np.dtype, what: str
+) -> np.ndarray:
     view = memoryview(data).cast("B")
     count = int(np.prod(shape, dtype=np.int64))
     need = count * dtype.itemsize
@@ -225,10 +228,10 @@ def fit_input_shape(x: np.ndarray, model: keras.Model) -> np.ndarray:
     row = tuple(x.shape[1:])
     if len(row) == len(target) and all(t is None or t == r for t, r in zip(target, row)):
         return x
-    if all(t is not None for t in target):
-        need = int(np.prod(target, dtype=np.int64))
-        if int(np.prod(row, dtype=np.int64)) == need and x.ndim >= 1:
-            return x.reshape((x.shape[0],) + tuple(int(t) for t in target))
+    known = tuple(int(t) for t in target if t is not None)
+    same_size = int(np.prod(row, dtype=np.int64)) == int(np.prod(known, dtype=np.int64))
+    if len(known) == len(target) and x.ndim >= 1 and same_size:
+        return x.reshape((x.shape[0],) + known)
     raise CerebroError(
         f"independent variable has shape {_fmt_shape(row)} per row but the model expects "
         f"{_fmt_shape(target)}",
@@ -283,9 +286,14 @@ def _learning_rate(cp: CompileParams) -> float | None:
     lr = cp.optimizer.kwargs.get("learning_rate")
     if isinstance(lr, (int, float)) and not isinstance(lr, bool):
         return float(lr)
+    return _default_learning_rate(cp.optimizer.name)
+
+
+@functools.lru_cache(maxsize=64)
+def _default_learning_rate(name: str) -> float | None:
     import keras
 
-    cls = getattr(keras.optimizers, cp.optimizer.name, None)
+    cls = getattr(keras.optimizers, name, None)
     if cls is None:
         return None
     param = inspect.signature(cls.__init__).parameters.get("learning_rate")
@@ -539,11 +547,8 @@ def _reset_optimizer(entry: CachedModel, cp: CompileParams, keep_iteration: bool
 
 
 def _set_learning_rate(entry: CachedModel, lr: float | None) -> None:
-    if lr is None:
-        return
-    var = getattr(entry.model.optimizer, "_learning_rate", None)
-    if var is not None and hasattr(var, "assign"):
-        var.assign(lr)
+    if lr is not None:
+        entry.model.optimizer.learning_rate = lr  # assigns the learning-rate variable
 
 
 def load_state(
@@ -654,7 +659,7 @@ def _traceback(limit: int = 4000) -> str:
 
 def _keras_failure(what: str, exc: Exception) -> CerebroError:
     try:
-        import tensorflow as tf
+        import tensorflow as tf  # type: ignore[import-untyped]
 
         input_errors: tuple[type[BaseException], ...] = (
             ValueError, TypeError, tf.errors.InvalidArgumentError,
@@ -745,7 +750,7 @@ def train_unit(
     each hop). The new state's counters add one unit and ``rows * epochs`` samples, and one
     epoch when ``completes_epoch``; ``info`` is merged into the state's info. A NaN loss is
     reported as NaN (the state is saved as it is). Raises :class:`CerebroError`; on failure
-    nothing is returned and the cached model is dropped.
+    nothing is returned, and after an unexpected Keras failure the cached model is dropped.
     """
     start = time.perf_counter()
     cp = _compile_params(compile_params)
@@ -761,7 +766,6 @@ def train_unit(
         meta = _next_meta(state, int(xs.shape[0]), fp.epochs, completes_epoch, info)
         new_state = save_state(entry, meta)
     except CerebroError:
-        cache.discard(entry)
         raise
     except Exception as exc:  # noqa: BLE001 - Keras/TF raise many types
         cache.discard(entry)

@@ -77,4 +77,25 @@ SELECT generate_model_configs(
 );
 [low, high, 'linear'|'log'|'log_near_one'] is a distribution (random search); any other
 list is a set of choices. Appends to an existing table of the same architecture table.""",
+    "madlib_keras_fit_multiple_model": """\
+madlib_keras_fit_multiple_model: train many configurations by model hopper parallelism
+
+SELECT madlib_keras_fit_multiple_model(
+    source_table,               -- packed by training_preprocessor_dl
+    model_output_table,         -- creates it, <name>_summary and <name>_info
+    model_selection_table,      -- from load_model_selection_table / generate_model_configs
+    num_iterations,             -- passes of every configuration over all partitions
+    use_gpus,                   -- FALSE (no GPU on this server)
+    validation_table,           -- packed by validation_preprocessor_dl (optional)
+    metrics_compute_frequency,  -- metrics every N iterations (NULL: at the end)
+    warm_start,                 -- continue from <model_output_table>'s weights
+    name, description,
+    use_caching,                -- keep decoded partitions in worker memory across units
+    scheduling_policy,          -- 'mop' (default, randomized, no barriers) or 'ring'
+    policy_params,              -- e.g. 'reset_optimizer_per_hop=True' for 'ring'
+    random_state                -- seed of initial weights, shuffles and the schedule
+);
+One worker session per partition trains one unit (a configuration's pass over its
+partition) at a time; model states hop between them. Progress: SELECT * FROM
+cerebro_db.fit_progress;""",
 }

@@ -160,3 +160,43 @@ RETURNS TEXT LANGUAGE plpython3u STABLE AS $python$
 $python$;
 COMMENT ON FUNCTION @extschema@.cerebro_db_version() IS
 'The version of the cerebro_db Python package the server imports';
+
+------------------------------------------------------------------------------------------
+-- Training (since 0.2.0)
+------------------------------------------------------------------------------------------
+-- @entrypoint
+CREATE OR REPLACE FUNCTION @extschema@.madlib_keras_fit_multiple_model(
+    source_table              VARCHAR,
+    model_output_table        VARCHAR,
+    model_selection_table     VARCHAR,
+    num_iterations            INTEGER,
+    use_gpus                  BOOLEAN DEFAULT FALSE,
+    validation_table          VARCHAR DEFAULT NULL,
+    metrics_compute_frequency INTEGER DEFAULT NULL,
+    warm_start                BOOLEAN DEFAULT FALSE,
+    name                      VARCHAR DEFAULT NULL,
+    description               VARCHAR DEFAULT NULL,
+    use_caching               BOOLEAN DEFAULT FALSE,
+    scheduling_policy         VARCHAR DEFAULT 'mop',
+    policy_params             VARCHAR DEFAULT NULL,
+    random_state              INTEGER DEFAULT NULL
+) RETURNS VOID LANGUAGE plpython3u VOLATILE AS $python$
+@plpython madlib_keras_fit_multiple_model@
+$python$;
+COMMENT ON FUNCTION @extschema@.madlib_keras_fit_multiple_model(VARCHAR, VARCHAR, VARCHAR,
+    INTEGER, BOOLEAN, VARCHAR, INTEGER, BOOLEAN, VARCHAR, VARCHAR, BOOLEAN, VARCHAR, VARCHAR,
+    INTEGER) IS
+'Train every configuration of a model selection table by model hopper parallelism over parallel worker sessions; writes <model_output_table>, _summary and _info';
+
+CREATE OR REPLACE FUNCTION @extschema@.madlib_keras_fit_multiple_model(message VARCHAR DEFAULT NULL)
+RETURNS TEXT LANGUAGE plpython3u IMMUTABLE AS $python$
+@usage madlib_keras_fit_multiple_model@
+$python$;
+
+-- One unit of a fit, run by a worker session the coordinator opened (internal).
+CREATE OR REPLACE FUNCTION @extschema@.__run_unit(
+    fit_id BIGINT, mst_key INTEGER, epoch INTEGER, part INTEGER, worker INTEGER, kind TEXT,
+    options TEXT
+) RETURNS TEXT LANGUAGE plpython3u VOLATILE AS $python$
+@plpython __run_unit@
+$python$;

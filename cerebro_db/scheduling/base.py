@@ -114,6 +114,8 @@ class Snapshot:
     pending_evals: tuple[EvalUnit, ...] = ()
     now: float = 0.0
     _training: Mapping[int, RunningUnit] = field(init=False, repr=False, compare=False)
+    _configs: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    _partitions: frozenset[int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "target_epochs", _frozen_map(self.target_epochs))
@@ -129,11 +131,13 @@ class Snapshot:
         object.__setattr__(self, "pending_evals", tuple(self.pending_evals))
         training = {u.config: u for u in self.running if u.kind == TRAIN}
         object.__setattr__(self, "_training", MappingProxyType(training))
+        object.__setattr__(self, "_configs", tuple(sorted(self.target_epochs)))
+        object.__setattr__(self, "_partitions", frozenset(range(self.num_partitions)))
 
     @property
     def configs(self) -> tuple[int, ...]:
         """All configs, ascending."""
-        return tuple(sorted(self.target_epochs))
+        return self._configs
 
     def completed(self, config: int) -> int:
         """Epochs ``config`` has finished."""
@@ -153,12 +157,12 @@ class Snapshot:
 
     def unvisited(self, config: int) -> frozenset[int]:
         """Partitions ``config`` has still to train on in its current epoch."""
-        return frozenset(range(self.num_partitions)) - self.visited.get(config, frozenset())
+        return self._partitions - self.visited.get(config, frozenset())
 
     def trainable(self, worker: int) -> list[tuple[int, int]]:
         """(config, partition) pairs ``worker`` could train now, ignoring any barrier."""
         held = self.workers.get(worker, frozenset())
-        out = []
+        out: list[tuple[int, int]] = []
         for c in self.configs:
             if self.finished(c) or self.is_training(c):
                 continue

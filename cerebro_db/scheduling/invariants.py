@@ -76,19 +76,22 @@ def as_record(r: Any) -> UnitRecord:
     """A :class:`UnitRecord` from a mapping or an object with the eight fields."""
     if isinstance(r, UnitRecord):
         return r
-    get = r.get if isinstance(r, Mapping) else lambda k, d=None: getattr(r, k, d)
-    missing = [k for k in _FIELDS if k != "kind" and get(k) is None]
+    if isinstance(r, Mapping):
+        f: dict[str, Any] = {k: r.get(k) for k in _FIELDS}
+    else:
+        f = {k: getattr(r, k, None) for k in _FIELDS}
+    missing = [k for k in _FIELDS if k != "kind" and f[k] is None]
     if missing:
         raise ValueError(f"unit record {r!r} lacks {missing}")
     return UnitRecord(
-        config=int(get("config")),
-        epoch=int(get("epoch")),
-        partition=int(get("partition")),
-        worker=int(get("worker")),
-        kind=str(get("kind") or TRAIN),
-        start=float(get("start")),
-        end=float(get("end")),
-        ok=bool(get("ok")),
+        config=int(f["config"]),
+        epoch=int(f["epoch"]),
+        partition=int(f["partition"]),
+        worker=int(f["worker"]),
+        kind=str(f["kind"] or TRAIN),
+        start=float(f["start"]),
+        end=float(f["end"]),
+        ok=bool(f["ok"]),
     )
 
 

@@ -165,7 +165,7 @@ def simulate(
     fail_at = _as_failure_fn(failures)
 
     # Events: (time, order, seq, payload); order 0 = unit end, 1 = worker change.
-    events: list[tuple[float, int, int, object]] = []
+    events: list[tuple[float, int, int, int | WorkerChange]] = []
     seq = 0
     for ch in sorted(worker_changes, key=lambda ch: ch.time):
         heapq.heappush(events, (float(ch.time), 1, seq, ch))
@@ -205,25 +205,20 @@ def simulate(
             break
         now = events[0][0]
         while events and events[0][0] == now:
-            _, order, token, payload = heapq.heappop(events)
-            if order == 0:
-                assert isinstance(payload, int)
-                w = payload
-                if w not in in_flight or in_flight[w][0] != token:
-                    continue  # the worker left; its unit was already failed
-                ok = in_flight[w][3]
-                record(now, ok, progress.finish(w, ok))
-            else:
-                ch = payload
-                assert isinstance(ch, WorkerChange)
-                if ch.action == "remove":
-                    if ch.worker not in progress.workers:
-                        raise SchedulingError(f"cannot remove absent worker {ch.worker}")
-                    unit = progress.remove_worker(ch.worker)
-                    if unit is not None:
-                        record(now, False, unit)
-                else:
-                    progress.add_worker(ch.worker, ch.partitions)
+            _, _, token, payload = heapq.heappop(events)
+            if isinstance(payload, WorkerChange):
+                if payload.action == "add":
+                    progress.add_worker(payload.worker, payload.partitions)
+                    continue
+                if payload.worker not in progress.workers:
+                    raise SchedulingError(f"cannot remove absent worker {payload.worker}")
+                lost = progress.remove_worker(payload.worker)
+                if lost is not None:
+                    record(now, False, lost)
+            elif payload in in_flight and in_flight[payload][0] == token:
+                ok = in_flight[payload][3]
+                record(now, ok, progress.finish(payload, ok))
+            # else: the worker left meanwhile; its unit was already failed
     else:
         raise RuntimeError(f"simulation did not end within {max_steps} steps")
 

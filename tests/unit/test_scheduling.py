@@ -219,11 +219,11 @@ def unassigned_but_runnable(snap: Snapshot, assigned: list[Assignment]) -> list[
     for w in snap.idle_workers:
         if w in busy:
             continue
-        if any(c not in taken for c, _ in snap.trainable(w)):
-            out.append(w)
-        elif any(u.partition in snap.workers[w]
-                 and (u.config, u.epoch, u.partition) not in evals_taken
-                 for u in snap.pending_evals):
+        can_train = any(c not in taken for c, _ in snap.trainable(w))
+        can_eval = any(u.partition in snap.workers[w]
+                       and (u.config, u.epoch, u.partition) not in evals_taken
+                       for u in snap.pending_evals)
+        if can_train or can_eval:
             out.append(w)
     return out
 

@@ -10,10 +10,10 @@ import pytest
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 keras = pytest.importorskip("keras")
 
-from cerebro_db import keras_arch  # noqa: E402
-from cerebro_db import training as T  # noqa: E402
-from cerebro_db.errors import CerebroError  # noqa: E402
-from cerebro_db.state import decode_state, encode_state  # noqa: E402
+from cerebro_db import keras_arch
+from cerebro_db import training as T
+from cerebro_db.errors import CerebroError
+from cerebro_db.state import decode_state, encode_state
 
 T.configure_runtime(threads=2)
 
@@ -382,3 +382,17 @@ def test_state_for_another_model_is_rejected(cache):
     assert exc.value.sqlstate == "42804"
     with pytest.raises(CerebroError, match="rows"):
         T.train_unit(cache, ARCH, CP, FP, T.initial_state(ARCH, CP, 1), x, y[:5], 1)
+
+
+def test_fit_params_class_weight_and_shuffle_are_used(cache):
+    x, y = blobs(64, 12)
+    init = T.initial_state(ARCH, CP, 1)
+    plain, _ = T.train_unit(cache, ARCH, CP, "batch_size=16, shuffle=False", init, x, y, 1)
+    weighted, _ = T.train_unit(cache, ARCH, CP, "batch_size=16, shuffle=False, "
+                               "class_weight={0: 5.0, 1: 1.0, 2: 1.0}", init, x, y, 1)
+    shuffled, _ = T.train_unit(cache, ARCH, CP, "batch_size=16", init, x, y, 1)
+    assert not all_equal(weights_of(plain), weights_of(weighted))
+    assert not all_equal(weights_of(plain), weights_of(shuffled))
+    # without shuffling the seed does not matter for this dropout-free model
+    again, _ = T.train_unit(cache, ARCH, CP, "batch_size=16, shuffle=False", init, x, y, 9)
+    assert again == plain

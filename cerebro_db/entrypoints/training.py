@@ -1,0 +1,523 @@
+"""``madlib_keras_fit_multiple_model`` and ``madlib_keras_fit``: model hopper training."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from .. import __version__, keras_arch, params
+from .. import state as state_mod
+from ..catalog import Catalog
+from ..coordinator import ConfigResult, FitOutcome, combine, run_fit
+from ..errors import (
+    DATATYPE_MISMATCH,
+    DUPLICATE_TABLE,
+    FEATURE_NOT_SUPPORTED,
+    NULL_VALUE_NOT_ALLOWED,
+    UNDEFINED_TABLE,
+    CerebroError,
+    invalid,
+)
+from ..executors import DblinkExecutor
+from ..names import TableName, quote_ident
+from ..scheduling import EVAL, Assignment, Progress, evaluation_epochs, get_policy
+from . import entrypoint
+from .models import require_arch_table
+from .preprocessing import read_training_summary
+
+CHUNK_SETTING = "cerebro_db.state_chunk_size"
+CONNINFO_SETTING = "cerebro_db.worker_conninfo"
+
+
+@dataclass
+class PackedTable:
+    """A table made by the preprocessors, with what its summary says."""
+
+    table: TableName
+    qualified: str
+    summary: dict[str, Any]
+    x: str
+    y: str
+    x_size: int
+    y_width: int
+    partitions: int
+    kind: str
+
+
+def _qualified(cat: Catalog, t: TableName) -> str:
+    oid = cat.relation_oid(t)
+    row = cat.query("SELECT n.nspname::text AS s, c.relname::text AS r FROM pg_catalog.pg_class c "
+                    "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = $1",
+                    [oid], ["oid"])[0]
+    return quote_ident(row["s"]) + "." + quote_ident(row["r"])
+
+
+def packed_table(cat: Catalog, name: str, what: str) -> PackedTable:
+    """A preprocessed table and its summary, or a clear error."""
+    try:
+        t, s = read_training_summary(cat, name)
+    except CerebroError as e:
+        raise CerebroError(e.message.replace("training_preprocessor_table", what), e.sqlstate,
+                           hint=f"{what} must be made by training_preprocessor_dl or "
+                           "validation_preprocessor_dl.") from None
+    deps, indeps = s["dependent_varname"], s["independent_varname"]
+    if len(deps) != 1 or len(indeps) != 1:
+        raise CerebroError(f'{what} "{t}" has {len(indeps)} inputs and {len(deps)} outputs; '
+                           "training supports one of each so far", FEATURE_NOT_SUPPORTED)
+    x, y = indeps[0], deps[0]
+    shape = cat.query(f"SELECT {quote_ident(x + '_shape')} AS xs, {quote_ident(y + '_shape')} "
+                      f"AS ys FROM {t.sql} LIMIT 1")
+    if not shape:
+        raise CerebroError(f'{what} "{t}" is empty', "22000")
+    parts = cat.query(f"SELECT count(DISTINCT __dist_key__) AS n, max(__dist_key__) AS m "
+                      f"FROM {t.sql}")[0]
+    p = int(s["num_partitions"])
+    if parts["n"] != p or parts["m"] != p - 1:
+        raise CerebroError(f'{what} "{t}" does not hold the {p} partitions its summary '
+                           "records", "22000", hint="Preprocess the data again.")
+    return PackedTable(t, _qualified(cat, t), s, x, y, int(np.prod(shape[0]["xs"][1:])),
+                       int(np.prod(shape[0]["ys"][1:])), p, s["dependent_kind"][0])
+
+
+@dataclass
+class Config:
+    mst_key: int
+    model_id: int
+    compile_params: str
+    fit_params: str
+    arch: str
+    weights: bytes | None
+    cp: params.CompileParams
+    fp: params.FitParams
+
+
+def _check_config(c: Config, src: PackedTable, checked: dict[str, Any]) -> None:
+    """The architecture fits the packed data (input size, output width) and the loss fits
+    the labels; checked once per architecture."""
+    model = checked.get(c.arch)
+    if model is None:
+        model = keras_arch.build_from_json(c.arch, shared=True)
+        checked[c.arch] = model
+    ins, outs = keras_arch.input_shapes(model), keras_arch.output_shapes(model)
+    if len(ins) != 1 or len(outs) != 1:
+        raise CerebroError(f"model_id {c.model_id} has {len(ins)} inputs and {len(outs)} "
+                           "outputs; training supports one of each so far", FEATURE_NOT_SUPPORTED)
+    in_size = int(np.prod([d for d in ins[0] if d is not None]))
+    if None in ins[0] or in_size != src.x_size:
+        raise CerebroError(
+            f"model_id {c.model_id} expects input shape {list(ins[0])}, but the packed data has "
+            f"{src.x_size} values per row", DATATYPE_MISMATCH,
+            hint="The architecture's input must hold as many values as each packed row "
+            "(a Reshape layer can adapt a flat row).")
+    out = outs[0][-1] if outs[0] else 1
+    loss = c.cp.loss if isinstance(c.cp.loss, str) else None
+    sparse = loss is not None and "sparse" in loss
+    want = 1 if sparse else src.y_width
+    if out is not None and out != want and not (sparse and src.kind != "regression"):
+        raise CerebroError(
+            f"model_id {c.model_id} has {out} outputs, but the labels have {src.y_width} "
+            "columns", DATATYPE_MISMATCH,
+            hint="The last layer's units must equal num_classes of the training data.")
+    if sparse and src.kind == "regression":
+        raise invalid(f"mst_key {c.mst_key}: loss {loss!r} needs class labels, but the "
+                      "training data has a regression target")
+
+
+def _load_configs(cat: Catalog, mst: TableName) -> tuple[list[Config], TableName]:
+    oid = cat.require_table(mst, "model_selection_table")
+    cols = cat.columns(oid)
+    need = {"mst_key", "model_id", "compile_params", "fit_params"}
+    if not need <= set(cols):
+        raise invalid(f'model_selection_table "{mst}" lacks the columns '
+                      f"{', '.join(sorted(need - set(cols)))}")
+    summ = mst.with_suffix("_summary", "model_selection_table")
+    if cat.relation_oid(summ) is None:
+        raise CerebroError(f'model_selection_table "{mst}" has no summary table "{summ}"',
+                           UNDEFINED_TABLE, hint="Create it with load_model_selection_table "
+                           "or generate_model_configs.")
+    arch_name = cat.select(summ, ["model_arch_table"])[0]["model_arch_table"]
+    arch = TableName.parse(arch_name, "model_arch_table")
+    require_arch_table(cat, arch, "model_arch_table")
+    rows = cat.query(f"SELECT m.mst_key, m.model_id, m.compile_params, m.fit_params, "
+                     f"a.model_arch::text AS arch, a.model_weights AS w FROM {mst.sql} m "
+                     f"LEFT JOIN {arch.sql} a ON a.model_id = m.model_id ORDER BY m.mst_key")
+    if not rows:
+        raise CerebroError(f'model_selection_table "{mst}" is empty', "22000")
+    out = []
+    for r in rows:
+        if r["arch"] is None:
+            raise CerebroError(f"mst_key {r['mst_key']}: model_id {r['model_id']} does not "
+                               f'exist in "{arch}"', "42704")
+        cp = params.parse_compile_params(r["compile_params"], f"mst_key {r['mst_key']}")
+        fp = params.parse_fit_params(r["fit_params"], f"mst_key {r['mst_key']}")
+        out.append(Config(r["mst_key"], r["model_id"], r["compile_params"], r["fit_params"],
+                          r["arch"], r["w"], cp, fp))
+    return out, arch
+
+
+def _conninfo(cat: Catalog) -> str:
+    row = cat.query("SELECT current_database()::text AS d, current_user::text AS u, "
+                    "current_setting('port') AS p, "
+                    "split_part(current_setting('unix_socket_directories'), ',', 1) AS s")[0]
+
+    def q(v: str) -> str:
+        return "'" + str(v).replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+    host = row["s"].strip() or "localhost"
+    info = f"dbname={q(row['d'])} user={q(row['u'])} port={q(row['p'])} host={q(host)}"
+    extra = cat.setting(CONNINFO_SETTING)
+    return info + (" " + extra if extra else "")
+
+
+@dataclass
+class FitRequest:
+    kind: str  # 'fit_multiple' or 'fit'
+    source: PackedTable
+    validation: PackedTable | None
+    output: TableName
+    configs: list[Config]
+    num_iterations: int
+    frequency: int | None
+    policy: str
+    policy_params: dict[str, Any]
+    random_state: int
+    num_workers: int
+    use_caching: bool
+    mst_table: TableName | None
+    arch_table: TableName
+
+
+def _bytea_literal(b: bytes | None) -> str:
+    return "NULL" if b is None else "'\\x" + bytes(b).hex() + "'::bytea"
+
+
+def _register(cat: Catalog, ex: DblinkExecutor, req: FitRequest, total: int) -> int:
+    opts = {"x": req.source.x, "y": req.source.y, "use_caching": req.use_caching,
+            "worker_threads": max(1, (os.cpu_count() or 1) // req.num_workers),
+            "state_chunk_size": int(cat.setting(CHUNK_SETTING) or 0) or None,
+            "policy_params": req.policy_params}
+    lit = cat.literal
+    sql = (f"INSERT INTO {cat.ext('fits')} (kind, source_table, validation_table, "
+           "model_output_table, model_selection_table, policy, num_partitions, num_iterations, "
+           "metrics_compute_frequency, random_state, options, total_units, coordinator_pid) "
+           f"VALUES ({lit(req.kind)}, {lit(req.source.qualified)}, "
+           f"{lit(req.validation.qualified) if req.validation else 'NULL'}, "
+           f"{lit(str(req.output))}, {lit(str(req.mst_table)) if req.mst_table else 'NULL'}, "
+           f"{lit(req.policy)}, {req.source.partitions}, {req.num_iterations}, "
+           f"{req.frequency or req.num_iterations}, {req.random_state}, "
+           f"{lit(json.dumps(opts))}::jsonb, {total}, pg_backend_pid()) RETURNING fit_id")
+    fit_id = int(ex.control_query(sql)[0][0])
+    for c in req.configs:
+        ex.control(f"INSERT INTO {cat.ext('fit_configs')} (fit_id, mst_key, model_id, "
+                   "compile_params, fit_params, model_arch, init_weights) VALUES "
+                   f"({fit_id}, {int(c.mst_key)}, {int(c.model_id)}, {lit(c.compile_params)}, "
+                   f"{lit(c.fit_params)}, {lit(c.arch)}::json, {_bytea_literal(c.weights)})")
+    return fit_id
+
+
+class _UnitExecutor:
+    """Adapts :class:`DblinkExecutor` to the coordinator: assignments to unit statements."""
+
+    def __init__(self, cat: Catalog, ex: DblinkExecutor, fit_id: int) -> None:
+        self.cat, self.ex, self.fit_id = cat, ex, fit_id
+
+    def submit(self, a: Assignment, options: dict[str, Any]) -> None:
+        kind = "train" if a.kind != EVAL else "eval"
+        sql = (f"SELECT {self.cat.ext('__run_unit')}({self.fit_id}::bigint, {int(a.config)}, "
+               f"{int(a.epoch)}, {int(a.partition)}, {int(a.worker)}, {self.cat.literal(kind)}, "
+               f"{self.cat.literal(json.dumps(options))})")
+        self.ex.submit(a.worker, sql)
+
+    def wait(self) -> list[tuple[int, bool, dict[str, Any]]]:
+        return [(r.worker, r.ok, r.data) for r in self.ex.wait()]
+
+
+def execute_fit(cat: Catalog, req: FitRequest,
+                finish: Callable[[int, FitOutcome, float], None]) -> tuple[int, FitOutcome]:
+    """Register the fit, run it on worker sessions, then ``finish(fit_id, outcome, start)``
+    (which writes the outputs in the caller's transaction); the fit is marked done only
+    after that, and failed (with the message) on any error."""
+    eval_epochs = evaluation_epochs(req.num_iterations, req.frequency)
+    p = req.source.partitions
+    targets = {c.mst_key: req.num_iterations for c in req.configs}
+    workers = {w: {w} for w in range(p)} if req.num_workers == p else \
+        {0: set(range(p))}
+    policy = get_policy(req.policy, random_state=req.random_state, **req.policy_params)
+    progress = Progress(targets, p, workers, eval_epochs)
+    total = len(req.configs) * req.num_iterations * p
+    ex = DblinkExecutor(cat, f"{os.getpid()}_{int(time.time() * 1000) % 10**9}",
+                        len(workers), _conninfo(cat))
+    t0 = time.time()
+    fit_id = None
+    try:
+        ex.open()
+        fit_id = _register(cat, ex, req, total)
+        cat.notice(f"fit {fit_id}: {len(req.configs)} configurations x {req.num_iterations} "
+                   f"iterations on {p} partitions, {len(workers)} worker sessions, policy "
+                   f"{req.policy}; watch: SELECT * FROM {cat.schema}.fit_progress "
+                   f"WHERE fit_id = {fit_id}")
+        eval_kinds = ["eval_train"] + (["eval_valid"] if req.validation else [])
+        outcome = run_fit(policy, progress, _UnitExecutor(cat, ex, fit_id), eval_kinds=eval_kinds,
+                          num_partitions=p, snapshot_epochs=lambda c, e: e in eval_epochs,
+                          notice=cat.notice)
+        finish(fit_id, outcome, t0)
+        ex.control(f"UPDATE {cat.ext('fits')} SET status = 'done', ended_at = clock_timestamp() "
+                   f"WHERE fit_id = {fit_id}")
+        ex.control(f"DELETE FROM {cat.ext('model_states')} WHERE fit_id = {fit_id} AND "
+                   "version <> 'current'")
+        return fit_id, outcome
+    except BaseException as e:
+        if fit_id is not None:
+            try:
+                msg = getattr(e, "message", None) or str(e)
+                ex.control(f"UPDATE {cat.ext('fits')} SET status = 'failed', message = "
+                           f"{cat.literal(msg[:2000])}, ended_at = clock_timestamp() "
+                           f"WHERE fit_id = {fit_id}")
+            except Exception:  # noqa: BLE001 - the original error matters more
+                pass
+        raise
+    finally:
+        ex.close()
+
+
+def final_weights(cat: Catalog, fit_id: int, mst_key: int) -> bytes:
+    from ..worker import load_state
+
+    data = load_state(cat, fit_id, mst_key, "current")
+    if data is None:
+        raise CerebroError(f"no final state for mst_key {mst_key}", "XX000")
+    st = state_mod.decode_state(data)
+    return b"".join(np.asarray(w, dtype="<f4").tobytes() for w in st.weights)
+
+
+def _series(r: ConfigResult, epochs: list[int], kind: str) -> tuple[list[float], list[list[float]]]:
+    losses, metrics = [], []
+    for e in epochs:
+        parts = r.evals.get((e, kind))
+        if not parts:
+            losses.append(float("nan"))
+            metrics.append([])
+            continue
+        loss, m = combine(parts)
+        losses.append(loss)
+        metrics.append(m)
+    return losses, metrics
+
+
+def _first(ms: list[list[float]]) -> list[float | None]:
+    return [m[0] if m else None for m in ms]
+
+
+INFO_COLUMNS = [
+    ("mst_key", "integer PRIMARY KEY"), ("model_id", "integer"), ("compile_params", "text"),
+    ("fit_params", "text"), ("model_type", "text"), ("model_size", "double precision"),
+    ("metrics_elapsed_time", "double precision[]"), ("metrics_type", "text[]"),
+    ("loss_type", "text"), ("training_metrics_final", "double precision"),
+    ("training_loss_final", "double precision"), ("training_metrics", "double precision[]"),
+    ("training_loss", "double precision[]"), ("validation_metrics_final", "double precision"),
+    ("validation_loss_final", "double precision"), ("validation_metrics", "double precision[]"),
+    ("validation_loss", "double precision[]"), ("metrics_iters", "integer[]"),
+    ("training_metrics_all", "double precision[]"), ("validation_metrics_all",
+                                                    "double precision[]"),
+    ("fit_id", "bigint"),
+]
+INFO_TYPES = ["int4", "int4", "text", "text", "text", "float8", "float8[]", "text[]", "text",
+              "float8", "float8", "float8[]", "float8[]", "float8", "float8", "float8[]",
+              "float8[]", "int4[]", "float8[]", "float8[]", "int8"]
+
+
+def info_rows(req: FitRequest, fit_id: int, outcome: FitOutcome,
+              sizes: dict[int, int]) -> list[list[Any]]:
+    epochs = sorted(evaluation_epochs(req.num_iterations, req.frequency))
+    rows = []
+    for c in req.configs:
+        r = outcome.results[c.mst_key]
+        tl, tm = _series(r, epochs, "eval_train")
+        vl, vm = _series(r, epochs, "eval_valid") if req.validation else ([], [])
+        loss = c.cp.loss if isinstance(c.cp.loss, str) else json.dumps(c.cp.loss)
+        elapsed = [r.eval_done_at.get(e) for e in epochs]
+        rows.append([
+            c.mst_key, c.model_id, c.compile_params, c.fit_params, "madlib_keras",
+            sizes[c.mst_key] / 1024.0, elapsed, c.cp.metric_names(), loss,
+            tm[-1][0] if tm and tm[-1] else None, tl[-1] if tl else None, _first(tm), tl,
+            (vm[-1][0] if vm and vm[-1] else None) if req.validation else None,
+            vl[-1] if vl else None, _first(vm) if req.validation else None,
+            vl if req.validation else None, epochs,
+            tm if all(tm) and tm and tm[0] else None,
+            vm if req.validation and vm and all(vm) and vm[0] else None, fit_id,
+        ])
+    return rows
+
+
+def summary_select(req: FitRequest) -> str:
+    """A SELECT list over the source summary (alias s) for the output's _summary table."""
+    dep = req.source.y
+    cv = quote_ident(dep + "_class_values")
+    sel = (
+        "$1::text AS source_table, $2::text AS validation_table, $3::text AS model, "
+        "$4::text AS model_info, s.dependent_varname, s.independent_varname, "
+        "$5::text AS model_arch_table, $6::text AS model_selection_table, "
+        "NULL::text AS object_table, $7::int AS num_iterations, "
+        "$8::int AS metrics_compute_frequency, $9::boolean AS warm_start, $10::text AS name, "
+        "$11::text AS description, to_timestamp($12)::timestamp AS start_training_time, "
+        "clock_timestamp()::timestamp AS end_training_time, $13::text AS madlib_version, "
+        f"s.num_classes, s.{cv}, s.dependent_vartype, s.normalizing_const, "
+        "$14::int[] AS metrics_iters, $15::bigint AS fit_id, $16::text AS scheduling_policy, "
+        "s.num_partitions"
+    )
+    return sel
+
+
+def write_outputs(cat: Catalog, req: FitRequest, fit_id: int, outcome: FitOutcome, t0: float,
+                  warm_start: bool, name: str | None, description: str | None) -> None:
+    sizes: dict[int, int] = {}
+    weights: dict[int, bytes] = {}
+    for c in req.configs:
+        weights[c.mst_key] = final_weights(cat, fit_id, c.mst_key)
+        sizes[c.mst_key] = len(weights[c.mst_key])
+    out = req.output
+    info = out.with_suffix("_info", "model_output_table")
+    summ = out.with_suffix("_summary", "model_output_table")
+    cat.create_table(out, [("mst_key", "integer PRIMARY KEY"), ("model_weights", "bytea"),
+                           ("model_arch", "json")], external_storage=["model_weights"])
+    cat.insert(out, ["mst_key", "model_weights", "model_arch"], ["int4", "bytea", "json"],
+               ([c.mst_key, weights[c.mst_key], c.arch] for c in req.configs))
+    cat.create_table(info, INFO_COLUMNS)
+    cat.insert(info, [n for n, _ in INFO_COLUMNS], INFO_TYPES,
+               info_rows(req, fit_id, outcome, sizes))
+    sel = summary_select(req)
+    epochs = sorted(evaluation_epochs(req.num_iterations, req.frequency))
+    src_summary = req.source.table.with_suffix("_summary", "source_table")
+    cat.query(
+        f"CREATE TABLE {summ.sql} AS SELECT {sel} FROM {src_summary.sql} s",
+        [str(req.source.table), str(req.validation.table) if req.validation else None,
+         str(out), str(info), str(req.arch_table), str(req.mst_table) if req.mst_table else None,
+         req.num_iterations, req.frequency, warm_start, name, description, t0, __version__,
+         epochs, fit_id, req.policy],
+        ["text", "text", "text", "text", "text", "text", "int4", "int4", "bool", "text", "text",
+         "float8", "text", "int4[]", "int8", "text"])
+
+
+def _bool(v: bool | None, default: bool) -> bool:
+    return default if v is None else bool(v)
+
+
+def _check_common(num_iterations: int | None, metrics_compute_frequency: int | None,
+                  use_gpus: bool | None) -> None:
+    if num_iterations is None:
+        raise CerebroError("num_iterations must not be NULL", NULL_VALUE_NOT_ALLOWED)
+    if num_iterations < 1:
+        raise invalid(f"num_iterations must be at least 1, got {num_iterations}")
+    if metrics_compute_frequency is not None and not (
+            1 <= metrics_compute_frequency <= num_iterations):
+        raise invalid(f"metrics_compute_frequency must be between 1 and num_iterations "
+                      f"({num_iterations}), got {metrics_compute_frequency}")
+    if use_gpus and not os.path.exists("/dev/nvidiactl"):
+        raise CerebroError("use_gpus is TRUE but this server has no GPU", FEATURE_NOT_SUPPORTED,
+                           hint="Call with use_gpus => FALSE.")
+
+
+def _outputs_absent(cat: Catalog, out: TableName, suffixes: Sequence[str], warm: bool) -> None:
+    for s in suffixes:
+        t = out.with_suffix(s, "model_output_table") if s else out
+        if cat.relation_oid(t) is not None and not warm:
+            raise CerebroError(f'output table "{t}" already exists', DUPLICATE_TABLE,
+                               hint="Drop it, choose another name, or pass warm_start => TRUE "
+                               "to continue from its weights.")
+
+
+def _warm_weights(cat: Catalog, out: TableName, configs: list[Config], key: str) -> None:
+    """warm_start: take each config's weights from the existing output table, then drop the
+    old outputs (in this transaction: a failure keeps them)."""
+    oid = cat.relation_oid(out)
+    if oid is None:
+        raise CerebroError(f'warm_start needs the output table "{out}", which does not exist',
+                           UNDEFINED_TABLE, hint="Run once without warm_start first.")
+    cols = cat.columns(oid)
+    if "model_weights" not in cols:
+        raise invalid(f'"{out}" has no model_weights column')
+    if key in cols:
+        rows = cat.query(f"SELECT {quote_ident(key)} AS k, model_weights AS w FROM {out.sql}")
+        have = {r["k"]: r["w"] for r in rows}
+    else:
+        rows = cat.query(f"SELECT model_weights AS w FROM {out.sql}")
+        have = {configs[0].mst_key: rows[0]["w"]} if rows else {}
+    for c in configs:
+        if have.get(c.mst_key) is not None:
+            c.weights = bytes(have[c.mst_key])
+    for s in ("", "_summary", "_info"):
+        t = out.with_suffix(s, "model_output_table") if s else out
+        if cat.relation_oid(t) is not None:
+            cat.drop_table(t)
+
+
+def _policy(cat: Catalog, scheduling_policy: str | None, policy_params: str | None
+            ) -> tuple[str, dict[str, Any]]:
+    name = (scheduling_policy or "mop").strip().lower()
+    opts = params.parse_keyword_string(policy_params, "policy_params")
+    get_policy(name, **opts)  # validates the name and options before any work
+    return name, opts
+
+
+def _seed(random_state: int | None) -> int:
+    if random_state is None:
+        return int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF
+    if random_state < 0:
+        raise invalid(f"random_state must not be negative, got {random_state}")
+    return int(random_state)
+
+
+def _validation(cat: Catalog, validation_table: str | None, src: PackedTable
+                ) -> PackedTable | None:
+    if validation_table is None:
+        return None
+    v = packed_table(cat, validation_table, "validation_table")
+    if v.partitions != src.partitions:
+        raise invalid(f'validation_table "{v.table}" has {v.partitions} partitions, the '
+                      f"training data {src.partitions}",
+                      hint="Preprocess the validation data with validation_preprocessor_dl "
+                      "from this training table.")
+    if (v.x_size, v.y_width) != (src.x_size, src.y_width):
+        raise CerebroError(f'validation_table "{v.table}" rows have {v.x_size} features and '
+                           f"{v.y_width} label columns, the training data {src.x_size} and "
+                           f"{src.y_width}", DATATYPE_MISMATCH)
+    return v
+
+
+@entrypoint
+def madlib_keras_fit_multiple_model(
+        cat: Catalog, *, source_table: str, model_output_table: str, model_selection_table: str,
+        num_iterations: int, use_gpus: bool | None = False, validation_table: str | None = None,
+        metrics_compute_frequency: int | None = None, warm_start: bool | None = False,
+        name: str | None = None, description: str | None = None,
+        use_caching: bool | None = False, scheduling_policy: str | None = "mop",
+        policy_params: str | None = None, random_state: int | None = None) -> None:
+    """Train every configuration of the model selection table by model hopper parallelism."""
+    _check_common(num_iterations, metrics_compute_frequency, use_gpus)
+    out = TableName.parse(model_output_table, "model_output_table")
+    mst = TableName.parse(model_selection_table, "model_selection_table")
+    warm = _bool(warm_start, False)
+    pname, popts = _policy(cat, scheduling_policy, policy_params)
+    seed = _seed(random_state)
+    src = packed_table(cat, source_table, "source_table")
+    val = _validation(cat, validation_table, src)
+    _outputs_absent(cat, out, ("", "_summary", "_info"), warm)
+    configs, arch = _load_configs(cat, mst)
+    checked: dict[str, Any] = {}
+    for c in configs:
+        _check_config(c, src, checked)
+    if warm:
+        _warm_weights(cat, out, configs, "mst_key")
+    req = FitRequest("fit_multiple", src, val, out, configs, num_iterations,
+                     metrics_compute_frequency, pname, popts, seed, src.partitions,
+                     _bool(use_caching, False), mst, arch)
+    fit_id, outcome = execute_fit(
+        cat, req, lambda f, o, t0: write_outputs(cat, req, f, o, t0, warm, name, description))
+    cat.notice(f"madlib_keras_fit_multiple_model: fit {fit_id} trained {len(configs)} "
+               f"configurations in {outcome.seconds:.1f} s; results in {out} and "
+               f"{out.with_suffix('_info', 'model_output_table')}")
