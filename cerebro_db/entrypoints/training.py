@@ -25,7 +25,14 @@ from ..errors import (
 )
 from ..executors import DblinkExecutor
 from ..names import TableName, quote_ident
-from ..scheduling import EVAL, Assignment, Progress, evaluation_epochs, get_policy
+from ..scheduling import (
+    EVAL,
+    Assignment,
+    Progress,
+    evaluation_epochs,
+    get_policy,
+    policy_class,
+)
 from . import entrypoint
 from .models import require_arch_table
 from .preprocessing import read_training_summary
@@ -247,7 +254,9 @@ def execute_fit(cat: Catalog, req: FitRequest,
     targets = {c.mst_key: req.num_iterations for c in req.configs}
     workers = {w: {w} for w in range(p)} if req.num_workers == p else \
         {0: set(range(p))}
-    policy = get_policy(req.policy, random_state=req.random_state, **req.policy_params)
+    seeded = {"random_state": req.random_state} \
+        if "random_state" in policy_class(req.policy).option_names else {}
+    policy = get_policy(req.policy, **seeded, **req.policy_params)
     progress = Progress(targets, p, workers, eval_epochs)
     total = len(req.configs) * req.num_iterations * p
     ex = DblinkExecutor(cat, f"{os.getpid()}_{int(time.time() * 1000) % 10**9}",
@@ -456,10 +465,18 @@ def _warm_weights(cat: Catalog, out: TableName, configs: list[Config], key: str)
             cat.drop_table(t)
 
 
-def _policy(cat: Catalog, scheduling_policy: str | None, policy_params: str | None
-            ) -> tuple[str, dict[str, Any]]:
+def _policy(scheduling_policy: str | None, policy_params: str | None,
+            random_state: int | None) -> tuple[str, dict[str, Any]]:
+    """The policy name and options. For MOP the defaults are ``prefer_lagging`` (a shorter
+    tail) and, when the caller fixed ``random_state``, ``seeded_order`` (each config's visit
+    order depends on the seed only, so two runs give the same models)."""
     name = (scheduling_policy or "mop").strip().lower()
     opts = params.parse_keyword_string(policy_params, "policy_params")
+    if "random_state" in opts:
+        raise invalid("policy_params cannot set random_state; use the random_state argument")
+    if name in ("mop", "random"):
+        opts.setdefault("prefer_lagging", True)
+        opts.setdefault("seeded_order", random_state is not None)
     get_policy(name, **opts)  # validates the name and options before any work
     return name, opts
 
@@ -502,7 +519,7 @@ def madlib_keras_fit_multiple_model(
     out = TableName.parse(model_output_table, "model_output_table")
     mst = TableName.parse(model_selection_table, "model_selection_table")
     warm = _bool(warm_start, False)
-    pname, popts = _policy(cat, scheduling_policy, policy_params)
+    pname, popts = _policy(scheduling_policy, policy_params, random_state)
     seed = _seed(random_state)
     src = packed_table(cat, source_table, "source_table")
     val = _validation(cat, validation_table, src)

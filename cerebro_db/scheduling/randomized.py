@@ -19,6 +19,10 @@ epoch. What differs from the paper:
   draws only among the eligible configs with the most training units left, an LPT-like
   tie-break that keeps configs in step and removes most of the tail where few configs remain
   and workers idle (see the measured ratios in ``tests/unit/test_scheduling.py``);
+- ``seeded_order=True`` fixes each config's visit order per epoch as a permutation drawn from
+  (random_state, config, epoch) alone, so a config trains on the same sequence of partitions
+  whatever the timing of the workers: two runs with the same seed give the same models.
+  Which config a worker takes among those whose next partition it holds stays random;
 - the random stream is Python's Mersenne Twister seeded by ``random_state``; its state is
   part of :meth:`state_json`, so a resumed fit makes the decisions the original would have.
 """
@@ -46,10 +50,12 @@ class RandomizedMOP(Policy):
     """
 
     name = "mop"
-    option_names = ("random_state", "prefer_lagging")
+    option_names = ("random_state", "prefer_lagging", "seeded_order")
 
-    def __init__(self, random_state: int | None = None, prefer_lagging: bool = False) -> None:
+    def __init__(self, random_state: int | None = None, prefer_lagging: bool = False,
+                 seeded_order: bool = False) -> None:
         self.prefer_lagging = _check_bool("prefer_lagging", prefer_lagging)
+        self.seeded_order = _check_bool("seeded_order", seeded_order)
         if random_state is None:
             random_state = random.SystemRandom().randrange(2**32)
         if isinstance(random_state, bool):
@@ -66,8 +72,14 @@ class RandomizedMOP(Policy):
         self._rng = random.Random(seed)
 
     def options(self) -> dict[str, Any]:
-        """``{"random_state": seed, "prefer_lagging": bool}``."""
-        return {"random_state": self.random_state, "prefer_lagging": self.prefer_lagging}
+        """``{"random_state": seed, "prefer_lagging": bool, "seeded_order": bool}``."""
+        return {"random_state": self.random_state, "prefer_lagging": self.prefer_lagging,
+                "seeded_order": self.seeded_order}
+
+    def visit_order(self, config: int, epoch: int, num_partitions: int) -> list[int]:
+        """The partitions ``config`` visits in ``epoch``, in order, under ``seeded_order``."""
+        return random.Random(f"{self.random_state}:{config}:{epoch}").sample(
+            range(num_partitions), num_partitions)
 
     def _dynamic_state(self) -> dict[str, Any]:
         version, internal, gauss = self._rng.getstate()
@@ -92,6 +104,11 @@ class RandomizedMOP(Policy):
                 if c in taken or snapshot.finished(c):
                     continue
                 parts = held & snapshot.unvisited(c)
+                if parts and self.seeded_order:
+                    seen = len(snapshot.visited.get(c, ()))
+                    nxt = self.visit_order(c, snapshot.current_epoch(c),
+                                           snapshot.num_partitions)[seen]
+                    parts = parts & {nxt}
                 if parts:
                     candidates.append((c, parts))
             if not candidates:

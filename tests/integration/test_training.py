@@ -1,0 +1,296 @@
+"""madlib_keras_fit_multiple_model on the real server: outputs, the unit log, sequential
+equivalence by replay, reproducibility, the ring policy, chunked states and failures."""
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import psycopg2
+import pytest
+
+from cerebro_db.datasets import copy_payload, find_dataset_dir, load_split
+from cerebro_db.scheduling import check_invariants
+
+from ..conftest import ROOT
+
+pytestmark = pytest.mark.db
+
+COMPILES = [
+    "loss='categorical_crossentropy', optimizer='Adam(learning_rate=0.01)', metrics=['accuracy']",
+    "loss='categorical_crossentropy', optimizer='SGD(lr=0.1, momentum=0.9)', "
+    "metrics=['accuracy', 'top_k_categorical_accuracy']",
+]
+FITS = ["batch_size=32", "batch_size=100, epochs=2"]
+
+
+def q(conn, sql, args=None):
+    with conn.cursor() as cur:
+        cur.execute(sql, args)
+        return cur.fetchall() if cur.description else None
+
+
+def mlp_json(hidden=16, inputs=784, outputs=10):
+    import keras
+
+    return keras.Sequential([keras.Input((inputs,)),
+                             keras.layers.Dense(hidden, activation="relu"),
+                             keras.layers.Dense(outputs, activation="softmax")]).to_json()
+
+
+@pytest.fixture(scope="module")
+def mnist(session_conn):
+    """1,200 MNIST training and 400 test rows, packed over 2 partitions; 4 configs."""
+    conn = session_conn
+    x, y = load_split(find_dataset_dir("mnist"), "train")
+    for name, lo, hi in (("mn_train", 0, 1200), ("mn_test", 1200, 1600)):
+        q(conn, f"DROP TABLE IF EXISTS {name}")
+        q(conn, f"CREATE TABLE {name} (id integer, y integer, x real[])")
+        with conn.cursor() as cur:
+            cur.copy_expert(f"COPY {name} FROM STDIN (FORMAT binary)",
+                            io.BytesIO(copy_payload(np.arange(lo, hi),
+                                                    y[lo:hi].astype(np.int32), x[lo:hi])))
+    q(conn, "DROP TABLE IF EXISTS mn_p, mn_p_summary, mn_v, mn_v_summary, mn_arch, mn_mst, "
+            "mn_mst_summary")
+    q(conn, "SELECT training_preprocessor_dl('mn_train', 'mn_p', 'y', 'x', NULL, 255.0, NULL, "
+            "NULL, 2, 3)")
+    q(conn, "SELECT validation_preprocessor_dl('mn_test', 'mn_v', 'y', 'x', 'mn_p')")
+    q(conn, "SELECT load_keras_model('mn_arch', %s)", (mlp_json(),))
+    q(conn, "SELECT load_model_selection_table('mn_arch', 'mn_mst', ARRAY[1], %s, %s)",
+      (COMPILES, FITS))
+    return conn
+
+
+def fit(conn, out, *extra, seed=5, policy="mop", policy_params=None, validation="mn_v",
+        mst="mn_mst", iterations=2, freq=1):
+    q(conn, f"DROP TABLE IF EXISTS {out}, {out}_info, {out}_summary")
+    q(conn, "SELECT madlib_keras_fit_multiple_model('mn_p', %s, %s, %s, FALSE, %s, %s, FALSE, "
+            "NULL, NULL, TRUE, %s, %s, %s)",
+      (out, mst, iterations, validation, freq, policy, policy_params, seed))
+    return q(conn, "SELECT fit_id FROM cerebro_db.fits WHERE model_output_table = %s "
+                   "ORDER BY fit_id DESC LIMIT 1", (out,))[0][0]
+
+
+def unit_log(conn, fit_id):
+    rows = q(conn, """SELECT mst_key, epoch, partition, worker, kind,
+                             extract(epoch FROM started_at), extract(epoch FROM ended_at)
+                        FROM cerebro_db.units WHERE fit_id = %s AND kind <> 'eval_valid'
+                       ORDER BY started_at""", (fit_id,))
+    return [dict(config=r[0], epoch=r[1], partition=r[2], worker=r[3],
+                 kind="train" if r[4] == "train" else "eval", start=float(r[5]),
+                 end=float(r[6]), ok=True) for r in rows]
+
+
+def test_outputs_metrics_and_unit_log(mnist):
+    conn = mnist
+    fit_id = fit(conn, "mn_out")
+    info = q(conn, "SELECT mst_key, model_id, model_type, metrics_type, loss_type, "
+                   "array_length(training_loss, 1), array_length(validation_loss, 1), "
+                   "training_metrics_final, validation_metrics_final, validation_loss_final, "
+                   "metrics_iters, training_metrics_all FROM mn_out_info ORDER BY mst_key")
+    assert [r[0] for r in info] == [1, 2, 3, 4]
+    for r in info:
+        assert r[1] == 1 and r[2] == "madlib_keras" and r[4] == "categorical_crossentropy"
+        assert r[5] == 2 and r[6] == 2 and r[10] == [1, 2]
+        assert 0.5 < r[7] <= 1.0 and 0.4 < r[8] <= 1.0 and r[9] > 0
+    assert info[2][3] == ["accuracy", "top_k_categorical_accuracy"]
+    assert len(info[2][11]) == 2 and len(info[2][11][0]) == 2  # iterations x metrics
+    out = q(conn, "SELECT mst_key, length(model_weights) FROM mn_out ORDER BY 1")
+    assert out == [(k, 4 * (784 * 16 + 16 + 16 * 10 + 10)) for k in (1, 2, 3, 4)]
+    summ = q(conn, "SELECT source_table, validation_table, model_info, num_iterations, "
+                   "metrics_compute_frequency, num_classes, y_class_values, normalizing_const, "
+                   "metrics_iters, madlib_version FROM mn_out_summary")[0]
+    assert summ[:8] == ("mn_p", "mn_v", "mn_out_info", 2, 1, [10], list(range(10)), 255.0)
+    assert summ[8] == [1, 2]
+    log = unit_log(conn, fit_id)
+    check_invariants(log, num_partitions=2, epochs=2, eval_epochs={1, 2})
+    prog = q(conn, "SELECT status, units_done, total_units FROM cerebro_db.fit_progress "
+                   "WHERE fit_id = %s", (fit_id,))[0]
+    assert prog == ("done", 16, 16)
+    per = q(conn, "SELECT mst_key, epochs_done, best_valid_loss IS NOT NULL FROM "
+                  "cerebro_db.fit_config_progress WHERE fit_id = %s ORDER BY 1", (fit_id,))
+    assert per == [(k, 2, True) for k in (1, 2, 3, 4)]
+    # no worker session is left behind
+    assert q(conn, "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE "
+                   "'cerebro_db %%'")[0][0] == 0
+    # the validation loss in _info is the row-weighted mean of the logged eval units
+    vl = q(conn, "SELECT sum(loss * rows) / sum(rows) FROM cerebro_db.units WHERE fit_id = %s "
+                 "AND mst_key = 1 AND epoch = 2 AND kind = 'eval_valid'", (fit_id,))[0][0]
+    assert abs(vl - info[0][9]) < 1e-9
+
+
+REPLAY = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    import psycopg2
+    from cerebro_db import training, state
+    from cerebro_db.worker import unit_seed
+    training.configure_runtime(1)
+    dsn, fit_id = sys.argv[1], int(sys.argv[2])
+    conn = psycopg2.connect(dsn)
+    cur = conn.cursor()
+    cur.execute("SELECT random_state FROM cerebro_db.fits WHERE fit_id = %s", (fit_id,))
+    seed = cur.fetchone()[0]
+    cur.execute("SELECT __dist_key__, x, x_shape, y, y_shape FROM mn_p ORDER BY buffer_id")
+    parts = {}
+    for k, xb, xs, yb, ys in cur.fetchall():
+        parts.setdefault(k, []).append(training.decode_buffer(bytes(xb), xs, bytes(yb), ys))
+    data = {k: (np.concatenate([a for a, _ in v]), np.concatenate([b for _, b in v]))
+            for k, v in parts.items()}
+    cur.execute("SELECT mst_key, compile_params, fit_params, model_arch::text FROM "
+                "cerebro_db.fit_configs WHERE fit_id = %s", (fit_id,))
+    out = {}
+    for mst, cp, fp, arch in cur.fetchall():
+        cur.execute("SELECT epoch, partition FROM cerebro_db.units WHERE fit_id = %s AND "
+                    "mst_key = %s AND kind = 'train' ORDER BY started_at", (fit_id, mst))
+        visits = cur.fetchall()
+        init = training.initial_state(arch, cp, unit_seed(seed, mst, 0, 0, 1))
+        units = [(*data[p], unit_seed(seed, mst, e, p)) for e, p in visits]
+        final = state.decode_state(training.replay(arch, cp, fp, init, units))
+        cur.execute("SELECT model_weights FROM mn_out WHERE mst_key = %s", (mst,))
+        stored = np.frombuffer(bytes(cur.fetchone()[0]), "<f4")
+        mine = np.concatenate([np.asarray(w, "<f4").ravel() for w in final.weights])
+        out[mst] = [len(visits), bool(np.array_equal(stored, mine)),
+                    float(np.abs(stored - mine).max())]
+    print(json.dumps(out))
+""")
+
+
+def test_sequential_equivalence_by_replay(mnist, dsn):
+    """Each config's weights equal one process replaying its logged visit order (bitwise)."""
+    fit_id = q(mnist, "SELECT max(fit_id) FROM cerebro_db.fits WHERE model_output_table = "
+                      "'mn_out' AND status = 'done'")[0][0]
+    assert fit_id is not None, "run after test_outputs_metrics_and_unit_log"
+    r = subprocess.run([sys.executable, "-c", REPLAY, dsn, str(fit_id)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    assert {k: v[0] for k, v in res.items()} == {str(k): 4 for k in (1, 2, 3, 4)}
+    assert all(v[1] for v in res.values()), res
+
+
+def test_same_seed_same_metrics_and_ring_policy(mnist):
+    a = q(mnist, "SELECT mst_key, training_loss, validation_loss FROM mn_out_info ORDER BY 1")
+    fit(mnist, "mn_out2", iterations=2, freq=1)
+    b = q(mnist, "SELECT mst_key, training_loss, validation_loss FROM mn_out2_info ORDER BY 1")
+    assert a == b
+    fit_id = fit(mnist, "mn_ring", policy="ring", policy_params="reset_optimizer_per_hop=True",
+                 validation=None, iterations=2, freq=None)
+    log = unit_log(mnist, fit_id)
+    check_invariants(log, num_partitions=2, epochs=2, eval_epochs={2})
+    # the ring has a barrier after every hop: no train unit of hop h+1 starts before every
+    # unit of hop h ended
+    train = sorted((u for u in log if u["kind"] == "train"), key=lambda u: u["start"])
+    hops = [train[i:i + 4] for i in range(0, len(train), 4)]
+    for h1, h2 in zip(hops, hops[1:]):
+        assert max(u["end"] for u in h1) <= min(u["start"] for u in h2) + 1e-3
+    assert q(mnist, "SELECT count(*), bool_and(validation_loss IS NULL) FROM mn_ring_info") == \
+        [(4, True)]
+
+
+def test_chunked_state_and_sparse_and_regression(mnist, tables):
+    """Small chunk size: states span many rows; sparse and mse losses train too."""
+    tables += ["mn_mst2", "mn_mst2_summary", "mn_chunk", "mn_chunk_info", "mn_chunk_summary"]
+    q(mnist, "SELECT load_model_selection_table('mn_arch', 'mn_mst2', ARRAY[1], %s, %s)",
+      (["loss='sparse_categorical_crossentropy', optimizer='Adam', metrics=['accuracy']",
+        "loss='mse', optimizer='SGD(learning_rate=0.05)', metrics=['mae']"],
+       ["batch_size=64"]))
+    q(mnist, "SET cerebro_db.state_chunk_size = 16384")
+    try:
+        fit_id = fit(mnist, "mn_chunk", mst="mn_mst2", iterations=1, freq=None)
+    finally:
+        q(mnist, "RESET cerebro_db.state_chunk_size")
+    chunks = q(mnist, "SELECT mst_key, count(*) FROM cerebro_db.model_states WHERE fit_id = %s "
+                      "GROUP BY 1 ORDER BY 1", (fit_id,))
+    # Adam: weights and two slots (~150 KB) -> 10 chunks; plain SGD: weights (~50 KB) -> 4
+    assert chunks == [(1, 10), (2, 4)]
+    info = q(mnist, "SELECT mst_key, loss_type, training_metrics_final, training_loss_final "
+                    "FROM mn_chunk_info ORDER BY 1")
+    assert info[0][1] == "sparse_categorical_crossentropy" and info[0][2] > 0.2  # chance: 0.1
+    assert info[1][1] == "mse" and 0 < info[1][3] < 0.2
+
+
+def test_nan_loss_is_recorded_not_a_crash(mnist, tables):
+    tables += ["mn_mst3", "mn_mst3_summary", "mn_nan", "mn_nan_info", "mn_nan_summary"]
+    q(mnist, "SELECT load_model_selection_table('mn_arch', 'mn_mst3', ARRAY[1], %s, %s)",
+      (["loss='categorical_crossentropy', optimizer='SGD(learning_rate=1e12)'"],
+       ["batch_size=64"]))
+    fit(mnist, "mn_nan", mst="mn_mst3", iterations=1, freq=None, validation=None)
+    loss = q(mnist, "SELECT training_loss_final FROM mn_nan_info")[0][0]
+    assert loss != loss  # NaN
+
+
+BAD = [
+    ("SELECT madlib_keras_fit_multiple_model('mn_p', 'mn_out', 'mn_mst', 1)", "42P07",
+     "already exists"),
+    ("SELECT madlib_keras_fit_multiple_model('mn_p', 'bad_o', 'no_mst', 1)", "42P01",
+     "no_mst"),
+    ("SELECT madlib_keras_fit_multiple_model('mn_train', 'bad_o', 'mn_mst', 1)", "42P01",
+     "summary"),
+    ("SELECT madlib_keras_fit_multiple_model('mn_p', 'bad_o', 'mn_mst', 0)", "22023",
+     "num_iterations"),
+    ("SELECT madlib_keras_fit_multiple_model('mn_p', 'bad_o', 'mn_mst', NULL)", "22004",
+     "num_iterations"),
+    ("SELECT madlib_keras_fit_multiple_model('mn_p', 'bad_o', 'mn_mst', 2, FALSE, NULL, 3)",
+     "22023", "metrics_compute_frequency"),
+    ("SELECT madlib_keras_fit_multiple_model('mn_p', 'bad_o', 'mn_mst', 1, TRUE)", "0A000",
+     "GPU"),
+    ("SELECT madlib_keras_fit_multiple_model('mn_p', 'bad_o', 'mn_mst', 1, FALSE, NULL, NULL, "
+     "FALSE, NULL, NULL, FALSE, 'fifo')", "22023", "scheduling policy"),
+    ("SELECT madlib_keras_fit_multiple_model('mn_p', 'bad_o', 'mn_mst', 1, FALSE, NULL, NULL, "
+     "FALSE, NULL, NULL, FALSE, 'ring', 'x=__import__(\"os\")')", "22023", "policy_params"),
+    ("SELECT madlib_keras_fit_multiple_model('mn_p', 'bad_o', 'mn_mst', 1, FALSE, 'mn_p; --')",
+     "42602", "validation_table"),
+    ("SELECT madlib_keras_fit_multiple_model('mn_p', 'bad_o', 'mn_mst', 1, FALSE, NULL, NULL, "
+     "TRUE)", "42P01", "warm_start"),
+]
+
+
+@pytest.mark.parametrize("sql,code,words", BAD, ids=[b[1] + ":" + b[2] for b in BAD])
+def test_bad_arguments_fail_before_any_work(mnist, sql, code, words):
+    n = q(mnist, "SELECT count(*) FROM cerebro_db.fits")[0][0]
+    with pytest.raises(psycopg2.Error) as e:
+        q(mnist, sql)
+    assert e.value.pgcode == code, e.value.pgerror
+    assert words in e.value.pgerror
+    assert q(mnist, "SELECT count(*) FROM cerebro_db.fits")[0][0] == n
+    assert q(mnist, "SELECT to_regclass('bad_o') IS NULL")[0][0]
+
+
+def test_shape_mismatch_is_caught_before_training(mnist, tables):
+    tables += ["mn_arch_bad", "mn_mst_bad", "mn_mst_bad_summary"]
+    q(mnist, "SELECT load_keras_model('mn_arch_bad', %s)", (mlp_json(inputs=100),))
+    q(mnist, "SELECT load_model_selection_table('mn_arch_bad', 'mn_mst_bad', ARRAY[1], %s, %s)",
+      ([COMPILES[0]], ["batch_size=32"]))
+    with pytest.raises(psycopg2.Error) as e:
+        q(mnist, "SELECT madlib_keras_fit_multiple_model('mn_p', 'bad_o', 'mn_mst_bad', 1)")
+    assert e.value.pgcode == "42804" and "expects input shape [100]" in e.value.pgerror
+
+
+def test_worker_failure_is_a_clear_error_with_traceback(mnist, tables):
+    """A failure inside a worker (a model whose output cannot take the labels) becomes an SQL error with the worker's traceback; no output tables remain,
+    the fit is marked failed and every worker session is closed."""
+    tables += ["mn_arch_f", "mn_mst_f", "mn_mst_f_summary"]
+    import keras
+
+    # the last dimension matches the 10 classes, so the static check passes; at run time the
+    # (n, 4, 10) output cannot take (n, 10) one-hot labels and Keras raises in the worker
+    arch = keras.Sequential([keras.Input((784,)), keras.layers.Reshape((4, 196)),
+                             keras.layers.Dense(10, activation="softmax")]).to_json()
+    q(mnist, "SELECT load_keras_model('mn_arch_f', %s)", (arch,))
+    q(mnist, "SELECT load_model_selection_table('mn_arch_f', 'mn_mst_f', ARRAY[1], %s, %s)",
+      (["loss='categorical_crossentropy', optimizer='Adam'"], ["batch_size=32"]))
+    with pytest.raises(psycopg2.Error) as e:
+        q(mnist, "SELECT madlib_keras_fit_multiple_model('mn_p', 'fail_o', 'mn_mst_f', 1)")
+    err = e.value
+    assert "worker" in err.pgerror and "failed on configuration 1" in err.pgerror
+    assert err.diag.message_detail and "Traceback" in err.diag.message_detail
+    assert q(mnist, "SELECT to_regclass('fail_o') IS NULL AND to_regclass('fail_o_info') IS NULL")[0][0]
+    st = q(mnist, "SELECT status, message IS NOT NULL FROM cerebro_db.fits "
+                  "WHERE model_output_table = 'fail_o'")
+    assert st == [("failed", True)]
+    assert q(mnist, "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE "
+                    "'cerebro_db %%'")[0][0] == 0
