@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence
 
 from .errors import CerebroError
-from .scheduling import EVAL, TRAIN, Assignment, Policy, Progress
+from .scheduling import TRAIN, Assignment, Policy, Progress
 
 
 class Executor(Protocol):

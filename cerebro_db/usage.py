@@ -98,4 +98,34 @@ SELECT madlib_keras_fit_multiple_model(
 One worker session per partition trains one unit (a configuration's pass over its
 partition) at a time; model states hop between them. Progress: SELECT * FROM
 cerebro_db.fit_progress;""",
+    "madlib_keras_fit": """\
+madlib_keras_fit: train one configuration
+
+SELECT madlib_keras_fit(
+    source_table, model, model_arch_table, model_id, compile_params, fit_params,
+    num_iterations, use_gpus, validation_table, metrics_compute_frequency, warm_start,
+    name, description, object_table (not supported), random_state);
+Sequential SGD over the partitions (one worker session holds them all). Writes <model>
+(model_weights, model_arch) and <model>_summary (with the metrics).""",
+    "madlib_keras_evaluate": """\
+madlib_keras_evaluate: loss and metrics of a trained model
+
+SELECT madlib_keras_evaluate(model_table, test_table, output_table, use_gpus, mst_key);
+test_table is packed by validation_preprocessor_dl; mst_key picks a model of a
+fit_multiple output. Output: loss, metric, metrics_type, loss_type, metrics.""",
+    "madlib_keras_predict": """\
+madlib_keras_predict: predict raw rows, in batches
+
+SELECT madlib_keras_predict(model_table, test_table, id_col, independent_varname,
+    output_table, pred_type, use_gpus, mst_key);
+pred_type: 'response' (top class), 'prob' (every class, default), a number in (0, 1)
+(classes at least that probable) or an integer k (top k). Output, long format:
+<id_col>, class_name, class_value, prob, rank (no rank for 'response').""",
+    "madlib_keras_predict_byom": """\
+madlib_keras_predict_byom: predict with your own model from an architecture table
+
+SELECT madlib_keras_predict_byom(model_arch_table, model_id, test_table, id_col,
+    independent_varname, output_table, pred_type, use_gpus, class_values,
+    normalizing_const, dependent_count);
+class_values: ARRAY['a','b'] or ARRAY[ARRAY['a','b']] (MADlib 1.x and 2.x forms).""",
 }

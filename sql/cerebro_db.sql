@@ -200,3 +200,101 @@ CREATE OR REPLACE FUNCTION @extschema@.__run_unit(
 ) RETURNS TEXT LANGUAGE plpython3u VOLATILE AS $python$
 @plpython __run_unit@
 $python$;
+
+-- @entrypoint
+CREATE OR REPLACE FUNCTION @extschema@.madlib_keras_fit(
+    source_table              VARCHAR,
+    model                     VARCHAR,
+    model_arch_table          VARCHAR,
+    model_id                  INTEGER,
+    compile_params            VARCHAR,
+    fit_params                VARCHAR,
+    num_iterations            INTEGER,
+    use_gpus                  BOOLEAN DEFAULT FALSE,
+    validation_table          VARCHAR DEFAULT NULL,
+    metrics_compute_frequency INTEGER DEFAULT NULL,
+    warm_start                BOOLEAN DEFAULT NULL,
+    name                      VARCHAR DEFAULT NULL,
+    description               VARCHAR DEFAULT NULL,
+    object_table              VARCHAR DEFAULT NULL,
+    random_state              INTEGER DEFAULT NULL
+) RETURNS VOID LANGUAGE plpython3u VOLATILE AS $python$
+@plpython madlib_keras_fit@
+$python$;
+COMMENT ON FUNCTION @extschema@.madlib_keras_fit(VARCHAR, VARCHAR, VARCHAR, INTEGER, VARCHAR,
+    VARCHAR, INTEGER, BOOLEAN, VARCHAR, INTEGER, BOOLEAN, VARCHAR, VARCHAR, VARCHAR, INTEGER) IS
+'Train one model configuration (sequential SGD over the partitions); writes <model> and <model>_summary';
+
+CREATE OR REPLACE FUNCTION @extschema@.madlib_keras_fit(message VARCHAR DEFAULT NULL)
+RETURNS TEXT LANGUAGE plpython3u IMMUTABLE AS $python$
+@usage madlib_keras_fit@
+$python$;
+
+------------------------------------------------------------------------------------------
+-- Evaluation and prediction (since 0.2.0)
+------------------------------------------------------------------------------------------
+-- @entrypoint
+CREATE OR REPLACE FUNCTION @extschema@.madlib_keras_evaluate(
+    model_table  VARCHAR,
+    test_table   VARCHAR,
+    output_table VARCHAR,
+    use_gpus     BOOLEAN DEFAULT FALSE,
+    mst_key      INTEGER DEFAULT NULL
+) RETURNS VOID LANGUAGE plpython3u VOLATILE AS $python$
+@plpython madlib_keras_evaluate@
+$python$;
+COMMENT ON FUNCTION @extschema@.madlib_keras_evaluate(VARCHAR, VARCHAR, VARCHAR, BOOLEAN,
+    INTEGER) IS
+'Loss and metrics of a trained model over a packed test table; writes output_table (loss, metric, metrics_type, loss_type, metrics)';
+
+CREATE OR REPLACE FUNCTION @extschema@.madlib_keras_evaluate(message VARCHAR DEFAULT NULL)
+RETURNS TEXT LANGUAGE plpython3u IMMUTABLE AS $python$
+@usage madlib_keras_evaluate@
+$python$;
+
+-- @entrypoint
+CREATE OR REPLACE FUNCTION @extschema@.madlib_keras_predict(
+    model_table         VARCHAR,
+    test_table          VARCHAR,
+    id_col              VARCHAR,
+    independent_varname VARCHAR,
+    output_table        VARCHAR,
+    pred_type           VARCHAR DEFAULT 'prob',
+    use_gpus            BOOLEAN DEFAULT FALSE,
+    mst_key             INTEGER DEFAULT NULL
+) RETURNS VOID LANGUAGE plpython3u VOLATILE AS $python$
+@plpython madlib_keras_predict@
+$python$;
+COMMENT ON FUNCTION @extschema@.madlib_keras_predict(VARCHAR, VARCHAR, VARCHAR, VARCHAR,
+    VARCHAR, VARCHAR, BOOLEAN, INTEGER) IS
+'Predict raw rows with a trained model, in batches; output: id, class_name, class_value, prob, rank';
+
+CREATE OR REPLACE FUNCTION @extschema@.madlib_keras_predict(message VARCHAR DEFAULT NULL)
+RETURNS TEXT LANGUAGE plpython3u IMMUTABLE AS $python$
+@usage madlib_keras_predict@
+$python$;
+
+-- @entrypoint
+CREATE OR REPLACE FUNCTION @extschema@.madlib_keras_predict_byom(
+    model_arch_table    VARCHAR,
+    model_id            INTEGER,
+    test_table          VARCHAR,
+    id_col              VARCHAR,
+    independent_varname VARCHAR,
+    output_table        VARCHAR,
+    pred_type           VARCHAR DEFAULT 'prob',
+    use_gpus            BOOLEAN DEFAULT NULL,
+    class_values        TEXT[] DEFAULT NULL,
+    normalizing_const   DOUBLE PRECISION DEFAULT NULL,
+    dependent_count     INTEGER DEFAULT 1
+) RETURNS VOID LANGUAGE plpython3u VOLATILE AS $python$
+@plpython madlib_keras_predict_byom@
+$python$;
+COMMENT ON FUNCTION @extschema@.madlib_keras_predict_byom(VARCHAR, INTEGER, VARCHAR, VARCHAR,
+    VARCHAR, VARCHAR, VARCHAR, BOOLEAN, TEXT[], DOUBLE PRECISION, INTEGER) IS
+'Predict with an architecture and weights from an architecture table (bring your own model)';
+
+CREATE OR REPLACE FUNCTION @extschema@.madlib_keras_predict_byom(message VARCHAR DEFAULT NULL)
+RETURNS TEXT LANGUAGE plpython3u IMMUTABLE AS $python$
+@usage madlib_keras_predict_byom@
+$python$;

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from dataclasses import dataclass
@@ -460,7 +459,7 @@ def _warm_weights(cat: Catalog, out: TableName, configs: list[Config], key: str)
         if have.get(c.mst_key) is not None:
             c.weights = bytes(have[c.mst_key])
     for s in ("", "_summary", "_info"):
-        t = out.with_suffix(s, "model_output_table") if s else out
+        t = out.with_suffix(s, "model_output_table") if s else out  # (no _info after fit)
         if cat.relation_oid(t) is not None:
             cat.drop_table(t)
 
@@ -538,3 +537,81 @@ def madlib_keras_fit_multiple_model(
     cat.notice(f"madlib_keras_fit_multiple_model: fit {fit_id} trained {len(configs)} "
                f"configurations in {outcome.seconds:.1f} s; results in {out} and "
                f"{out.with_suffix('_info', 'model_output_table')}")
+
+
+def _write_fit_outputs(cat: Catalog, req: FitRequest, fit_id: int, outcome: FitOutcome,
+                       t0: float, warm: bool, name: str | None, description: str | None) -> None:
+    """madlib_keras_fit's outputs: <model> (weights, arch) and <model>_summary with the
+    summary columns plus the configuration and its metrics."""
+    c = req.configs[0]
+    w = final_weights(cat, fit_id, c.mst_key)
+    out = req.output
+    summ = out.with_suffix("_summary", "model")
+    cat.create_table(out, [("model_weights", "bytea"), ("model_arch", "json")],
+                     external_storage=["model_weights"])
+    cat.insert(out, ["model_weights", "model_arch"], ["bytea", "json"], [[w, c.arch]])
+    epochs = sorted(evaluation_epochs(req.num_iterations, req.frequency))
+    src_summary = req.source.table.with_suffix("_summary", "source_table")
+    cat.query(
+        f"CREATE TABLE {summ.sql} AS SELECT {summary_select(req)} FROM {src_summary.sql} s",
+        [str(req.source.table), str(req.validation.table) if req.validation else None,
+         str(out), None, str(req.arch_table), None, req.num_iterations, req.frequency, warm,
+         name, description, t0, __version__, epochs, fit_id, req.policy],
+        ["text", "text", "text", "text", "text", "text", "int4", "int4", "bool", "text", "text",
+         "float8", "text", "int4[]", "int8", "text"])
+    info = info_rows(req, fit_id, outcome, {c.mst_key: len(w)})[0]
+    extra = INFO_COLUMNS[1:17]  # model_id .. validation_loss
+    for col, typ in extra:
+        cat.db.execute(f"ALTER TABLE {summ.sql} ADD COLUMN {quote_ident(col)} "
+                       f"{typ.replace(' PRIMARY KEY', '')}")
+    sets = ", ".join(f"{quote_ident(col)} = ${i + 1}" for i, (col, _) in enumerate(extra))
+    cat.query(f"UPDATE {summ.sql} SET {sets}", info[1:17], INFO_TYPES[1:17])
+
+
+@entrypoint
+def madlib_keras_fit(
+        cat: Catalog, *, source_table: str, model: str, model_arch_table: str, model_id: int,
+        compile_params: str, fit_params: str, num_iterations: int,
+        use_gpus: bool | None = False, validation_table: str | None = None,
+        metrics_compute_frequency: int | None = None, warm_start: bool | None = None,
+        name: str | None = None, description: str | None = None,
+        object_table: str | None = None, random_state: int | None = None) -> None:
+    """Train one configuration: sequential SGD over the partitions, one worker session that
+    holds them all (MADlib averages models across segments instead)."""
+    from .selection import _no_object_table
+
+    _check_common(num_iterations, metrics_compute_frequency, use_gpus)
+    _no_object_table(object_table)
+    out = TableName.parse(model, "model")
+    arch_t = TableName.parse(model_arch_table, "model_arch_table")
+    if model_id is None:
+        raise CerebroError("model_id must not be NULL", NULL_VALUE_NOT_ALLOWED)
+    for label, v in (("compile_params", compile_params), ("fit_params", fit_params)):
+        if v is None:
+            raise CerebroError(f"{label} must not be NULL", NULL_VALUE_NOT_ALLOWED)
+    cp = params.parse_compile_params(compile_params)
+    params.validate_compile_params(cp)
+    fp = params.parse_fit_params(fit_params)
+    warm = _bool(warm_start, False)
+    seed = _seed(random_state)
+    pname, popts = _policy("mop", None, random_state)
+    src = packed_table(cat, source_table, "source_table")
+    val = _validation(cat, validation_table, src)
+    _outputs_absent(cat, out, ("", "_summary"), warm)
+    require_arch_table(cat, arch_t, "model_arch_table")
+    rows = cat.query(f"SELECT model_arch::text AS a, model_weights AS w FROM {arch_t.sql} "
+                     "WHERE model_id = $1", [model_id], ["int4"])
+    if not rows:
+        raise CerebroError(f'model_id {model_id} does not exist in "{arch_t}"', "42704")
+    cfg = Config(1, model_id, compile_params, fit_params, rows[0]["a"],
+                 bytes(rows[0]["w"]) if rows[0]["w"] is not None else None, cp, fp)
+    _check_config(cfg, src, {})
+    if warm:
+        _warm_weights(cat, out, [cfg], "mst_key")
+    req = FitRequest("fit", src, val, out, [cfg], num_iterations, metrics_compute_frequency,
+                     pname, popts, seed, 1, True, None, arch_t)
+    fit_id, outcome = execute_fit(
+        cat, req, lambda f, o, t0: _write_fit_outputs(cat, req, f, o, t0, warm, name,
+                                                      description))
+    cat.notice(f"madlib_keras_fit: fit {fit_id} trained model_id {model_id} in "
+               f"{outcome.seconds:.1f} s; weights in {out}")

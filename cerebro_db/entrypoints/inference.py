@@ -1,0 +1,305 @@
+"""``madlib_keras_predict``, ``madlib_keras_predict_byom`` and ``madlib_keras_evaluate``.
+
+Prediction reads the test rows in batches (``array_send`` decoded with numpy), runs the model
+on a whole batch at once and writes each batch's output rows with one INSERT over unnested
+arrays: never one row at a time (MADlib predicts row by row).
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from .. import keras_arch
+from ..catalog import Catalog
+from ..errors import (
+    DATATYPE_MISMATCH,
+    FEATURE_NOT_SUPPORTED,
+    NULL_VALUE_NOT_ALLOWED,
+    UNDEFINED_OBJECT,
+    CerebroError,
+    invalid,
+)
+from ..names import TableName, quote_ident, split_column_list
+from ..preprocess import check_finite, decode_arrays
+from . import entrypoint
+from .models import require_arch_table
+from .preprocessing import FEATURE_TYPES
+
+BATCH_ROWS = 5000
+
+
+@dataclass(frozen=True)
+class PredType:
+    kind: str  # 'response', 'prob', 'threshold', 'topk'
+    value: float = 0.0
+
+
+def parse_pred_type(text: str | None) -> PredType:
+    """'response', 'prob', a probability threshold in (0, 1) or a top-k integer >= 1."""
+    if text is None:
+        return PredType("prob")
+    t = str(text).strip().lower()
+    if t in ("response", "prob"):
+        return PredType(t)
+    try:
+        v = float(t)
+    except ValueError:
+        raise invalid(f"pred_type must be 'response', 'prob', a number in (0, 1) or an integer "
+                      f"k >= 1, got {text!r}") from None
+    if 0 < v < 1:
+        return PredType("threshold", v)
+    if v >= 1 and v == int(v):
+        return PredType("topk", int(v))
+    raise invalid(f"pred_type must be 'response', 'prob', a number in (0, 1) or an integer "
+                  f"k >= 1, got {text!r}")
+
+
+def _model_row(cat: Catalog, model_table: str, mst_key: int | None
+               ) -> tuple[TableName, dict[str, Any], dict[str, Any]]:
+    """(table, row with model_weights/model_arch, summary row) of a trained model table."""
+    t = TableName.parse(model_table, "model_table")
+    oid = cat.require_table(t, "model_table")
+    cols = cat.columns(oid)
+    if not {"model_weights", "model_arch"} <= set(cols):
+        raise invalid(f'model_table "{t}" has no model_weights and model_arch columns',
+                      hint="Pass the output table of madlib_keras_fit or "
+                      "madlib_keras_fit_multiple_model.")
+    summ = t.with_suffix("_summary", "model_table")
+    cat.require_table(summ, "model summary table")
+    srow = cat.query(f"SELECT * FROM {summ.sql}")
+    if len(srow) != 1:
+        raise invalid(f'"{summ}" must hold exactly one row')
+    if "mst_key" in cols:
+        if mst_key is None:
+            keys = [r["mst_key"] for r in cat.query(f"SELECT mst_key FROM {t.sql} ORDER BY 1")]
+            if len(keys) != 1:
+                raise CerebroError("mst_key must be given for a table of several models",
+                                   NULL_VALUE_NOT_ALLOWED,
+                                   hint=f"mst_key values in {t}: {keys[:20]}")
+            mst_key = keys[0]
+        rows = cat.query(f"SELECT model_weights, model_arch::text AS model_arch FROM {t.sql} "
+                         "WHERE mst_key = $1", [mst_key], ["int4"])
+        if not rows:
+            raise CerebroError(f'mst_key {mst_key} does not exist in "{t}"', UNDEFINED_OBJECT)
+    else:
+        rows = cat.query(f"SELECT model_weights, model_arch::text AS model_arch FROM {t.sql}")
+        if len(rows) != 1:
+            raise invalid(f'model_table "{t}" must hold exactly one model')
+    row = dict(rows[0])
+    row["mst_key"] = mst_key
+    return t, row, dict(srow[0])
+
+
+def _test_source(cat: Catalog, test_table: str, id_col: str, independent_varname: str
+                 ) -> tuple[TableName, str, str, str]:
+    t = TableName.parse(test_table, "test_table")
+    oid = cat.require_table(t, "test_table")
+    cols = cat.columns(oid)
+    (idc,) = split_column_list(id_col, "id_col")[:1]
+    xs = split_column_list(independent_varname, "independent_varname")
+    if len(xs) != 1:
+        raise CerebroError("prediction supports one independent variable so far",
+                           FEATURE_NOT_SUPPORTED)
+    idcol = cat.require_column(t, cols, idc, "id_col")
+    xcol = cat.require_column(t, cols, xs[0], "independent_varname")
+    if not (xcol.is_array and xcol.base_type in FEATURE_TYPES):
+        raise CerebroError(f'independent_varname: column "{xcol.name}" has type '
+                           f"{xcol.type_name}, expected a numeric array", DATATYPE_MISMATCH)
+    return t, idcol.name, idcol.type_name, xcol.name
+
+
+def _rows_for(pt: PredType, ids: list[Any], probs: np.ndarray, class_name: str,
+              class_values: Sequence[Any]) -> tuple[list[Any], ...]:
+    """Long-format output rows (ids, class_name, class_value, prob, rank) for one batch."""
+    n, k = probs.shape
+    order = np.argsort(-probs, axis=1, kind="stable")
+    if pt.kind == "response":
+        take = np.zeros((n, k), dtype=bool)
+        take[np.arange(n), order[:, 0]] = True
+    elif pt.kind == "prob":
+        take = np.ones((n, k), dtype=bool)
+    elif pt.kind == "topk":
+        take = np.zeros((n, k), dtype=bool)
+        kk = min(int(pt.value), k)
+        np.put_along_axis(take, order[:, :kk], True, axis=1)
+    else:
+        take = probs >= pt.value
+    rank = np.empty_like(order)
+    np.put_along_axis(rank, order, np.arange(1, k + 1)[None, :].repeat(n, 0), axis=1)
+    r, c = np.nonzero(take)
+    cv = [None if class_values[j] is None else str(class_values[j]) for j in range(k)]
+    return ([str(ids[i]) for i in r], [class_name] * len(r), [cv[j] for j in c],
+            probs[r, c].astype(float).tolist(), rank[r, c].astype(int).tolist())
+
+
+def _predict_into(cat: Catalog, *, arch: str, weights: bytes, test: TableName, id_name: str,
+                  id_type: str, x_name: str, output: TableName, pt: PredType,
+                  class_name: str, class_values: Sequence[Any] | None,
+                  normalizing_const: float, regression: bool) -> int:
+    from ..training import ModelCache, predict
+
+    cache = ModelCache(max_models=1)
+    with_rank = pt.kind != "response" and not regression
+    cols = [(id_name, id_type), ("class_name", "text"), ("class_value", "text"),
+            ("prob", "double precision")] + ([("rank", "integer")] if with_rank else [])
+    cat.create_table(output, cols)
+    names = ", ".join(quote_ident(c) for c, _ in cols)
+    arrays = ["$1::text[]", "$2::text[]", "$3::text[]", "$4::float8[]"] + \
+        (["$5::int[]"] if with_rank else [])
+    sel = f"u.c0::{id_type}, u.c1, u.c2, u.c3" + (", u.c4" if with_rank else "")
+    sql = (f"INSERT INTO {output.sql} ({names}) SELECT {sel} FROM unnest({', '.join(arrays)}) "
+           f"AS u({', '.join(f'c{i}' for i in range(len(arrays)))})")
+    types = ["text[]", "text[]", "text[]", "float8[]"] + (["int4[]"] if with_rank else [])
+    scale = np.float32(normalizing_const or 1.0)
+    total = 0
+    q = (f"SELECT {quote_ident(id_name)} AS id, pg_catalog.array_send({quote_ident(x_name)}"
+         f"::real[]) AS x FROM {test.sql}")
+    for rows in cat.stream(q, batch=BATCH_ROWS):
+        ids = [r["id"] for r in rows]
+        if any(i is None for i in ids):
+            raise CerebroError(f'id_col "{id_name}" is NULL in some rows', NULL_VALUE_NOT_ALLOWED)
+        x, _ = decode_arrays([r["x"] for r in rows], "float4", f'"{x_name}"')
+        check_finite(x, f'independent variable "{x_name}"', total)
+        out = predict(cache, arch, weights, x / scale if scale != 1 else x)
+        out = out.reshape(len(ids), -1)
+        if regression:
+            cols_out = ([str(i) for i in ids for _ in range(out.shape[1])],
+                        [class_name] * out.size, [None] * out.size,
+                        out.astype(float).ravel().tolist())
+        else:
+            cv = list(class_values) if class_values is not None else list(range(out.shape[1]))
+            if len(cv) != out.shape[1]:
+                raise CerebroError(f"the model has {out.shape[1]} outputs but there are "
+                                   f"{len(cv)} class values", DATATYPE_MISMATCH)
+            cols_out = _rows_for(pt, ids, out, class_name, cv)
+            if not with_rank:
+                cols_out = cols_out[:4]
+        cat.query(sql, list(cols_out), types)
+        total += len(ids)
+    return total
+
+
+@entrypoint
+def madlib_keras_predict(cat: Catalog, *, model_table: str, test_table: str, id_col: str,
+                         independent_varname: str, output_table: str,
+                         pred_type: str | None = "prob", use_gpus: bool | None = False,
+                         mst_key: int | None = None) -> None:
+    """Predict every row of ``test_table`` with a trained model, in batches."""
+    t0 = time.monotonic()
+    pt = parse_pred_type(pred_type)
+    out = TableName.parse(output_table, "output_table")
+    _, row, summ = _model_row(cat, model_table, mst_key)
+    test, idn, idt, xn = _test_source(cat, test_table, id_col, independent_varname)
+    cat.require_absent(out, "output_table")
+    dep = summ["dependent_varname"][0]
+    regression = summ.get("num_classes") in (None, [None]) or \
+        summ.get(dep + "_class_values") is None
+    n = _predict_into(cat, arch=row["model_arch"], weights=bytes(row["model_weights"]),
+                      test=test, id_name=idn, id_type=idt, x_name=xn, output=out, pt=pt,
+                      class_name=dep, class_values=summ.get(dep + "_class_values"),
+                      normalizing_const=float(summ.get("normalizing_const") or 1.0),
+                      regression=regression)
+    cat.notice(f"madlib_keras_predict: {n} rows predicted into {out} in "
+               f"{time.monotonic() - t0:.1f} s")
+
+
+def _byom_class_values(class_values: Any, dependent_count: int | None) -> list[Any] | None:
+    if class_values is None:
+        return None
+    vals = list(class_values)
+    if vals and isinstance(vals[0], (list, tuple)):  # MADlib 2.x: one row per output
+        if len(vals) != 1:
+            raise CerebroError("prediction supports one dependent variable so far",
+                               FEATURE_NOT_SUPPORTED)
+        vals = list(vals[0])
+    if dependent_count not in (None, 1):
+        raise CerebroError("prediction supports one dependent variable so far",
+                           FEATURE_NOT_SUPPORTED)
+    return vals
+
+
+@entrypoint
+def madlib_keras_predict_byom(cat: Catalog, *, model_arch_table: str, model_id: int,
+                              test_table: str, id_col: str, independent_varname: str,
+                              output_table: str, pred_type: str | None = "prob",
+                              use_gpus: bool | None = None, class_values: Any = None,
+                              normalizing_const: float | None = None,
+                              dependent_count: int | None = 1) -> None:
+    """Predict with an architecture and weights from an architecture table ("bring your own
+    model"): no training summary, so class values and the normalizing constant are given."""
+    t0 = time.monotonic()
+    pt = parse_pred_type(pred_type)
+    arch_t = TableName.parse(model_arch_table, "model_arch_table")
+    out = TableName.parse(output_table, "output_table")
+    if model_id is None:
+        raise CerebroError("model_id must not be NULL", NULL_VALUE_NOT_ALLOWED)
+    if normalizing_const is not None and (not math.isfinite(normalizing_const)
+                                          or normalizing_const <= 0):
+        raise invalid(f"normalizing_const must be a positive number, got {normalizing_const}")
+    cv = _byom_class_values(class_values, dependent_count)
+    require_arch_table(cat, arch_t, "model_arch_table")
+    rows = cat.query(f"SELECT model_arch::text AS a, model_weights AS w FROM {arch_t.sql} "
+                     "WHERE model_id = $1", [model_id], ["int4"])
+    if not rows:
+        raise CerebroError(f'model_id {model_id} does not exist in "{arch_t}"', UNDEFINED_OBJECT)
+    if rows[0]["w"] is None:
+        raise invalid(f"model_id {model_id} has no weights",
+                      hint="Load weights with load_keras_model(..., model_weights => ...).")
+    test, idn, idt, xn = _test_source(cat, test_table, id_col, independent_varname)
+    cat.require_absent(out, "output_table")
+    model = keras_arch.build_from_json(rows[0]["a"], shared=True)
+    keras_arch.check_weights(model, rows[0]["w"])
+    n = _predict_into(cat, arch=rows[0]["a"], weights=bytes(rows[0]["w"]), test=test,
+                      id_name=idn, id_type=idt, x_name=xn, output=out, pt=pt,
+                      class_name="dependent_var", class_values=cv,
+                      normalizing_const=normalizing_const or 1.0, regression=False)
+    cat.notice(f"madlib_keras_predict_byom: {n} rows predicted into {out} in "
+               f"{time.monotonic() - t0:.1f} s")
+
+
+@entrypoint
+def madlib_keras_evaluate(cat: Catalog, *, model_table: str, test_table: str, output_table: str,
+                          use_gpus: bool | None = False, mst_key: int | None = None) -> None:
+    """Loss and metrics of a trained model over a packed (validation-format) table."""
+    from ..training import ModelCache, evaluate
+    from ..worker import labels_for, partition_data
+    from .training import packed_table
+
+    out = TableName.parse(output_table, "output_table")
+    t, row, summ = _model_row(cat, model_table, mst_key)
+    test = packed_table(cat, test_table, "test_table")
+    cat.require_absent(out, "output_table")
+    info_t = t.with_suffix("_info", "model_table")
+    if row["mst_key"] is not None and cat.relation_oid(info_t) is not None:
+        cfg = cat.query(f"SELECT compile_params FROM {info_t.sql} WHERE mst_key = $1",
+                        [row["mst_key"]], ["int4"])[0]
+    elif "compile_params" in summ:
+        cfg = {"compile_params": summ["compile_params"]}
+    else:
+        raise invalid(f'cannot find the compile parameters of "{t}"')
+    from ..params import parse_compile_params
+
+    cp = parse_compile_params(cfg["compile_params"])
+    cache = ModelCache(max_models=1)
+    parts = []
+    for p in range(test.partitions):
+        x, y = partition_data(cat, test.qualified, test.x, test.y, p, use_caching=False)
+        y = labels_for(cfg["compile_params"], y)
+        parts.append(evaluate(cache, row["model_arch"], cp, bytes(row["model_weights"]), x, y,
+                              batch_size=1024))
+    from ..training import combine_results
+
+    res = combine_results(parts)
+    metrics = list(res.metrics.values())
+    cat.create_table(out, [("loss", "double precision"), ("metric", "double precision"),
+                           ("metrics_type", "text[]"), ("loss_type", "text"),
+                           ("metrics", "double precision[]")])
+    loss_type = cp.loss if isinstance(cp.loss, str) else str(cp.loss)
+    cat.insert(out, ["loss", "metric", "metrics_type", "loss_type", "metrics"],
+               ["float8", "float8", "text[]", "text", "float8[]"],
+               [[res.loss, metrics[0] if metrics else None, cp.metric_names(), loss_type,
+                 metrics]])
