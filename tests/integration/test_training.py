@@ -294,3 +294,76 @@ def test_worker_failure_is_a_clear_error_with_traceback(mnist, tables):
     assert st == [("failed", True)]
     assert q(mnist, "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE "
                     "'cerebro_db %%'")[0][0] == 0
+
+
+def test_fit_single_config_predict_and_evaluate(mnist, tables):
+    tables += ["mn_m", "mn_m_summary", "mn_pr", "mn_pr2", "mn_pr3", "mn_pr4", "mn_ev",
+               "mn_ev2", "mn_byom_arch", "mn_pr5"]
+    q(mnist, "DROP TABLE IF EXISTS mn_m, mn_m_summary")
+    q(mnist, "SELECT madlib_keras_fit('mn_p', 'mn_m', 'mn_arch', 1, %s, 'batch_size=32', 2, "
+             "FALSE, 'mn_v', 1, NULL, 'one', 'single model', NULL, 9)", (COMPILES[0],))
+    summ = q(mnist, "SELECT model_id, compile_params, fit_params, model_type, "
+                    "array_length(training_loss, 1), validation_metrics_final, name, "
+                    "num_iterations FROM mn_m_summary")[0]
+    assert summ[:5] == (1, COMPILES[0], "batch_size=32", "madlib_keras", 2)
+    assert summ[5] > 0.5 and summ[6:] == ("one", 2)
+    assert q(mnist, "SELECT count(*) FROM mn_m")[0][0] == 1
+    # evaluate agrees with the fit's own validation metrics
+    q(mnist, "SELECT madlib_keras_evaluate('mn_m', 'mn_v', 'mn_ev')")
+    ev = q(mnist, "SELECT loss, metric, metrics_type, loss_type FROM mn_ev")[0]
+    vl = q(mnist, "SELECT validation_loss_final, validation_metrics_final FROM mn_m_summary")[0]
+    assert abs(ev[0] - vl[0]) < 1e-5 and abs(ev[1] - vl[1]) < 1e-6
+    assert ev[2:] == (["accuracy"], "categorical_crossentropy")
+    # predict: response accuracy equals the evaluated accuracy; prob rows sum to one
+    q(mnist, "SELECT madlib_keras_predict('mn_m', 'mn_test', 'id', 'x', 'mn_pr', 'response')")
+    acc = q(mnist, "SELECT avg((p.class_value::int = t.y)::int) FROM mn_pr p "
+                   "JOIN mn_test t USING (id)")[0][0]
+    assert abs(float(acc) - ev[1]) < 1e-6
+    cols = [r[0] for r in q(mnist, "SELECT attname FROM pg_attribute WHERE attrelid = "
+                                   "'mn_pr'::regclass AND attnum > 0 ORDER BY attnum")]
+    assert cols == ["id", "class_name", "class_value", "prob"]
+    q(mnist, "SELECT madlib_keras_predict('mn_m', 'mn_test', 'id', 'x', 'mn_pr2')")
+    sums = q(mnist, "SELECT count(*), min(s), max(s) FROM (SELECT id, sum(prob) s, "
+                    "count(*) c FROM mn_pr2 GROUP BY id) x")[0]
+    assert sums[0] == 400 and abs(sums[1] - 1) < 1e-4 and abs(sums[2] - 1) < 1e-4
+    q(mnist, "SELECT madlib_keras_predict('mn_m', 'mn_test', 'id', 'x', 'mn_pr3', '3')")
+    assert q(mnist, "SELECT count(*), max(rank) FROM mn_pr3")[0] == (1200, 3)
+    q(mnist, "SELECT madlib_keras_predict('mn_m', 'mn_test', 'id', 'x', 'mn_pr4', '0.5')")
+    assert q(mnist, "SELECT bool_and(prob >= 0.5), count(DISTINCT id) <= 400 FROM mn_pr4")[0] \
+        == (True, True)
+    # the same model through an architecture table with weights (BYOM)
+    w = q(mnist, "SELECT model_weights, model_arch::text FROM mn_m")[0]
+    q(mnist, "SELECT load_keras_model('mn_byom_arch', %s, %s)", (w[1], w[0]))
+    q(mnist, "SELECT madlib_keras_predict_byom('mn_byom_arch', 1, 'mn_test', 'id', 'x', "
+             "'mn_pr5', 'response', NULL, ARRAY[ARRAY['0','1','2','3','4','5','6','7','8','9']], "
+             "255.0)")
+    assert q(mnist, "SELECT count(*) FROM mn_pr5 a JOIN mn_pr b USING (id) WHERE "
+                    "a.class_value = b.class_value")[0][0] == 400
+    # errors
+    for sql, code in (
+        ("SELECT madlib_keras_predict('mn_m', 'mn_test', 'id', 'x', 'mn_pr', 'response')",
+         "42P07"),
+        ("SELECT madlib_keras_predict('mn_m', 'mn_test', 'id', 'x', 'bad_o', 'best')", "22023"),
+        ("SELECT madlib_keras_predict('mn_m', 'mn_test', 'nope', 'x', 'bad_o')", "42703"),
+        ("SELECT madlib_keras_predict('mn_out', 'mn_test', 'id', 'x', 'bad_o')", "22004"),
+        ("SELECT madlib_keras_evaluate('mn_m', 'mn_test', 'bad_o')", "42P01"),
+        ("SELECT madlib_keras_fit('mn_p', 'mn_m', 'mn_arch', 1, 'loss=1', '', 1)", "22023"),
+    ):
+        with pytest.raises(psycopg2.Error) as e:
+            q(mnist, sql)
+        assert e.value.pgcode == code, (sql, e.value.pgerror)
+        assert q(mnist, "SELECT to_regclass('bad_o') IS NULL")[0][0]
+
+
+def test_warm_start_continues_from_saved_weights(mnist):
+    before = q(mnist, "SELECT mst_key, training_loss_final FROM mn_out_info ORDER BY 1")
+    fit(mnist, "mn_out_ws", iterations=1, freq=None, validation=None)
+    q(mnist, "SELECT madlib_keras_fit_multiple_model('mn_p', 'mn_out_ws', 'mn_mst', 1, FALSE, "
+             "NULL, NULL, TRUE, NULL, NULL, TRUE, 'mop', NULL, 5)")
+    after = q(mnist, "SELECT mst_key, training_loss_final, warm_start FROM mn_out_ws_info "
+                     "JOIN mn_out_ws_summary ON true ORDER BY 1")
+    assert len(after) == 4 and all(r[2] for r in after)
+    # two iterations in two calls reach a lower loss than one iteration alone would
+    one = q(mnist, "SELECT training_loss[1] FROM mn_out_info ORDER BY mst_key")
+    assert sum(r[1] for r in after) < sum(r[0] for r in one)
+    assert before  # the first fit is untouched
