@@ -42,3 +42,41 @@ SELECT generate_model_configs(
        'metrics': ['accuracy']}$$,
     $${'batch_size': [64, 128], 'epochs': [1]}$$);
 SELECT * FROM fashion_mst ORDER BY mst_key;
+
+\echo '== 5. train all 8 configurations by model hopper parallelism (2 worker sessions,'
+\echo '      2 iterations, validation metrics every iteration)'
+DROP TABLE IF EXISTS fashion_models, fashion_models_info, fashion_models_summary,
+    fashion_predictions;
+\timing on
+SELECT madlib_keras_fit_multiple_model(
+    'fashion_train_packed', 'fashion_models', 'fashion_mst', 2,
+    use_gpus => FALSE, validation_table => 'fashion_test_packed',
+    metrics_compute_frequency => 1, use_caching => TRUE, random_state => 42);
+\timing off
+
+\echo '== 6. the configurations ranked by validation accuracy'
+SELECT i.mst_key, a.name AS model, m.compile_params, m.fit_params,
+       round(i.training_loss_final::numeric, 4) AS train_loss,
+       round(i.validation_loss_final::numeric, 4) AS valid_loss,
+       round(i.validation_metrics_final::numeric, 4) AS valid_accuracy
+  FROM fashion_models_info i
+  JOIN fashion_mst m USING (mst_key)
+  JOIN fashion_arch a ON a.model_id = m.model_id
+ ORDER BY i.validation_metrics_final DESC;
+
+\echo '== 7. predict a handful of test images with the best model'
+SELECT mst_key AS best FROM fashion_models_info
+ ORDER BY validation_metrics_final DESC LIMIT 1 \gset
+CREATE TEMP TABLE few AS SELECT * FROM fashion_test WHERE id < 8;
+SELECT madlib_keras_predict('fashion_models', 'few', 'id', 'x', 'fashion_predictions',
+                            'response', FALSE, :best);
+SELECT p.id, (ARRAY['T-shirt/top','Trouser','Pullover','Dress','Coat','Sandal','Shirt',
+                    'Sneaker','Bag','Ankle boot'])[p.class_value::int + 1] AS predicted,
+       (ARRAY['T-shirt/top','Trouser','Pullover','Dress','Coat','Sandal','Shirt',
+              'Sneaker','Bag','Ankle boot'])[t.y + 1] AS actual,
+       round(p.prob::numeric, 3) AS probability
+  FROM fashion_predictions p JOIN few t USING (id) ORDER BY p.id;
+
+\echo '== the fit as the catalog recorded it'
+SELECT fit_id, status, policy, units_done, total_units, elapsed FROM fit_progress
+ ORDER BY fit_id DESC LIMIT 1;
