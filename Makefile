@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PGDIR := $(CURDIR)/.pg
 
 .PHONY: help deps install start stop psql demo test test-unit test-sql test-integration \
-        test-upgrade bench bench-preprocess clean env lint
+        test-upgrade bench bench-preprocess bench-fit clean env lint
 
 help:
 	@echo "make demo     set up (Debian packages, venv, private PostgreSQL) and run the demo"
@@ -53,7 +53,10 @@ test-sql test-integration test-upgrade: start
 bench-preprocess: start
 	@$(PY) bench/preprocess_bench.py
 
-bench: bench-preprocess
+bench-fit: start
+	@$(PY) bench/fit_bench.py
+
+bench: bench-preprocess bench-fit
 
 lint:
 	@$(VENV)/bin/ruff check cerebro_db tests scripts bench demo
