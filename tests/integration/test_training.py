@@ -367,3 +367,24 @@ def test_warm_start_continues_from_saved_weights(mnist):
     one = q(mnist, "SELECT training_loss[1] FROM mn_out_info ORDER BY mst_key")
     assert sum(r[1] for r in after) < sum(r[0] for r in one)
     assert before  # the first fit is untouched
+
+
+def test_transfer_learning_starts_from_arch_table_weights(mnist, tables):
+    """Non-NULL model_weights in the architecture table initialise the model: with a
+    negligible learning rate the trained weights are the loaded ones."""
+    tables += ["mn_arch_tl", "mn_mst_tl", "mn_mst_tl_summary", "mn_tl", "mn_tl_info",
+               "mn_tl_summary"]
+    import keras
+
+    keras.utils.set_random_seed(123)
+    m = keras.models.model_from_json(mlp_json())
+    w = np.concatenate([a.ravel() for a in m.get_weights()]).astype("<f4").tobytes()
+    q(mnist, "SELECT load_keras_model('mn_arch_tl', %s, %s)", (m.to_json(), psycopg2.Binary(w)))
+    q(mnist, "SELECT load_model_selection_table('mn_arch_tl', 'mn_mst_tl', ARRAY[1], %s, %s)",
+      (["loss='categorical_crossentropy', optimizer='SGD(learning_rate=1e-12)'"],
+       ["batch_size=64"]))
+    fit(mnist, "mn_tl", mst="mn_mst_tl", iterations=1, freq=None, validation=None)
+    got = np.frombuffer(bytes(q(mnist, "SELECT model_weights FROM mn_tl")[0][0]), "<f4")
+    want = np.frombuffer(w, "<f4")
+    assert got.shape == want.shape and np.abs(got - want).max() < 1e-6
+    assert np.abs(want).max() > 0.01  # the loaded weights are not a trivial start
