@@ -127,11 +127,11 @@ def run_db(conn, policy: str, params: str | None, iterations: int) -> dict:
       (iterations, policy, params))
     wall = time.perf_counter() - t0
     fit_id = q(conn, "SELECT max(fit_id) FROM cerebro_db.fits")[0][0]
-    units = q(conn, """SELECT mst_key, kind, extract(epoch FROM ended_at - started_at),
+    units = q(conn, """SELECT mst_key, kind, extract(epoch FROM ended_at - started_at)::float8,
                               seconds_load, seconds_run, seconds_save, rows, worker,
-                              extract(epoch FROM started_at), extract(epoch FROM ended_at)
+                              extract(epoch FROM started_at)::float8, extract(epoch FROM ended_at)::float8
                          FROM cerebro_db.units WHERE fit_id = %s""", (fit_id,))
-    span = q(conn, "SELECT extract(epoch FROM ended_at - started_at) FROM cerebro_db.fits "
+    span = q(conn, "SELECT extract(epoch FROM ended_at - started_at)::float8 FROM cerebro_db.fits "
                    "WHERE fit_id = %s", (fit_id,))[0][0]
     first = min(u[8] for u in units)
     last = max(u[9] for u in units)

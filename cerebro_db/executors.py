@@ -33,12 +33,13 @@ class DblinkExecutor:
     """``num_workers`` worker sessions plus one control session, over dblink."""
 
     def __init__(self, cat: Catalog, tag: str, num_workers: int, conninfo: str,
-                 poll_interval: float = 0.004) -> None:
+                 poll_interval: float = 0.002, max_poll_interval: float = 0.025) -> None:
         self.cat = cat
         self.tag = tag
         self.num_workers = num_workers
         self.conninfo = conninfo
         self.poll_interval = poll_interval
+        self.max_poll_interval = max_poll_interval
         self.busy: dict[int, float] = {}
         self.opened: list[str] = []
 
@@ -73,15 +74,20 @@ class DblinkExecutor:
         self.busy[worker] = time.monotonic()
 
     def wait(self, timeout: float | None = None) -> list[WorkerResult]:
-        """Block until at least one busy worker finished (or ``timeout``); return results."""
+        """Block until at least one busy worker finished (or ``timeout``); return results.
+
+        Polling backs off from ``poll_interval`` to ``max_poll_interval`` (a tenth of the
+        time waited so far), so the coordinator's own process takes little CPU from the
+        workers on long units and answers quickly on short ones."""
         start = time.monotonic()
         while self.busy:
             done = [w for w in list(self.busy) if not self.cat.dblink_is_busy(self.name(w))]
             if done:
                 return [self._collect(w) for w in done]
-            if timeout is not None and time.monotonic() - start > timeout:
+            waited = time.monotonic() - start
+            if timeout is not None and waited > timeout:
                 return []
-            time.sleep(self.poll_interval)
+            time.sleep(min(self.max_poll_interval, max(self.poll_interval, waited / 10)))
         return []
 
     def _collect(self, worker: int) -> WorkerResult:
