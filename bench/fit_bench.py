@@ -34,6 +34,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+from common import connect  # noqa: E402
 
 
 def configs(kind: str) -> list[tuple[dict, str, str]]:
@@ -62,18 +64,6 @@ def arch_json(spec: dict) -> str:
     layers = [keras.Input((784,))] + [keras.layers.Dense(h, activation="relu")
                                       for h in spec["hidden"]]
     return keras.Sequential(layers + [keras.layers.Dense(10, activation="softmax")]).to_json()
-
-
-def connect():
-    import psycopg2
-
-    env = dict(line.split("=", 1) for line in subprocess.run(
-        [str(ROOT / "scripts" / "cerebro.sh"), "env"], capture_output=True, text=True,
-        check=True).stdout.split())
-    c = psycopg2.connect(host=env["PGHOST"], port=env["PGPORT"], user=env["PGUSER"],
-                         dbname=os.environ.get("CEREBRO_BENCH_DB", env["PGDATABASE"]))
-    c.autocommit = True
-    return c
 
 
 def q(conn, sql, args=None):

@@ -34,19 +34,9 @@ import psycopg2
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+from common import connect  # noqa: E402
 from cerebro_db.datasets import copy_payload, find_dataset_dir, load_split  # noqa: E402
-
-
-def connect():
-    import subprocess
-
-    env = dict(line.split("=", 1) for line in subprocess.run(
-        [str(ROOT / "scripts" / "cerebro.sh"), "env"], capture_output=True, text=True,
-        check=True).stdout.split())
-    c = psycopg2.connect(host=env["PGHOST"], port=env["PGPORT"], user=env["PGUSER"],
-                         dbname=os.environ.get("CEREBRO_BENCH_DB", env["PGDATABASE"]))
-    c.autocommit = True
-    return c
 
 
 def timed(fn, repeats: int) -> float:

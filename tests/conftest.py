@@ -37,11 +37,11 @@ def _server_or_skip():
     try:
         import psycopg2  # noqa: F401
     except ImportError:
-        pytest.skip("psycopg2 is not installed (run `make test`)")
+        pytest.skip(reason="psycopg2 is not installed (run `make test`)")
     try:
         c = _connect("postgres")
     except Exception as e:  # noqa: BLE001
-        pytest.skip(f"no cerebro_db test server reachable ({e.__class__.__name__}); run `make test`")
+        pytest.skip(reason=f"no cerebro_db test server reachable ({e.__class__.__name__}); run `make test`")
     c.autocommit = True
     return c
 

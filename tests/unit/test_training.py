@@ -146,7 +146,7 @@ def fashion() -> tuple[np.ndarray, np.ndarray]:
     try:
         x, y = load_split(find_dataset_dir("fashion-mnist"), "t10k")
     except FileNotFoundError as e:
-        pytest.skip(f"fashion-mnist not available: {e}")
+        pytest.skip(reason=f"fashion-mnist not available: {e}")
     x = (x[:512].reshape(512, 784) / 255.0).astype(np.float32)
     return x, np.eye(10, dtype=np.float32)[y[:512]]
 
