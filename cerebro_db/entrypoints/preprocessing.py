@@ -192,7 +192,7 @@ class _Grow:
     """A preallocated [n, width] array that grows if the table gained rows meanwhile."""
 
     def __init__(self, n: int, dtype: Any) -> None:
-        self.n, self.dtype, self.arr, self.width = 0, dtype, None, None
+        self.n, self.dtype, self.arr = 0, dtype, None
         self.cap = n
 
     def add(self, block: np.ndarray) -> None:
@@ -351,7 +351,8 @@ def _summary(cat: Catalog, inp: _Inputs, *, class_values: list[list[Any] | None]
         cat.comment_on_table(inp.summary, extra_note)
 
 
-def _seed(random_state: int | None) -> int:
+def resolve_seed(random_state: int | None) -> int:
+    """The seed a call uses: ``random_state``, or a fresh random one (recorded by callers)."""
     if random_state is None:
         return int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF
     if random_state < 0:
@@ -383,7 +384,7 @@ def training_preprocessor_dl(cat: Catalog, *, source_table: str, output_table: s
     if not math.isfinite(normalizing_const) or normalizing_const <= 0:
         raise invalid(f"normalizing_const must be a positive number, got {normalizing_const}")
     rules = _check_distribution_rules(distribution_rules)
-    seed = _seed(random_state)
+    seed = resolve_seed(random_state)
     inp = _resolve(cat, source_table, output_table, dependent_varname, independent_varname)
     if num_classes is not None and len(num_classes) != len(inp.deps):
         raise invalid(f"num_classes has {len(num_classes)} entries but there are "

@@ -34,7 +34,7 @@ from ..scheduling import (
 )
 from . import entrypoint
 from .models import require_arch_table
-from .preprocessing import read_training_summary
+from .preprocessing import read_training_summary, resolve_seed
 
 CHUNK_SETTING = "cerebro_db.state_chunk_size"
 CONNINFO_SETTING = "cerebro_db.worker_conninfo"
@@ -381,6 +381,22 @@ def summary_select(req: FitRequest) -> str:
     return sel
 
 
+def create_summary(cat: Catalog, req: FitRequest, summ: TableName, info: TableName | None,
+                   fit_id: int, t0: float, warm: bool, name: str | None,
+                   description: str | None) -> None:
+    """The output's ``_summary`` table: this fit's facts plus the source summary's."""
+    epochs = sorted(evaluation_epochs(req.num_iterations, req.frequency))
+    src_summary = req.source.table.with_suffix("_summary", "source_table")
+    cat.query(
+        f"CREATE TABLE {summ.sql} AS SELECT {summary_select(req)} FROM {src_summary.sql} s",
+        [str(req.source.table), str(req.validation.table) if req.validation else None,
+         str(req.output), str(info) if info else None, str(req.arch_table),
+         str(req.mst_table) if req.mst_table else None, req.num_iterations, req.frequency,
+         warm, name, description, t0, __version__, epochs, fit_id, req.policy],
+        ["text", "text", "text", "text", "text", "text", "int4", "int4", "bool", "text", "text",
+         "float8", "text", "int4[]", "int8", "text"])
+
+
 def write_outputs(cat: Catalog, req: FitRequest, fit_id: int, outcome: FitOutcome, t0: float,
                   warm_start: bool, name: str | None, description: str | None) -> None:
     sizes: dict[int, int] = {}
@@ -398,17 +414,7 @@ def write_outputs(cat: Catalog, req: FitRequest, fit_id: int, outcome: FitOutcom
     cat.create_table(info, INFO_COLUMNS)
     cat.insert(info, [n for n, _ in INFO_COLUMNS], INFO_TYPES,
                info_rows(req, fit_id, outcome, sizes))
-    sel = summary_select(req)
-    epochs = sorted(evaluation_epochs(req.num_iterations, req.frequency))
-    src_summary = req.source.table.with_suffix("_summary", "source_table")
-    cat.query(
-        f"CREATE TABLE {summ.sql} AS SELECT {sel} FROM {src_summary.sql} s",
-        [str(req.source.table), str(req.validation.table) if req.validation else None,
-         str(out), str(info), str(req.arch_table), str(req.mst_table) if req.mst_table else None,
-         req.num_iterations, req.frequency, warm_start, name, description, t0, __version__,
-         epochs, fit_id, req.policy],
-        ["text", "text", "text", "text", "text", "text", "int4", "int4", "bool", "text", "text",
-         "float8", "text", "int4[]", "int8", "text"])
+    create_summary(cat, req, summ, info, fit_id, t0, warm_start, name, description)
 
 
 def _bool(v: bool | None, default: bool) -> bool:
@@ -480,14 +486,6 @@ def _policy(scheduling_policy: str | None, policy_params: str | None,
     return name, opts
 
 
-def _seed(random_state: int | None) -> int:
-    if random_state is None:
-        return int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF
-    if random_state < 0:
-        raise invalid(f"random_state must not be negative, got {random_state}")
-    return int(random_state)
-
-
 def _validation(cat: Catalog, validation_table: str | None, src: PackedTable
                 ) -> PackedTable | None:
     if validation_table is None:
@@ -519,7 +517,7 @@ def madlib_keras_fit_multiple_model(
     mst = TableName.parse(model_selection_table, "model_selection_table")
     warm = _bool(warm_start, False)
     pname, popts = _policy(scheduling_policy, policy_params, random_state)
-    seed = _seed(random_state)
+    seed = resolve_seed(random_state)
     src = packed_table(cat, source_table, "source_table")
     val = _validation(cat, validation_table, src)
     _outputs_absent(cat, out, ("", "_summary", "_info"), warm)
@@ -550,15 +548,7 @@ def _write_fit_outputs(cat: Catalog, req: FitRequest, fit_id: int, outcome: FitO
     cat.create_table(out, [("model_weights", "bytea"), ("model_arch", "json")],
                      external_storage=["model_weights"])
     cat.insert(out, ["model_weights", "model_arch"], ["bytea", "json"], [[w, c.arch]])
-    epochs = sorted(evaluation_epochs(req.num_iterations, req.frequency))
-    src_summary = req.source.table.with_suffix("_summary", "source_table")
-    cat.query(
-        f"CREATE TABLE {summ.sql} AS SELECT {summary_select(req)} FROM {src_summary.sql} s",
-        [str(req.source.table), str(req.validation.table) if req.validation else None,
-         str(out), None, str(req.arch_table), None, req.num_iterations, req.frequency, warm,
-         name, description, t0, __version__, epochs, fit_id, req.policy],
-        ["text", "text", "text", "text", "text", "text", "int4", "int4", "bool", "text", "text",
-         "float8", "text", "int4[]", "int8", "text"])
+    create_summary(cat, req, summ, None, fit_id, t0, warm, name, description)
     info = info_rows(req, fit_id, outcome, {c.mst_key: len(w)})[0]
     extra = INFO_COLUMNS[1:17]  # model_id .. validation_loss
     for col, typ in extra:
@@ -593,7 +583,7 @@ def madlib_keras_fit(
     params.validate_compile_params(cp)
     fp = params.parse_fit_params(fit_params)
     warm = _bool(warm_start, False)
-    seed = _seed(random_state)
+    seed = resolve_seed(random_state)
     pname, popts = _policy("mop", None, random_state)
     src = packed_table(cat, source_table, "source_table")
     val = _validation(cat, validation_table, src)
