@@ -52,7 +52,7 @@ cmd_deps() {
   if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$VENV/.cerebro-req" 2>/dev/null)" != "$want" ]; then
     log "preparing the server's Python environment in $VENV (tensorflow-cpu, numpy, test tools)"
     [ -x "$VENV/bin/python" ] || "$SERVER_PY" -m venv "$VENV"
-    "$VENV/bin/pip" install -q --disable-pip-version-check -r "$ROOT/requirements.txt" -r "$ROOT/requirements-dev.txt" 2> >(grep -v '^WARNING: Location' >&2)
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r "$ROOT/requirements.txt" -r "$ROOT/requirements-dev.txt" 2> >(grep -v '^WARNING: Location' >&2)
     echo "$want" > "$VENV/.cerebro-req"
   fi
 }
@@ -67,7 +67,7 @@ cmd_install() {
   as_root install -m 644 "$ROOT"/build/cerebro_db.control "$ROOT"/build/cerebro_db--*.sql "$ext/"
   # the package itself, into the venv the server imports from (not editable: PYTHONPATH
   # entries do not process .pth files)
-  "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps --no-build-isolation "$ROOT" 2> >(grep -v '^WARNING: Location' >&2)
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation "$ROOT" 2> >(grep -v '^WARNING: Location' >&2)
 }
 
 pg_running() { [ -f "$PGDATA/postmaster.pid" ] && as_pg "$PG_BIN/pg_ctl" -D "$PGDATA" status >/dev/null 2>&1; }
