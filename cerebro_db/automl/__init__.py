@@ -1,0 +1,1 @@
+"""AutoML procedures on model hopper parallelism (pure; see :mod:`.base`)."""
