@@ -7,10 +7,12 @@ an invariant. There is no barrier unless the policy makes one (the ``ring`` poli
 """
 from __future__ import annotations
 
+import collections
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Protocol
 
 from .errors import CerebroError
 from .scheduling import TRAIN, Assignment, Policy, Progress
@@ -19,6 +21,21 @@ from .scheduling import TRAIN, Assignment, Policy, Progress
 class Executor(Protocol):
     def submit(self, a: Assignment, options: dict[str, Any]) -> None: ...
     def wait(self) -> list[tuple[int, bool, dict[str, Any]]]: ...
+
+
+class FitHooks(Protocol):
+    """What an AutoML run adds to the loop (:mod:`cerebro_db.tuning`): it changes the
+    configs and targets of ``progress`` between steps; ``run_fit`` then simply runs what
+    the targets say."""
+
+    def before_assign(self, now: float) -> None: ...
+    def finished(self) -> bool: ...
+    def stalled(self) -> None: ...
+    def total_units(self) -> int: ...
+    def on_train(self, config: int, epoch: int, partition: int, data: dict[str, Any],
+                 now: float) -> None: ...
+    def on_evaluated(self, config: int, epoch: int, result: ConfigResult, now: float
+                     ) -> None: ...
 
 
 class WorkerFailed(CerebroError):
@@ -45,7 +62,8 @@ def run_fit(policy: Policy, progress: Progress, executor: Executor, *,
             eval_kinds: Sequence[str], num_partitions: int,
             snapshot_epochs: Callable[[int, int], bool],
             notice: Callable[[str], None] = lambda m: None,
-            clock: Callable[[], float] = time.monotonic) -> FitOutcome:
+            clock: Callable[[], float] = time.monotonic,
+            hooks: FitHooks | None = None) -> FitOutcome:
     """Run every unit of the fit to the end; raise :class:`WorkerFailed` on a unit's failure.
 
     ``eval_kinds`` are what an evaluation unit computes ('eval_train', 'eval_valid');
@@ -53,11 +71,18 @@ def run_fit(policy: Policy, progress: Progress, executor: Executor, *,
     kept for evaluation.
     """
     start = clock()
-    results = {c: ConfigResult() for c in progress.targets}
+    results: dict[int, ConfigResult] = collections.defaultdict(ConfigResult)
+    for c in progress.targets:
+        results[c] = ConfigResult()
     total = sum(progress.targets.values()) * num_partitions
     done_units = 0
     best: tuple[float, int] | None = None
-    while not progress.all_done():
+    while True:
+        if hooks is not None:
+            hooks.before_assign(clock() - start)
+            total = hooks.total_units()
+        if progress.all_done() and (hooks is None or hooks.finished()):
+            break
         snap = progress.snapshot(clock() - start)
         for a in policy.assign(snap):
             progress.start(a)
@@ -70,6 +95,8 @@ def run_fit(policy: Policy, progress: Progress, executor: Executor, *,
                 opts["eval_kinds"] = list(eval_kinds)
             executor.submit(a, opts)
         if not progress.running:
+            if hooks is not None:
+                hooks.stalled()
             raise CerebroError("the scheduling policy has nothing to run but the fit is not "
                                "done", "XX000")
         for worker, ok, data in executor.wait():
@@ -86,12 +113,15 @@ def run_fit(policy: Policy, progress: Progress, executor: Executor, *,
             if unit.kind == TRAIN:
                 done_units += 1
                 r.train_loss.setdefault(unit.epoch, []).append((data["loss"], data["rows"]))
+                if hooks is not None:
+                    hooks.on_train(unit.config, unit.epoch, unit.partition, data,
+                                   clock() - start)
                 if progress.completed[unit.config] > epoch_before:
                     elapsed = clock() - start
                     loss = _mean(r.train_loss[unit.epoch])
                     if not math.isnan(loss) and (best is None or loss < best[0]):
                         best = (loss, unit.config)
-                    eta = elapsed / done_units * (total - done_units)
+                    eta = elapsed / done_units * max(0, total - done_units)
                     shown_best = f"{best[0]:.4g} (mst_key {best[1]})" if best else "NaN"
                     notice(
                         f"mst_key {unit.config}: epoch {unit.epoch}/"
@@ -103,7 +133,9 @@ def run_fit(policy: Policy, progress: Progress, executor: Executor, *,
                     r.evals.setdefault((unit.epoch, kind), []).append(res)
                 if len(r.evals.get((unit.epoch, eval_kinds[0]), [])) == num_partitions:
                     r.eval_done_at[unit.epoch] = clock() - start
-    return FitOutcome(results, clock() - start, done_units)
+                    if hooks is not None:
+                        hooks.on_evaluated(unit.config, unit.epoch, r, clock() - start)
+    return FitOutcome(dict(results), clock() - start, done_units)
 
 
 def _mean(pairs: list[tuple[float, int]]) -> float:

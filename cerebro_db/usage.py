@@ -128,4 +128,33 @@ SELECT madlib_keras_predict_byom(model_arch_table, model_id, test_table, id_col,
     independent_varname, output_table, pred_type, use_gpus, class_values,
     normalizing_const, dependent_count);
 class_values: ARRAY['a','b'] or ARRAY[ARRAY['a','b']] (MADlib 1.x and 2.x forms).""",
+    "madlib_keras_automl": """\
+madlib_keras_automl: AutoML over a search space, on model hopper parallelism
+
+SELECT madlib_keras_automl(
+    source_table,               -- packed by training_preprocessor_dl
+    model_output_table,         -- creates it, <name>_summary and <name>_info
+    model_arch_table,           -- from load_keras_model
+    model_selection_table,      -- created: left holding the best configuration
+    model_id_list,              -- INTEGER[] of architectures to search over
+    compile_params_grid,        -- as generate_model_configs; [low, high, 'log'] ranges allowed
+    fit_params_grid,
+    automl_method,              -- 'hyperband' (default), 'hyperopt', 'asha', 'mltuner',
+                                --   'grid', 'random'
+    automl_params,              -- hyperband 'R=6, eta=3, skip_last=0';
+                                -- hyperopt 'num_configs=20, num_iterations=5, algorithm=tpe';
+                                -- asha 'min_r=1, max_r=9, eta=3, brackets=1, max_configs=27,
+                                --   time_budget=0'; see the README for mltuner, grid, random
+    random_state,               -- makes the run reproducible
+    object_table,               -- not supported (NULL)
+    use_gpus, validation_table, metrics_compute_frequency, name, description, use_caching
+);
+Configurations are ranked by validation loss when validation_table is given, else by
+training loss. Decisions as they happen: SELECT * FROM cerebro_db.automl_decisions;
+trials: cerebro_db.automl_trials.""",
+    "hyperband_schedule": """\
+hyperband_schedule: the brackets Hyperband runs for R, eta and skip_last
+
+SELECT hyperband_schedule(schedule_table, r, eta DEFAULT 3, skip_last DEFAULT 0);
+Output: s (bracket), i (round), n_i (configurations), r_i (iterations each).""",
 }

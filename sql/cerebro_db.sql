@@ -298,3 +298,55 @@ CREATE OR REPLACE FUNCTION @extschema@.madlib_keras_predict_byom(message VARCHAR
 RETURNS TEXT LANGUAGE plpython3u IMMUTABLE AS $python$
 @usage madlib_keras_predict_byom@
 $python$;
+
+------------------------------------------------------------------------------------------
+-- AutoML (since 0.2.0)
+------------------------------------------------------------------------------------------
+-- @entrypoint
+CREATE OR REPLACE FUNCTION @extschema@.madlib_keras_automl(
+    source_table              VARCHAR,
+    model_output_table        VARCHAR,
+    model_arch_table          VARCHAR,
+    model_selection_table     VARCHAR,
+    model_id_list             INTEGER[],
+    compile_params_grid       VARCHAR,
+    fit_params_grid           VARCHAR,
+    automl_method             VARCHAR DEFAULT 'hyperband',
+    automl_params             VARCHAR DEFAULT NULL,
+    random_state              INTEGER DEFAULT NULL,
+    object_table              VARCHAR DEFAULT NULL,
+    use_gpus                  BOOLEAN DEFAULT FALSE,
+    validation_table          VARCHAR DEFAULT NULL,
+    metrics_compute_frequency INTEGER DEFAULT NULL,
+    name                      VARCHAR DEFAULT NULL,
+    description               VARCHAR DEFAULT NULL,
+    use_caching               BOOLEAN DEFAULT FALSE
+) RETURNS VOID LANGUAGE plpython3u VOLATILE AS $python$
+@plpython madlib_keras_automl@
+$python$;
+COMMENT ON FUNCTION @extschema@.madlib_keras_automl(VARCHAR, VARCHAR, VARCHAR, VARCHAR,
+    INTEGER[], VARCHAR, VARCHAR, VARCHAR, VARCHAR, INTEGER, VARCHAR, BOOLEAN, VARCHAR, INTEGER,
+    VARCHAR, VARCHAR, BOOLEAN) IS
+'AutoML over a search space (hyperband, hyperopt, asha, mltuner, grid, random) on model hopper parallelism; writes <model_output_table>, _summary, _info and the model selection table holding the best configuration';
+
+CREATE OR REPLACE FUNCTION @extschema@.madlib_keras_automl(message VARCHAR DEFAULT NULL)
+RETURNS TEXT LANGUAGE plpython3u IMMUTABLE AS $python$
+@usage madlib_keras_automl@
+$python$;
+
+-- @entrypoint
+CREATE OR REPLACE FUNCTION @extschema@.hyperband_schedule(
+    schedule_table VARCHAR,
+    r              INTEGER,
+    eta            INTEGER DEFAULT 3,
+    skip_last      INTEGER DEFAULT 0
+) RETURNS VOID LANGUAGE plpython3u VOLATILE AS $python$
+@plpython hyperband_schedule@
+$python$;
+COMMENT ON FUNCTION @extschema@.hyperband_schedule(VARCHAR, INTEGER, INTEGER, INTEGER) IS
+'Hyperband brackets for R, eta and skip_last as a table of (s, i, n_i, r_i)';
+
+CREATE OR REPLACE FUNCTION @extschema@.hyperband_schedule(message VARCHAR DEFAULT NULL)
+RETURNS TEXT LANGUAGE plpython3u IMMUTABLE AS $python$
+@usage hyperband_schedule@
+$python$;

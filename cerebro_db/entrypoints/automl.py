@@ -1,0 +1,424 @@
+"""``madlib_keras_automl`` and ``hyperband_schedule``: AutoML on model hopper parallelism.
+
+A run is a fit (catalog kind ``'automl'``) whose trials a tuning procedure
+(:mod:`cerebro_db.automl`) launches, extends, stops and frees while the worker sessions
+train: the procedure's decisions go through :class:`cerebro_db.automl.trials.TrialBook`
+into the same MOP loop as ``madlib_keras_fit_multiple_model`` (no barrier unless the
+procedure waits for results, as a Hyperband round does). Decisions, trial statuses and the
+procedure's JSON state are written to the catalog as they happen (``automl_decisions``,
+``automl_trials``, ``automl_state``).
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from .. import __version__, params
+from ..automl.base import TrialSpec, Tuner
+from ..automl.registry import get_tuner
+from ..automl.space import SearchSpace
+from ..automl.trials import TrialBook
+from ..catalog import Catalog
+from ..coordinator import ConfigResult, FitOutcome, combine, run_fit
+from ..errors import NULL_VALUE_NOT_ALLOWED, UNDEFINED_OBJECT, CerebroError, invalid
+from ..executors import DblinkExecutor
+from ..names import TableName
+from ..scheduling import get_policy
+from . import entrypoint
+from .models import require_arch_table
+from .preprocessing import resolve_seed
+from .selection import _no_object_table
+from .training import (
+    INFO_COLUMNS,
+    INFO_TYPES,
+    Config,
+    FitRequest,
+    _check_common,
+    _check_config,
+    _conninfo,
+    _first,
+    _outputs_absent,
+    _register,
+    _series,
+    _UnitExecutor,
+    _validation,
+    final_weights,
+    packed_table,
+)
+
+SQL_TYPES = {"integer": "int4", "double precision": "float8", "text": "text",
+             "jsonb": "jsonb", "integer[]": "int4[]", "double precision[]": "float8[]"}
+
+
+class _CatalogSink:
+    """The AutoML engine's side effects, through the fit's control session."""
+
+    def __init__(self, cat: Catalog, ex: DblinkExecutor, fit_id: int,
+                 archs: Mapping[int, tuple[str, bytes | None]]) -> None:
+        self.cat, self.ex, self.fit_id, self.archs = cat, ex, fit_id, archs
+        self.configs: dict[int, Config] = {}
+
+    def launch(self, spec: TrialSpec, target: int) -> None:
+        lit, ext = self.cat.literal, self.cat.ext
+        arch, weights = self.archs[spec.model_id]
+        where = f"trial {spec.trial_id}"
+        self.configs[spec.trial_id] = Config(
+            spec.trial_id, spec.model_id, spec.compile_params, spec.fit_params, arch, weights,
+            params.parse_compile_params(spec.compile_params, where),
+            params.parse_fit_params(spec.fit_params, where))
+        w = "NULL" if weights is None else "'\\x" + bytes(weights).hex() + "'::bytea"
+        self.ex.control(
+            f"INSERT INTO {ext('fit_configs')} (fit_id, mst_key, model_id, compile_params, "
+            f"fit_params, model_arch, init_weights) VALUES ({self.fit_id}, {spec.trial_id}, "
+            f"{spec.model_id}, {lit(spec.compile_params)}, {lit(spec.fit_params)}, "
+            f"{lit(arch)}::json, {w})")
+        if spec.parent is not None:
+            self.ex.control(
+                f"INSERT INTO {ext('model_states')} (fit_id, mst_key, version, chunk, data) "
+                f"SELECT fit_id, {spec.trial_id}, version, chunk, data FROM "
+                f"{ext('model_states')} WHERE fit_id = {self.fit_id} AND mst_key = "
+                f"{int(spec.parent)} AND version = 'current'")
+        self.ex.control(
+            f"INSERT INTO {ext('automl_trials')} (fit_id, mst_key, parent, tunables, meta, "
+            f"target) VALUES ({self.fit_id}, {spec.trial_id}, "
+            f"{'NULL' if spec.parent is None else int(spec.parent)}, "
+            f"{lit(json.dumps(dict(spec.tunables)))}::jsonb, "
+            f"{lit(json.dumps(dict(spec.meta)))}::jsonb, {int(target)})")
+
+    def record(self, seq: int, kind: str, trial_id: int, target: int | None,
+               reason: str | None, meta: Mapping[str, Any], now: float) -> None:
+        lit = self.cat.literal
+        self.ex.control(
+            f"INSERT INTO {self.cat.ext('automl_decisions')} (fit_id, seq, decision, mst_key, "
+            f"target, reason, meta, at_seconds) VALUES ({self.fit_id}, {int(seq)}, "
+            f"{lit(kind)}, {int(trial_id)}, {'NULL' if target is None else int(target)}, "
+            f"{'NULL' if reason is None else lit(reason)}, "
+            f"{lit(json.dumps(dict(meta), default=str))}::jsonb, {float(now)})")
+
+
+class _Hooks:
+    """Connects a :class:`TrialBook` to the fit loop and keeps the catalog current."""
+
+    def __init__(self, book: TrialBook, sink: _CatalogSink, method: str,
+                 eval_kinds: Sequence[str], notice: Any) -> None:
+        self.book, self.sink, self.method = book, sink, method
+        self.eval_kinds = list(eval_kinds)
+        self.notice = notice
+        self.saved: tuple[Any, ...] | None = None
+
+    def before_assign(self, now: float) -> None:
+        self.book.fill(now)
+        self.persist()
+
+    def persist(self) -> None:
+        """Trial statuses, the run's total units and the procedure's state, when changed."""
+        book = self.book
+        paused, training = book.paused(), book.training()
+        rows = []
+        for c, t in sorted(book.trials.items()):
+            status = "freed" if t.freed else "stopped" if t.stopped else \
+                "paused" if c in paused else "training" if c in training else "paused"
+            rows.append((c, status, book.progress.targets[c], t.last_epoch, t.score,
+                         json.dumps(t.meta or {}, sort_keys=True, default=str)))
+        key = (book.seq, tuple(rows))
+        if key == self.saved:
+            return
+        cat, ex, fit_id = self.sink.cat, self.sink.ex, self.sink.fit_id
+        lit = cat.literal
+        values = ", ".join(
+            f"({c}, {lit(s)}, {t}, {'NULL' if e is None else e}, "
+            f"{'NULL' if sc is None else _float_sql(sc)}, {lit(m)}::jsonb)"
+            for c, s, t, e, sc, m in rows)
+        if values:
+            ex.control(
+                f"UPDATE {cat.ext('automl_trials')} a SET status = v.s, target = v.t::int, "
+                "last_epoch = v.e::int, score = v.sc::float8, meta = v.m, "
+                "updated_at = clock_timestamp() "
+                f"FROM (VALUES {values}) v(k, s, t, e, sc, m) "
+                f"WHERE a.fit_id = {fit_id} AND a.mst_key = v.k")
+        ex.control(f"UPDATE {cat.ext('fits')} SET total_units = {book.total_units()} "
+                   f"WHERE fit_id = {fit_id}")
+        ex.control(
+            f"INSERT INTO {cat.ext('automl_state')} (fit_id, method, state) VALUES "
+            f"({fit_id}, {lit(self.method)}, {lit(book.tuner.state_json())}::jsonb) "
+            "ON CONFLICT (fit_id) DO UPDATE SET state = excluded.state, "
+            "updated_at = clock_timestamp()")
+        self.saved = key
+
+    def finished(self) -> bool:
+        return self.book.finished()
+
+    def stalled(self) -> None:
+        self.book.check_stalled()
+
+    def total_units(self) -> int:
+        return self.book.total_units()
+
+    def on_train(self, config: int, epoch: int, partition: int, data: dict[str, Any],
+                 now: float) -> None:
+        self.book.unit_done(config, epoch, partition, data.get("loss"), data.get("rows", 0),
+                            data.get("train_seconds", data.get("seconds", 0.0)), now)
+
+    def on_evaluated(self, config: int, epoch: int, result: ConfigResult, now: float) -> None:
+        train = _combined(result.evals[(epoch, "eval_train")])
+        valid = _combined(result.evals[(epoch, "eval_valid")]) \
+            if "eval_valid" in self.eval_kinds else None
+        self.book.epoch_evaluated(config, epoch, train, valid, now)
+        t = self.book.trials[config]
+        shown = "NaN" if t.score is None else f"{t.score:.4g}"
+        self.notice(f"{self.method}: mst_key {config} evaluated at epoch {epoch}, "
+                    f"{'validation' if valid else 'training'} loss {shown}; "
+                    f"{len(self.book.training())} training, {len(self.book.paused())} paused, "
+                    f"{len(self.book.trials)} launched; {now:.1f} s")
+
+
+def _combined(parts: list[dict[str, Any]]) -> tuple[float, dict[str, float]]:
+    loss, metrics = combine(parts)
+    return loss, dict(zip(list(parts[0]["metrics"]), metrics))
+
+
+def _float_sql(v: float) -> str:
+    return f"'{v!r}'::float8" if v != v or v in (float("inf"), float("-inf")) else repr(v)
+
+
+def _arch_rows(cat: Catalog, arch: TableName, ids: Sequence[int]
+               ) -> dict[int, tuple[str, bytes | None]]:
+    rows = cat.query(f"SELECT model_id, model_arch::text AS a, model_weights AS w FROM "
+                     f"{arch.sql} WHERE model_id = ANY($1)", [list(ids)], ["int4[]"])
+    have = {r["model_id"]: (r["a"], None if r["w"] is None else bytes(r["w"])) for r in rows}
+    missing = [m for m in ids if m not in have]
+    if missing:
+        raise CerebroError(f'model_id {missing[0]} in model_id_list does not exist in "{arch}"',
+                           UNDEFINED_OBJECT)
+    return have
+
+
+def _epochs_of(r: ConfigResult, num_partitions: int) -> list[int]:
+    return sorted(e for (e, k), parts in r.evals.items()
+                  if k == "eval_train" and len(parts) == num_partitions)
+
+
+def _info_rows(book: TrialBook, tuner: Tuner, configs: Mapping[int, Config],
+               outcome: FitOutcome, sizes: Mapping[int, int], fit_id: int, validation: bool,
+               num_partitions: int) -> list[list[Any]]:
+    rows = []
+    for k in book.outputs():
+        c = configs[k]
+        r = outcome.results.get(k, ConfigResult())
+        epochs = _epochs_of(r, num_partitions)
+        tl, tm = _series(r, epochs, "eval_train")
+        vl, vm = _series(r, epochs, "eval_valid") if validation else ([], [])
+        loss = c.cp.loss if isinstance(c.cp.loss, str) else json.dumps(c.cp.loss)
+        info = tuner.info(k)
+        rows.append([
+            c.mst_key, c.model_id, c.compile_params, c.fit_params, "madlib_keras",
+            sizes[k] / 1024.0, [r.eval_done_at.get(e) for e in epochs], c.cp.metric_names(),
+            loss, tm[-1][0] if tm and tm[-1] else None, tl[-1] if tl else None, _first(tm), tl,
+            (vm[-1][0] if vm and vm[-1] else None) if validation else None,
+            vl[-1] if vl else None, _first(vm) if validation else None,
+            vl if validation else None, epochs,
+            tm if tm and all(tm) else None,
+            vm if validation and vm and all(vm) else None, fit_id,
+        ] + [info.get(name) for name, _ in tuner.info_columns()])
+    return rows
+
+
+def _write_outputs(cat: Catalog, req: FitRequest, book: TrialBook, sink: _CatalogSink,
+                   fit_id: int, outcome: FitOutcome, t0: float, mst: TableName, method: str,
+                   automl_params: str | None, random_state: int, use_gpus: bool,
+                   name: str | None, description: str | None) -> int:
+    tuner = book.tuner
+    weights = {k: final_weights(cat, fit_id, k) for k in book.outputs()}
+    sizes = {k: len(w) for k, w in weights.items()}
+    out = req.output
+    info = out.with_suffix("_info", "model_output_table")
+    summ = out.with_suffix("_summary", "model_output_table")
+    cat.create_table(out, [("mst_key", "integer PRIMARY KEY"), ("model_weights", "bytea"),
+                           ("model_arch", "json")], external_storage=["model_weights"])
+    cat.insert(out, ["mst_key", "model_weights", "model_arch"], ["int4", "bytea", "json"],
+               ([k, weights[k], sink.configs[k].arch] for k in book.outputs()))
+    extra = tuner.info_columns()
+    cat.create_table(info, INFO_COLUMNS + extra)
+    cat.insert(info, [n for n, _ in INFO_COLUMNS + extra],
+               INFO_TYPES + [SQL_TYPES.get(t, "text") for _, t in extra],
+               _info_rows(book, tuner, sink.configs, outcome, sizes, fit_id,
+                          req.validation is not None, req.source.partitions))
+    ranking = book.ranking()
+    best = sink.configs[ranking[0]]
+    src_summary = req.source.table.with_suffix("_summary", "source_table")
+    cv = '"' + (req.source.y + "_class_values").replace('"', '""') + '"'
+    cat.query(
+        f"CREATE TABLE {summ.sql} AS SELECT $1::text AS source_table, "
+        "$2::text AS validation_table, $3::text AS model, $4::text AS model_info, "
+        "s.dependent_varname, s.independent_varname, $5::text AS model_arch_table, "
+        "$6::text AS model_selection_table, $7::text AS automl_method, "
+        "$8::text AS automl_params, $9::int AS random_state, NULL::text AS object_table, "
+        "$10::boolean AS use_gpus, $11::int AS metrics_compute_frequency, $12::text AS name, "
+        "$13::text AS description, to_timestamp($14)::timestamp AS start_training_time, "
+        "clock_timestamp()::timestamp AS end_training_time, $15::text AS madlib_version, "
+        f"s.num_classes, s.{cv}, s.dependent_vartype, s.normalizing_const, "
+        "$16::bigint AS fit_id, $17::int AS best_mst_key, $18::int AS num_trials, "
+        f"s.num_partitions FROM {src_summary.sql} s",
+        [str(req.source.table), str(req.validation.table) if req.validation else None,
+         str(out), str(info), str(req.arch_table), str(mst), method,
+         automl_params, random_state, use_gpus, req.frequency, name, description, t0,
+         __version__, fit_id, best.mst_key, len(book.trials)],
+        ["text", "text", "text", "text", "text", "text", "text", "text", "int4", "bool",
+         "int4", "text", "text", "float8", "text", "int8", "int4", "int4"])
+    # MADlib leaves the model selection table holding the best configuration
+    cat.create_table(mst, [("mst_key", "integer PRIMARY KEY"), ("model_id", "integer"),
+                           ("compile_params", "varchar"), ("fit_params", "varchar")])
+    cat.insert(mst, ["mst_key", "model_id", "compile_params", "fit_params"],
+               ["int4", "int4", "text", "text"],
+               [[best.mst_key, best.model_id, best.compile_params, best.fit_params]])
+    mst_summary = mst.with_suffix("_summary", "model_selection_table")
+    cat.create_table(mst_summary, [("model_arch_table", "varchar"), ("object_table", "varchar")])
+    cat.insert(mst_summary, ["model_arch_table", "object_table"], ["text", "text"],
+               [[str(req.arch_table), None]])
+    return best.mst_key
+
+
+def _check_model_ids(model_id_list: Sequence[int] | None) -> list[int]:
+    if model_id_list is None:
+        raise CerebroError("model_id_list must not be NULL", NULL_VALUE_NOT_ALLOWED)
+    ids = list(model_id_list)
+    if not ids:
+        raise invalid("model_id_list must not be empty")
+    if any(m is None for m in ids):
+        raise CerebroError("model_id_list must not contain NULL", NULL_VALUE_NOT_ALLOWED)
+    if len(set(ids)) != len(ids):
+        raise invalid(f"model_id_list has duplicates: {ids}")
+    return [int(m) for m in ids]
+
+
+@entrypoint
+def madlib_keras_automl(
+        cat: Catalog, *, source_table: str, model_output_table: str, model_arch_table: str,
+        model_selection_table: str, model_id_list: Sequence[int] | None,
+        compile_params_grid: str | None, fit_params_grid: str | None,
+        automl_method: str | None = "hyperband", automl_params: str | None = None,
+        random_state: int | None = None, object_table: str | None = None,
+        use_gpus: bool | None = False, validation_table: str | None = None,
+        metrics_compute_frequency: int | None = None, name: str | None = None,
+        description: str | None = None, use_caching: bool | None = False) -> None:
+    """Run an AutoML procedure over the search space and write the MADlib outputs."""
+    _check_common(1, None, use_gpus)
+    if metrics_compute_frequency is not None and metrics_compute_frequency < 1:
+        raise invalid(f"metrics_compute_frequency must be at least 1, got "
+                      f"{metrics_compute_frequency}")
+    _no_object_table(object_table)
+    out = TableName.parse(model_output_table, "model_output_table")
+    arch = TableName.parse(model_arch_table, "model_arch_table")
+    mst = TableName.parse(model_selection_table, "model_selection_table")
+    ids = _check_model_ids(model_id_list)
+    for label, v in (("compile_params_grid", compile_params_grid),
+                     ("fit_params_grid", fit_params_grid)):
+        if v is None:
+            raise CerebroError(f"{label} must not be NULL", NULL_VALUE_NOT_ALLOWED)
+    method = (automl_method or "hyperband").strip().lower()
+    seed = resolve_seed(random_state)
+    src = packed_table(cat, source_table, "source_table")
+    val = _validation(cat, validation_table, src)
+    space = SearchSpace(ids, compile_params_grid, fit_params_grid)
+    tuner = get_tuner(method, automl_params, model_ids=ids, compile_grid=compile_params_grid,
+                      fit_grid=fit_params_grid, num_workers=src.partitions, random_state=seed)
+    _outputs_absent(cat, out, ("", "_summary", "_info"), False)
+    for s in ("", "_summary"):
+        t = mst.with_suffix(s, "model_selection_table") if s else mst
+        if cat.relation_oid(t) is not None:
+            raise CerebroError(f'model_selection_table "{t}" already exists', "42P07",
+                               hint="madlib_keras_automl creates it (holding the best "
+                               "configuration); drop it or choose another name.")
+    require_arch_table(cat, arch, "model_arch_table")
+    archs = _arch_rows(cat, arch, ids)
+    checked: dict[str, Any] = {}
+    rng = np.random.default_rng(seed)
+    for m in ids:
+        p = space.sample(rng)
+        _check_config(Config(0, m, p.compile_params, p.fit_params, archs[m][0], archs[m][1],
+                             params.parse_compile_params(p.compile_params),
+                             params.parse_fit_params(p.fit_params)), src, checked)
+    req = FitRequest("automl", src, val, out, [], 0, metrics_compute_frequency, "mop",
+                     {"automl_method": method, "automl_params": automl_params}, seed,
+                     src.partitions, bool(use_caching), mst, arch)
+    fit_id, best, outcome, book = _execute(cat, req, tuner, archs, method, automl_params, seed,
+                                           bool(use_gpus), name, description, mst)
+    cat.notice(f"madlib_keras_automl ({method}): fit {fit_id} trained {len(book.trials)} "
+               f"configurations ({len(book.freed())} freed) in {outcome.seconds:.1f} s; best "
+               f"mst_key {best}; results in {out} and "
+               f"{out.with_suffix('_info', 'model_output_table')}")
+
+
+def _execute(cat: Catalog, req: FitRequest, tuner: Tuner,
+             archs: Mapping[int, tuple[str, bytes | None]], method: str,
+             automl_params: str | None, seed: int, use_gpus: bool, name: str | None,
+             description: str | None, mst: TableName
+             ) -> tuple[int, int, FitOutcome, TrialBook]:
+    p = req.source.partitions
+    workers = {w: {w} for w in range(p)}
+    policy = get_policy("mop", random_state=seed, prefer_lagging=True, seeded_order=True)
+    ex = DblinkExecutor(cat, f"{os.getpid()}_{int(time.time() * 1000) % 10**9}", p,
+                        _conninfo(cat))
+    t0 = time.time()
+    fit_id = None
+    try:
+        ex.open()
+        fit_id = _register(cat, ex, req, 0)
+        sink = _CatalogSink(cat, ex, fit_id, archs)
+        eval_kinds = ["eval_train"] + (["eval_valid"] if req.validation else [])
+        book = TrialBook(tuner, sink, p, workers, req.frequency)
+        hooks = _Hooks(book, sink, method, eval_kinds, cat.notice)
+        cat.notice(f"fit {fit_id}: madlib_keras_automl ({method}) on {p} partitions, {p} "
+                   f"worker sessions; watch: SELECT * FROM {cat.schema}.automl_trials "
+                   f"WHERE fit_id = {fit_id}")
+        book.start(0.0)
+        evals = book.progress._eval_epochs
+        outcome = run_fit(policy, book.progress, _UnitExecutor(cat, ex, fit_id),
+                          eval_kinds=eval_kinds, num_partitions=p,
+                          snapshot_epochs=lambda c, e: e in evals[c], notice=cat.notice,
+                          hooks=hooks)
+        hooks.persist()
+        best = _write_outputs(cat, req, book, sink, fit_id, outcome, t0, mst, method,
+                              automl_params, seed, use_gpus, name, description)
+        ex.control(f"UPDATE {cat.ext('fits')} SET status = 'done', ended_at = clock_timestamp() "
+                   f"WHERE fit_id = {fit_id}")
+        freed = ", ".join(str(k) for k in book.freed())
+        ex.control(f"DELETE FROM {cat.ext('model_states')} WHERE fit_id = {fit_id} AND "
+                   f"(version <> 'current'{f' OR mst_key IN ({freed})' if freed else ''})")
+        return fit_id, best, outcome, book
+    except BaseException as e:
+        if fit_id is not None:
+            try:
+                msg = getattr(e, "message", None) or str(e)
+                ex.control(f"UPDATE {cat.ext('fits')} SET status = 'failed', message = "
+                           f"{cat.literal(msg[:2000])}, ended_at = clock_timestamp() "
+                           f"WHERE fit_id = {fit_id}")
+            except Exception:  # noqa: BLE001, S110 - the original error matters more
+                pass
+        raise
+    finally:
+        ex.close()
+
+
+@entrypoint
+def hyperband_schedule(cat: Catalog, *, schedule_table: str, r: int | None, eta: int | None = 3,
+                       skip_last: int | None = 0) -> None:
+    """The Hyperband brackets for (R, eta, skip_last) as a table (s, i, n_i, r_i)."""
+    from ..automl.hyperband import hyperband_schedule as schedule
+
+    table = TableName.parse(schedule_table, "schedule_table")
+    for label, v in (("r", r), ("eta", eta), ("skip_last", skip_last)):
+        if v is None:
+            raise CerebroError(f"{label} must not be NULL", NULL_VALUE_NOT_ALLOWED)
+    rows = schedule(int(r), int(eta), int(skip_last))
+    if cat.relation_oid(table) is not None:
+        raise CerebroError(f'schedule_table "{table}" already exists', "42P07",
+                           hint="Drop it or choose another name.")
+    cols = [("s", "integer"), ("i", "integer"), ("n_i", "integer"), ("r_i", "integer")]
+    cat.create_table(table, cols)
+    cat.insert(table, [c for c, _ in cols], ["int4"] * 4, [list(x) for x in rows])
