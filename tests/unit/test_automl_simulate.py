@@ -217,8 +217,8 @@ def test_fork_copies_parent_state() -> None:
     t = Script([Launch(spec(1), 3)], react)
     simulate_tuner(t, num_partitions=2, num_workers=1, loss_model=model)
     last_parent = [u.loss for u in t.units if u.trial_id == 1][-1]
-    first_child = [u.loss for u in t.units if u.trial_id == 2][0]
-    first_fresh = [u.loss for u in t.units if u.trial_id == 3][0]
+    first_child = next(u.loss for u in t.units if u.trial_id == 2)
+    first_fresh = next(u.loss for u in t.units if u.trial_id == 3)
     assert first_child < last_parent < first_fresh
 
 
@@ -237,7 +237,7 @@ def test_synthetic_loss_learning_rate_shape() -> None:
     assert final(0.01) < final(0.05)
     assert math.isnan(final(1.0))  # 100x the best rate: NaN at once
     s = spec(1, 0.1)  # 10x: grows, then NaN
-    loss, level = model.step(s, 1.0, 1, 0, 2)
+    _loss, level = model.step(s, 1.0, 1, 0, 2)
     assert level > 1.0
     _, v = model.evaluate(spec(1), 0.5, 1, validation=True)
     t, none = model.evaluate(spec(1), 0.5, 1, validation=False)
