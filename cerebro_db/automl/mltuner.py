@@ -31,9 +31,10 @@ or ``num_configs`` samples when the space has distributions), independently and 
    re-tunes from the current state.
 
 Bounds (the paper keeps tuning a small share of the run and re-tunes only on a plateau):
-at most ``max_retunes`` re-tunings per configuration, and a re-tuning starts only if the
-epochs spent on losing branches, counting that round, stay at most ``max_tuning_share`` of
-all epochs the configuration would train (losers plus ``num_iterations``). ``num_iterations``
+at most ``max_retunes`` re-tunings per configuration, and a re-tuning starts (and its trial
+length doubles) only if the epochs spent on losing branches, counting that round's expected
+losers, stay at most ``max_tuning_share`` of all epochs the configuration would train (losers
+plus ``num_iterations``); the first tuning always runs. ``num_iterations``
 is the number of epochs along the output lineage of each configuration. The output of a
 configuration is its final winning branch; if every branch ever diverges, the snapshot (or
 the main trial at the start) is kept instead.
@@ -416,7 +417,9 @@ class MLtuner(Tuner):
         stable = [c for c in res if res[c].stable]
         lineage = g["base"] + g["L"]
         if not stable and res and g["step"] == 1 and 2 * g["L"] <= self.max_trial_epochs \
-                and g["base"] + 2 * g["L"] <= self.num_iterations:
+                and g["base"] + 2 * g["L"] <= self.num_iterations \
+                and (g["checkpoint"] is None
+                     or self._share_ok(g["tuning_epochs"] + (len(res) - 1) * 2 * g["L"])):
             g["L"] *= 2
             g["waiting"] = sorted(res)
             return out + [Extend(c, g["L"]) for c in sorted(res)]
@@ -463,6 +466,11 @@ class MLtuner(Tuner):
             return out + [Stop(best, "completed")]
         return out + [Extend(best, g["L"] + min(g["L"], remaining))]
 
+    def _share_ok(self, tuning_epochs: int) -> bool:
+        """Whether ``tuning_epochs`` on losing branches stay within ``max_tuning_share`` of
+        all the epochs of the configuration (those plus ``num_iterations``)."""
+        return tuning_epochs <= self.max_tuning_share * (tuning_epochs + self.num_iterations)
+
     def _window_end(self, g: dict[str, Any], epoch: int) -> list[Decision]:
         cur = g["current"]
         lineage = g["base"] + epoch
@@ -478,8 +486,7 @@ class MLtuner(Tuner):
         speed = speed if speed is not None and math.isfinite(speed) else 0.0
         stalled = m.increasing or not (m.speed >= self.stall_fraction * speed)
         L = min(g["L"], remaining)
-        cost = g["tuning_epochs"] + self.num_branches * self.search_steps * L
-        within = cost <= self.max_tuning_share * (cost + self.num_iterations)
+        within = self._share_ok(g["tuning_epochs"] + self.num_branches * self.search_steps * L)
         if stalled and g["retunes"] < self.max_retunes and within:
             g["retunes"] += 1
             spec = self._spec(cur)

@@ -101,7 +101,7 @@ def check_mop(r: SimResult, num_partitions: int) -> None:
     for (tid, e), us in by_epoch.items():
         parts = [u.partition for u in us]
         assert len(parts) == len(set(parts))
-        if e < r.trials[tid].completed or (e == r.trials[tid].completed):
+        if e <= r.trials[tid].completed:
             assert sorted(parts) == list(range(num_partitions))
         if e > 1:
             prev_end = max(u.end for u in by_epoch[(tid, e - 1)])
