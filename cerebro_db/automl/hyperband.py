@@ -20,10 +20,12 @@ trial id, NaN last), which continue from their weights up to ``r_{i+1}`` epochs 
 drawn once, at the start (``space.sample_distinct`` seeded by ``random_state``), and numbered
 by bracket from ``s_max`` down as MADlib numbers its ``mst_key`` s.
 
-Two deliberate differences from MADlib 1.x: ``n`` is the paper's (MADlib truncates
-``(s_max + 1) / (s + 1)`` to an integer first, giving 27 instead of 34 for ``R=81, s=3``),
-and ``s_max`` is exact (MADlib's ``floor(math.log(243, 3))`` is 4). Survivors train to
-``r_i`` epochs *in total*, and are chosen among the trials of the round just finished.
+Deliberate differences from MADlib: ``n`` is the paper's (MADlib truncates
+``(s_max + 1) / (s + 1)`` to an integer first, giving 27 instead of 34 for ``R=81, s=3``);
+``s_max`` is exact (MADlib's ``floor(math.log(243, 3))`` is 4); survivors train to ``r_i``
+epochs *in total* (MADlib warm-starts them for another ``r_i`` epochs, so they end with the
+sum of the round budgets); and they are chosen among the trials of the round just finished
+(MADlib ranks every trial of the bracket by its last loss, pruned ones included).
 """
 from __future__ import annotations
 
