@@ -152,7 +152,7 @@ class HyperoptSearch(Tuner):
             raise invalid(f"automl_params: algorithm must be 'tpe' or 'rand', got {algorithm!r}")
         self.algorithm = algo
         self.n_startup_jobs = max(1, min(20, num_configs // 4))
-        self.base_seed = (int(np.random.SeedSequence().entropy) % 2**64
+        self.base_seed = (int(np.random.default_rng().integers(2**63))
                           if random_state is None else random_state % 2**64)
         self.asks = 0
         self.history: list[dict[str, Any]] = []

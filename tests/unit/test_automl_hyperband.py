@@ -15,7 +15,7 @@ from cerebro_db.automl.hyperband import Hyperband, hyperband_schedule
 from cerebro_db.automl.registry import get_tuner
 from cerebro_db.errors import CerebroError
 
-from ._automl_drive import Run, run
+from ._automl_drive import Run, ScoreFn, run
 
 COMPILE = ("{'loss': ['mse'], 'optimizer_params_list': [{'optimizer': ['SGD'], "
            "'lr': [0.00001, 1.0, 'log'], 'momentum': [0.0, 0.99, 'linear']}]}")
@@ -30,7 +30,7 @@ def _tuner(R: int, eta: int, skip_last: int = 0, random_state: int | None = 1,
                      skip_last=skip_last)
 
 
-def _scorer(seed: int, nan_rate: float = 0.05, levels: int = 7):  # type: ignore[no-untyped-def]
+def _scorer(seed: int, nan_rate: float = 0.05, levels: int = 7) -> ScoreFn:
     """Random scores per (config, epoch) from a small set (ties), sometimes NaN."""
 
     def score(spec: TrialSpec, epoch: int) -> float:
@@ -104,7 +104,7 @@ def test_schedule_properties(R: int, eta: int, data: st.DataObject) -> None:
 
 # -- execution ------------------------------------------------------------------------------
 
-def _check_run(r: Run, t: Hyperband, score) -> None:  # type: ignore[no-untyped-def]
+def _check_run(r: Run, t: Hyperband, score: ScoreFn) -> None:
     sched = {(s, i): (n, ep) for s, i, n, ep in t.schedule()}
     by_bracket: dict[int, list[int]] = {}
     for k in r.trials:

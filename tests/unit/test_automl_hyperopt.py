@@ -116,8 +116,7 @@ def test_distributions_render_in_range_and_parse_back() -> None:
             assert 0.8 <= _arg(cp, "beta_1") <= 0.95
             assert "momentum" not in cp
     assert optimizers == {"SGD", "Adam"}
-    epochs = {int(re.search(r"epochs=(\d+)", tr.spec.fit_params).group(1))  # type: ignore[union-attr]
-              for tr in r.trials.values()}
+    epochs = {int(_arg(tr.spec.fit_params, "epochs")) for tr in r.trials.values()}
     assert epochs == {1, 2, 3, 4}
 
 
@@ -164,14 +163,15 @@ def test_decisions_are_reproducible_with_a_seed() -> None:
 
 @pytest.mark.parametrize("algorithm", ["tpe", "rand"])
 def test_state_round_trip_mid_run_continues_identically(algorithm: str) -> None:
-    kw = {"num_configs": 16, "algorithm": algorithm}
-    whole = run(_tuner(SYNTH, SYNTH_FIT, **kw), _synthetic, num_workers=3, seed=8)  # type: ignore[arg-type]
-    resumed = run(_tuner(SYNTH, SYNTH_FIT, **kw), _synthetic, num_workers=3, seed=8,  # type: ignore[arg-type]
-                  roundtrip_at={3, 10, 11, 20, 27})
+    def tuner() -> HyperoptSearch:
+        return _tuner(SYNTH, SYNTH_FIT, num_configs=16, algorithm=algorithm)
+
+    whole = run(tuner(), _synthetic, num_workers=3, seed=8)
+    resumed = run(tuner(), _synthetic, num_workers=3, seed=8, roundtrip_at={3, 10, 11, 20, 27})
     assert resumed.decisions == whole.decisions
     assert resumed.tuner.state_json() == whole.tuner.state_json()
     # a tuner restored before start() also behaves as a fresh one
-    fresh = Tuner.from_state_json(_tuner(SYNTH, SYNTH_FIT, **kw).state_json())  # type: ignore[arg-type]
+    fresh = Tuner.from_state_json(tuner().state_json())
     assert run(fresh, _synthetic, num_workers=3, seed=8).decisions == whole.decisions
 
 
