@@ -52,9 +52,9 @@ def _arg(text: str, name: str) -> float:
 
 
 def _synthetic(spec: TrialSpec, epoch: int) -> float:
-    """Best near lr = 1e-3, momentum = 0.8; batch_size is irrelevant."""
+    """Best near lr = 10**-4.5, momentum = 0.95 (off-centre); batch_size is irrelevant."""
     lr, mom = _arg(spec.compile_params, "lr"), _arg(spec.compile_params, "momentum")
-    return (math.log10(lr) + 3) ** 2 + 4 * (mom - 0.8) ** 2 + 1.0 / epoch
+    return (math.log10(lr) + 4.5) ** 2 + 4 * (mom - 0.95) ** 2 + 1.0 / epoch
 
 
 def test_hyperopt_is_imported_lazily() -> None:
@@ -177,7 +177,8 @@ def test_state_round_trip_mid_run_continues_identically(algorithm: str) -> None:
 
 def test_tpe_concentrates_on_the_good_region() -> None:
     """Statistical: over 4 seeds, the second half of TPE's 30 trials scores better than
-    random sampling's (observed medians about 1.1 against 2.3)."""
+    random sampling's (observed mean medians 1.2 against 5.4; TPE told no losses at all
+    gets 4.6, so this fails when results do not reach the algorithm)."""
     medians: dict[str, list[float]] = {"tpe": [], "rand": []}
     for algorithm, values in medians.items():
         for seed in range(4):
@@ -186,7 +187,7 @@ def test_tpe_concentrates_on_the_good_region() -> None:
             r = run(t, _synthetic, num_workers=2, seed=seed)
             late = [_synthetic(r.trials[k].spec, 2) for k in sorted(r.trials)][15:]
             values.append(statistics.median(late))
-    assert statistics.mean(medians["tpe"]) < 0.7 * statistics.mean(medians["rand"])
+    assert statistics.mean(medians["tpe"]) < 0.5 * statistics.mean(medians["rand"])
     assert sum(a < b for a, b in zip(medians["tpe"], medians["rand"])) >= 3
 
 
