@@ -203,6 +203,7 @@ class TrialBook:
                 p.set_target(d.trial_id, p.completed[d.trial_id])
                 if d.free:
                     t.freed = True
+                    p.pending_evals[:] = [u for u in p.pending_evals if u.config != d.trial_id]
                 self.sink.record(self.seq, "free" if d.free else "stop", d.trial_id, None,
                                  d.reason, {}, now)
             else:
@@ -234,17 +235,21 @@ class TrialBook:
 
     def unit_done(self, trial_id: int, epoch: int, partition: int, loss: float, rows: int,
                   seconds: float, now: float) -> None:
+        if self.trials[trial_id].freed:
+            return  # a freed trial's last unit ends unreported
         r = UnitReport(trial_id, epoch, partition, _float(loss), int(rows), float(seconds), now)
         self.apply(self.tuner.on_unit(r), now)
 
     def epoch_evaluated(self, trial_id: int, epoch: int, train: tuple[float, dict[str, float]],
                         valid: tuple[float, dict[str, float]] | None, now: float) -> None:
+        t = self.trials[trial_id]
+        if t.freed:
+            return
         p = self.progress
         at_target = p.targets[trial_id] == epoch and p.completed[trial_id] == epoch
         r = EpochReport(trial_id, epoch, _float(train[0]), dict(train[1]),
                         None if valid is None else _float(valid[0]),
                         None if valid is None else dict(valid[1]), at_target, now)
-        t = self.trials[trial_id]
         if t.last_epoch is None or epoch >= t.last_epoch:
             t.last_epoch, t.score = epoch, r.score
         self.apply(self.tuner.on_epoch(r), now)
@@ -255,3 +260,39 @@ def _float(v: Any) -> float:
         return float(v)
     except (TypeError, ValueError):
         return math.nan
+
+
+_NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+def state_for_jsonb(state_json: str) -> str:
+    """A tuner's JSON state with NaN and infinities as strings (``jsonb`` has no NaN);
+    :func:`state_from_jsonb` turns them back."""
+    import json
+
+    def fix(v: Any) -> Any:
+        if isinstance(v, float) and not math.isfinite(v):
+            return "NaN" if math.isnan(v) else ("Infinity" if v > 0 else "-Infinity")
+        if isinstance(v, dict):
+            return {k: fix(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [fix(x) for x in v]
+        return v
+
+    return json.dumps(fix(json.loads(state_json)), sort_keys=True, separators=(",", ":"))
+
+
+def state_from_jsonb(text: str) -> str:
+    """Inverse of :func:`state_for_jsonb`: JSON text a tuner can be restored from."""
+    import json
+
+    def back(v: Any) -> Any:
+        if isinstance(v, str) and v in _NONFINITE:
+            return _NONFINITE[v]
+        if isinstance(v, dict):
+            return {k: back(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [back(x) for x in v]
+        return v
+
+    return json.dumps(back(json.loads(text)), sort_keys=True, separators=(",", ":"))

@@ -22,7 +22,7 @@ from .. import __version__, params
 from ..automl.base import TrialSpec, Tuner
 from ..automl.registry import get_tuner
 from ..automl.space import SearchSpace
-from ..automl.trials import TrialBook
+from ..automl.trials import TrialBook, state_for_jsonb
 from ..catalog import Catalog
 from ..coordinator import ConfigResult, FitOutcome, combine, run_fit
 from ..errors import NULL_VALUE_NOT_ALLOWED, UNDEFINED_OBJECT, CerebroError, invalid
@@ -145,7 +145,7 @@ class _Hooks:
                    f"WHERE fit_id = {fit_id}")
         ex.control(
             f"INSERT INTO {cat.ext('automl_state')} (fit_id, method, state) VALUES "
-            f"({fit_id}, {lit(self.method)}, {lit(book.tuner.state_json())}::jsonb) "
+            f"({fit_id}, {lit(self.method)}, {lit(state_for_jsonb(book.tuner.state_json()))}::jsonb) "
             "ON CONFLICT (fit_id) DO UPDATE SET state = excluded.state, "
             "updated_at = clock_timestamp()")
         self.saved = key

@@ -180,3 +180,17 @@ def test_ranking_puts_nan_and_unevaluated_last() -> None:
     for k, s in ((1, 0.5), (2, math.nan), (3, 0.2)):
         book.trials[k].score = s
     assert book.ranking() == [3, 1, 2, 4]
+
+
+def test_state_survives_jsonb_with_nan() -> None:
+    import json
+
+    from cerebro_db.automl.trials import state_for_jsonb, state_from_jsonb
+
+    text = json.dumps({"a": [math.nan, 1.5, math.inf], "b": {"c": -math.inf}})
+    stored = state_for_jsonb(text)
+    assert "NaN" in stored and "Infinity" in stored
+    json.loads(stored, parse_constant=lambda c: pytest.fail(f"bare {c} in jsonb text"))
+    back = json.loads(state_from_jsonb(stored))
+    assert math.isnan(back["a"][0]) and back["a"][1:] == [1.5, math.inf]
+    assert back["b"]["c"] == -math.inf

@@ -1,0 +1,201 @@
+"""madlib_keras_automl on the real server: each procedure end to end, the catalog of
+decisions, reproducibility, and bad input leaving nothing behind."""
+from __future__ import annotations
+
+import io
+import json
+
+import numpy as np
+import psycopg2
+import pytest
+
+from cerebro_db.automl.hyperband import hyperband_schedule
+from cerebro_db.datasets import copy_payload, find_dataset_dir, load_split
+
+pytestmark = pytest.mark.db
+
+CGRID = ("{'loss': ['categorical_crossentropy'], 'optimizer_params_list': [{'optimizer': "
+         "['Adam'], 'lr': [0.0005, 0.05, 'log']}], 'metrics': ['accuracy']}")
+FGRID = "{'batch_size': [32, 64]}"
+
+
+def q(conn, sql, args=None):
+    with conn.cursor() as cur:
+        cur.execute(sql, args)
+        return cur.fetchall() if cur.description else None
+
+
+def mlp_json(hidden):
+    import keras
+
+    return keras.Sequential([keras.Input((784,)), keras.layers.Dense(hidden, activation="relu"),
+                             keras.layers.Dense(10, activation="softmax")]).to_json()
+
+
+@pytest.fixture(scope="module")
+def am(session_conn):
+    """600 MNIST training and 200 validation rows over 2 partitions; two MLPs."""
+    conn = session_conn
+    x, y = load_split(find_dataset_dir("mnist"), "train")
+    for name, lo, hi in (("am_train", 0, 600), ("am_test", 600, 800)):
+        q(conn, f"DROP TABLE IF EXISTS {name}")
+        q(conn, f"CREATE TABLE {name} (id integer, y integer, x real[])")
+        with conn.cursor() as cur:
+            cur.copy_expert(f"COPY {name} FROM STDIN (FORMAT binary)",
+                            io.BytesIO(copy_payload(np.arange(lo, hi),
+                                                    y[lo:hi].astype(np.int32), x[lo:hi])))
+    q(conn, "DROP TABLE IF EXISTS am_p, am_p_summary, am_v, am_v_summary, am_arch")
+    q(conn, "SELECT training_preprocessor_dl('am_train', 'am_p', 'y', 'x', NULL, 255.0, NULL, "
+            "NULL, 2, 3)")
+    q(conn, "SELECT validation_preprocessor_dl('am_test', 'am_v', 'y', 'x', 'am_p')")
+    q(conn, "SELECT load_keras_model('am_arch', %s)", (mlp_json(8),))
+    q(conn, "SELECT load_keras_model('am_arch', %s)", (mlp_json(24),))
+    return conn
+
+
+def automl(conn, out, method, params, seed=11, validation="am_v", ids=(1, 2),
+           cgrid=CGRID, fgrid=FGRID, freq=None):
+    q(conn, f"DROP TABLE IF EXISTS {out}, {out}_info, {out}_summary, {out}_mst, "
+            f"{out}_mst_summary")
+    q(conn, "SELECT madlib_keras_automl('am_p', %s, 'am_arch', %s, %s, %s, %s, %s, %s, %s, "
+            "NULL, FALSE, %s, %s)",
+      (out, out + "_mst", list(ids), cgrid, fgrid, method, params, seed, validation, freq))
+    return q(conn, f"SELECT fit_id FROM {out}_summary")[0][0]
+
+
+def info(conn, out, cols="*"):
+    with conn.cursor() as cur:
+        cur.execute(f"SELECT {cols} FROM {out}_info ORDER BY mst_key")
+        names = [d[0] for d in cur.description]
+        return [dict(zip(names, r)) for r in cur.fetchall()]
+
+
+def decisions(conn, fit_id):
+    return q(conn, "SELECT decision, mst_key, target, reason FROM cerebro_db.automl_decisions "
+                   "WHERE fit_id = %s ORDER BY seq", (fit_id,))
+
+
+def best_by_validation(rows):
+    scored = [(r["validation_loss_final"], r["mst_key"]) for r in rows
+              if r["validation_loss_final"] is not None
+              and not np.isnan(r["validation_loss_final"])]
+    return min(scored)[1]
+
+
+@pytest.fixture(scope="module")
+def hb(am):
+    """One Hyperband run (R=3, eta=3, seed 11) shared by the tests below; its fit_id."""
+    return automl(am, "am_hb", "hyperband", "R=3, eta=3")
+
+
+def test_hyperband_runs_the_brackets_diagonally(am, hb) -> None:
+    fit_id = hb
+    sched = hyperband_schedule(3, 3, 0)
+    rows = info(am, "am_hb")
+    first_round = [x for x in sched if x[1] == 0]
+    assert len(rows) == sum(n for _, _, n, _ in first_round)  # every config launched once
+    assert {r["s"] for r in rows} == {s for s, *_ in first_round}
+    # the longest-trained trial of each bracket trained the bracket's last r_i epochs
+    for s, i, n, r_i in sched:
+        in_round = [r for r in rows if r["s"] == s and r["i"] >= i]
+        assert len(in_round) == n
+        assert all(max(r["metrics_iters"]) >= r_i for r in in_round)
+    dec = decisions(am, fit_id)
+    assert [d for d in dec if d[0] == "extend"], dec
+    assert [d for d in dec if d[0] == "stop"], dec
+    status = dict(q(am, "SELECT status, count(*) FROM cerebro_db.fits WHERE fit_id = %s "
+                        "GROUP BY 1", (fit_id,)))
+    assert status == {"done": 1}
+    # the model selection table holds the best configuration by validation loss
+    (best,) = q(am, "SELECT mst_key FROM am_hb_mst")
+    assert best[0] == best_by_validation(rows)
+    summ = q(am, "SELECT automl_method, automl_params, random_state, best_mst_key "
+                 "FROM am_hb_summary")[0]
+    assert summ == ("hyperband", "R=3, eta=3", 11, best[0])
+    assert q(am, "SELECT count(*) FROM am_hb")[0][0] == len(rows)
+
+
+def test_hyperband_is_reproducible(am, hb) -> None:
+    """Same seed, same configurations, same metrics."""
+    automl(am, "am_hb2", "hyperband", "R=3, eta=3", seed=11)
+    cols = "mst_key, compile_params, fit_params, validation_loss, training_loss, s, i"
+    assert info(am, "am_hb", cols) == info(am, "am_hb2", cols)
+
+
+def test_hyperopt_tpe_runs_num_configs(am) -> None:
+    fit_id = automl(am, "am_ho", "hyperopt", "num_configs=4, num_iterations=1, algorithm=tpe")
+    rows = info(am, "am_ho")
+    assert len(rows) == 4
+    assert all(r["metrics_iters"] == [1] for r in rows)
+    assert len({(r["compile_params"], r["fit_params"], r["model_id"]) for r in rows}) == 4
+    assert [d[0] for d in decisions(am, fit_id)].count("launch") == 4
+
+
+def test_grid_and_random_are_one_shot(am) -> None:
+    cgrid = ("{'loss': ['categorical_crossentropy'], 'optimizer': ['Adam'], "
+             "'metrics': ['accuracy']}")
+    automl(am, "am_grid", "grid", "num_iterations=1", ids=(1, 2), cgrid=cgrid)
+    assert len(info(am, "am_grid")) == 4  # 2 models x 2 batch sizes
+    automl(am, "am_rand", "random", "num_configs=3, num_iterations=1", validation=None)
+    rows = info(am, "am_rand")
+    assert len(rows) == 3 and all(r["validation_loss"] is None for r in rows)
+    # without validation data the ranking is by training loss
+    (best,) = q(am, "SELECT mst_key FROM am_rand_mst")[0]
+    assert best == min((r["training_loss_final"], r["mst_key"]) for r in rows)[1]
+
+
+def test_hyperband_schedule_table(am) -> None:
+    q(am, "DROP TABLE IF EXISTS am_sched")
+    q(am, "SELECT hyperband_schedule('am_sched', 81, 3)")
+    got = q(am, "SELECT s, i, n_i, r_i FROM am_sched ORDER BY s DESC, i")
+    assert [tuple(r) for r in got] == [tuple(r) for r in hyperband_schedule(81, 3, 0)]
+    assert got[0] == (4, 0, 81, 1)
+
+
+def tables(conn):
+    return set(q(conn, "SELECT oid::regclass::text FROM pg_class WHERE relkind = 'r'"))
+
+
+@pytest.mark.parametrize("args, sqlstate, fragment", [
+    (dict(method="nosuch"), "22023", "automl_method must be one of"),
+    (dict(params="R=3, bogus=1"), "22023", "bogus"),
+    (dict(params="R=0"), "22023", "R"),
+    (dict(ids=[7]), "42704", "model_id 7"),
+    (dict(ids=[]), "22023", "model_id_list must not be empty"),
+    (dict(cgrid="__import__('os').system('touch /tmp/pwned')"), "22023", ""),
+    (dict(fgrid="{'batch_size': [32], 'nonsense': [1]}"), "22023", "nonsense"),
+    (dict(out="am_bad; DROP TABLE am_p"), "42602", ""),
+])
+def test_bad_input_is_rejected_before_any_work(am, args, sqlstate, fragment) -> None:
+    before = tables(am)
+    fits_before = q(am, "SELECT count(*) FROM cerebro_db.fits")[0][0]
+    call = dict(out="am_bad", method="hyperband", params="R=3", ids=[1], cgrid=CGRID,
+                fgrid=FGRID)
+    call.update(args)
+    with pytest.raises(psycopg2.Error) as e:
+        q(am, "SELECT madlib_keras_automl('am_p', %s, 'am_arch', 'am_bad_mst', %s, %s, %s, "
+              "%s, %s, 1)", (call["out"], call["ids"], call["cgrid"], call["fgrid"],
+                             call["method"], call["params"]))
+    assert e.value.pgcode == sqlstate, e.value.pgerror
+    assert fragment in e.value.pgerror
+    assert tables(am) == before
+    assert q(am, "SELECT count(*) FROM cerebro_db.fits")[0][0] == fits_before
+
+
+def test_existing_selection_table_is_refused(am) -> None:
+    q(am, "DROP TABLE IF EXISTS am_taken_mst; CREATE TABLE am_taken_mst (x int)")
+    with pytest.raises(psycopg2.Error) as e:
+        q(am, "SELECT madlib_keras_automl('am_p', 'am_taken', 'am_arch', 'am_taken_mst', "
+              "ARRAY[1], %s, %s, 'random', 'num_configs=1, num_iterations=1')", (CGRID, FGRID))
+    assert e.value.pgcode == "42P07"
+
+
+def test_decisions_and_trials_are_visible_in_the_catalog(am, hb) -> None:
+    fit_id = hb
+    trials = q(am, "SELECT mst_key, status, target, last_epoch FROM cerebro_db.automl_trials "
+                   "WHERE fit_id = %s ORDER BY mst_key", (fit_id,))
+    assert trials and all(s in ("paused", "stopped") for _, s, _, _ in trials)
+    assert all(e == t for _, s, t, e in trials if s == "paused")
+    state = q(am, "SELECT method, state FROM cerebro_db.automl_state WHERE fit_id = %s",
+              (fit_id,))[0]
+    assert state[0] == "hyperband" and json.loads(json.dumps(state[1]))["tuner"] == "hyperband"
