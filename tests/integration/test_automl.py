@@ -199,3 +199,37 @@ def test_decisions_and_trials_are_visible_in_the_catalog(am, hb) -> None:
     state = q(am, "SELECT method, state FROM cerebro_db.automl_state WHERE fit_id = %s",
               (fit_id,))[0]
     assert state[0] == "hyperband" and json.loads(json.dumps(state[1]))["tuner"] == "hyperband"
+
+
+def test_asha_promotes_without_rung_barrier(am) -> None:
+    fit_id = automl(am, "am_asha", "asha", "min_r=1, max_r=3, eta=3, max_configs=5")
+    rows = info(am, "am_asha")
+    assert len(rows) == 5 and {r["bracket"] for r in rows} == {0}
+    promoted = [r for r in rows if r["rung"] == 1]
+    assert promoted and all(max(r["metrics_iters"]) == 3 for r in promoted)
+    assert all(max(r["metrics_iters"]) == 1 for r in rows if r["rung"] == 0)
+    extends = [d for d in decisions(am, fit_id) if d[0] == "extend"]
+    assert sorted(d[1] for d in extends) == sorted(r["mst_key"] for r in promoted)
+    assert all(d[2] == 3 for d in extends)
+
+
+def test_mltuner_forks_branches_and_frees_the_losers(am) -> None:
+    cgrid = ("{'loss': ['categorical_crossentropy'], 'optimizer': ['Adam(learning_rate=0.001)'], "
+             "'metrics': ['accuracy']}")
+    fit_id = automl(am, "am_mlt", "mltuner", "num_iterations=3, num_branches=2, "
+                    "search_steps=1, max_trial_epochs=1, max_retunes=1", ids=(1,),
+                    cgrid=cgrid, fgrid="{'batch_size': [32]}")
+    trials = q(am, "SELECT mst_key, parent, status FROM cerebro_db.automl_trials "
+                   "WHERE fit_id = %s ORDER BY mst_key", (fit_id,))
+    freed = {k for k, _, s in trials if s == "freed"}
+    assert freed, trials
+    rows = info(am, "am_mlt")
+    assert rows and not freed & {r["mst_key"] for r in rows}
+    assert all(r["learning_rate"] is not None and r["role"] for r in rows)
+    # branches with other learning rates say so in their compile_params
+    lrs = {r["learning_rate"] for r in rows}
+    assert all(f"{r['learning_rate']:g}".rstrip("0") in r["compile_params"]
+               or "learning_rate" in r["compile_params"] for r in rows), (lrs, rows)
+    (states,) = q(am, "SELECT count(*) FROM cerebro_db.model_states WHERE fit_id = %s AND "
+                      "mst_key = ANY(%s)", (fit_id, sorted(freed)))[0]
+    assert states == 0
