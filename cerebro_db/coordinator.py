@@ -159,9 +159,11 @@ def _mean(pairs: list[tuple[float, int]]) -> float:
 
 
 def combine(parts: list[dict[str, Any]]) -> tuple[float, list[float]]:
-    """Row-weighted loss and metrics over partitions."""
+    """Row-weighted loss and metrics over partitions (metrics by position: a resumed fit
+    reads them back from the unit log as arrays)."""
     rows = sum(p["rows"] for p in parts)
     loss = math.fsum(p["loss"] * p["rows"] for p in parts) / rows
-    names = list(parts[0]["metrics"])
-    metrics = [math.fsum(p["metrics"][k] * p["rows"] for p in parts) / rows for k in names]
+    vals = [list(p["metrics"].values()) for p in parts]  # in the order the worker gave
+    metrics = [math.fsum(v[i] * p["rows"] for v, p in zip(vals, parts)) / rows
+               for i in range(len(vals[0]))]
     return loss, metrics

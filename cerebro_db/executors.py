@@ -82,8 +82,8 @@ class DblinkExecutor:
         self.cat.dblink_exec(name, "SET application_name = "
                              + self.cat.literal(self.application_name(w)))
         for k, v in self.settings.items():
-            self.cat.dblink_exec(name, f"SELECT pg_catalog.set_config({self.cat.literal(k)}, "
-                                       f"{self.cat.literal(v)}, false)")
+            self.cat.dblink_query(name, f"SELECT pg_catalog.set_config({self.cat.literal(k)}, "
+                                        f"{self.cat.literal(v)}, false)")
         self.pids[w] = int(self.cat.dblink_query(name, "SELECT pg_catalog.pg_backend_pid()"
                                                        "::text")[0][0])
 

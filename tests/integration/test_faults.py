@@ -293,6 +293,9 @@ def test_coordinator_killed_then_resumed(fl, baseline, dbname, dsn, tables):
     assert fit_id is not None, "the fit never got going"
     assert q(fl, "SELECT coordinator_pid FROM cerebro_db.fits WHERE fit_id = %s",
              (fit_id,))[0][0] == pid
+    with pytest.raises(psycopg2.Error) as e:  # a live fit cannot be taken over
+        q(fl, "SELECT madlib_keras_fit_resume(%s)", (fit_id,))
+    assert e.value.pgcode == "55006" and "still running" in e.value.pgerror
     q(fl, "SELECT pg_terminate_backend(%s)", (pid,))
     t.join(60)
     assert errors and not t.is_alive()
@@ -321,11 +324,11 @@ def test_coordinator_killed_then_resumed(fl, baseline, dbname, dsn, tables):
     c2.close()
 
 
-def test_resume_refuses_unknown_and_live_fits(fl):
+def test_resume_refuses_unknown_fits(fl):
     with pytest.raises(psycopg2.Error) as e:
         q(fl, "SELECT madlib_keras_fit_resume(987654321)")
     assert e.value.pgcode == "42704"
     with pytest.raises(psycopg2.Error) as e:
-        q(fl, "SELECT madlib_keras_fit_resume(NULL)")
+        q(fl, "SELECT madlib_keras_fit_resume(NULL::bigint)")
     assert e.value.pgcode == "22004"
     assert "madlib_keras_fit_resume(fit_id)" in q(fl, "SELECT madlib_keras_fit_resume()")[0][0]
