@@ -119,8 +119,15 @@ class DblinkExecutor:
         return bool(rows[0]["t"])
 
     def control(self, sql: str) -> None:
-        """Run a statement in the control session (committed at once)."""
-        self.cat.dblink_exec(self.name("ctl"), sql)
+        """Run a statement in the control session (committed at once); a control session
+        that was lost is opened again and the statement retried once (control statements
+        are updates of the fit's rows and failure records)."""
+        try:
+            self.cat.dblink_exec(self.name("ctl"), sql)
+        except Exception:  # noqa: BLE001 - a lost session: reconnect and retry once
+            self._drop("ctl")
+            self._connect("ctl")
+            self.cat.dblink_exec(self.name("ctl"), sql)
 
     def control_query(self, sql: str) -> list[tuple]:
         return self.cat.dblink_query(self.name("ctl"), sql)

@@ -111,7 +111,7 @@ def replay_equal(dsn, fit_id, out):
         "FROM mn_out WHERE", f"FROM {out} WHERE")
     assert script.count("fl_p") == 1 and script.count(out) == 1
     r = subprocess.run([sys.executable, "-c", script, dsn, str(fit_id)], cwd=ROOT,
-                       capture_output=True, text=True, timeout=300)
+                       capture_output=True, text=True, timeout=300, check=False)
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(r.stdout.strip().splitlines()[-1])
     assert {k: v[0] for k, v in res.items()} == {str(k): ITERATIONS * PARTITIONS
@@ -155,14 +155,27 @@ def hook(conn, *points):
 
 
 def test_worker_sessions_killed_mid_unit_and_during_save(fl, baseline, dbname, dsn, tables):
-    """Three kills: one before training (mid-unit), one after the state save and unit row
-    but before commit (during the save), one in an evaluation unit. Each unit is retried on
-    a fresh session; the result is the uninterrupted one."""
+    """Kills at three points: before training (mid-unit), after the state save and unit row
+    but before commit (during the save), and in an evaluation unit (five worker sessions in
+    all), plus the control session once. Each unit is retried on a fresh session; the
+    result is the uninterrupted one."""
     tables += ["fl_kill", "fl_kill_info"]
     hook(fl, {"point": "before_train", "mst_key": 1, "epoch": 1, "seconds": 60},
          {"point": "after_save", "mst_key": 2, "epoch": 2, "seconds": 60},
          {"point": "eval", "mst_key": 2, "epoch": 1, "partition": 0, "seconds": 60})
-    killer = Killer(dbname)
+    ctl_killed: list[int] = []
+
+    def kill_ctl_then_worker(cur, pid):
+        # the first time, the control session goes too (it records the failure next)
+        if not ctl_killed:
+            cur.execute("SELECT pid FROM pg_stat_activity WHERE application_name LIKE "
+                        "'cerebro_db %% worker ctl'")
+            for (c,) in cur.fetchall():
+                cur.execute("SELECT pg_terminate_backend(%s)", (c,))
+                ctl_killed.append(c)
+        cur.execute("SELECT pg_terminate_backend(%s)", (pid,))
+
+    killer = Killer(dbname, action=kill_ctl_then_worker)
     killer.start()
     try:
         fit_id = run_fit(fl, "fl_kill")
@@ -172,6 +185,7 @@ def test_worker_sessions_killed_mid_unit_and_during_save(fl, baseline, dbname, d
         q(fl, "RESET cerebro_db.test_hook")
     # mst 1 epoch 1: both partitions' first attempts slept; mst 2 epoch 2: both too; one eval
     assert len(killer.killed) == 5, killer.killed
+    assert len(ctl_killed) == 1
     fails = q(fl, "SELECT mst_key, epoch, partition, kind, attempt, worker_pid FROM "
                   "cerebro_db.unit_failures WHERE fit_id = %s ORDER BY failed_at", (fit_id,))
     assert len(fails) == 5 and all(f[4] == 0 for f in fails)
