@@ -4,10 +4,17 @@ Knows nothing of SQL text or TensorFlow. The executor gives idle workers, takes 
 (``submit(assignment, options)``) and returns finished units (``wait()``); the policy
 decides; :class:`~cerebro_db.scheduling.Progress` refuses any assignment that would break
 an invariant. There is no barrier unless the policy makes one (the ``ring`` policy).
+
+Faults. A unit whose worker session was lost (``data["lost"]``: killed, crashed, past its
+timeout) counts for nothing: the worker's transaction rolled back, so the config's state is
+the one before the unit. The coordinator records the attempt (``executor.unit_failed``),
+gives the worker a fresh session (``executor.recover``; without one the worker leaves the
+fit) and re-queues the unit, up to ``max_unit_retries`` times per unit. A unit that fails
+inside a healthy worker (the worker's own error answer, e.g. a shape mismatch) fails the fit
+with the worker's message and traceback.
 """
 from __future__ import annotations
 
-import collections
 import math
 import time
 from collections.abc import Sequence
@@ -15,12 +22,14 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
 from .errors import CerebroError
-from .scheduling import TRAIN, Assignment, Policy, Progress
+from .scheduling import TRAIN, Assignment, Policy, Progress, RunningUnit
 
 
 class Executor(Protocol):
     def submit(self, a: Assignment, options: dict[str, Any]) -> None: ...
     def wait(self) -> list[tuple[int, bool, dict[str, Any]]]: ...
+    def recover(self, worker: int) -> bool: ...
+    def unit_failed(self, unit: RunningUnit, attempt: int, data: dict[str, Any]) -> None: ...
 
 
 class FitHooks(Protocol):
@@ -56,27 +65,33 @@ class FitOutcome:
     results: dict[int, ConfigResult]
     seconds: float
     units: int
+    retried: int = 0
 
 
 def run_fit(policy: Policy, progress: Progress, executor: Executor, *,
             eval_kinds: Sequence[str], num_partitions: int,
             snapshot_epochs: Callable[[int, int], bool],
             notice: Callable[[str], None] = lambda m: None,
-            clock: Callable[[], float] = time.monotonic,
-            hooks: FitHooks | None = None) -> FitOutcome:
-    """Run every unit of the fit to the end; raise :class:`WorkerFailed` on a unit's failure.
+            clock: Callable[[], float] = time.monotonic, max_unit_retries: int = 3,
+            results: dict[int, ConfigResult] | None = None, done_units: int = 0,
+            elapsed_before: float = 0.0, hooks: FitHooks | None = None) -> FitOutcome:
+    """Run every unit of the fit to the end; raise :class:`WorkerFailed` on a unit's failure
+    (or when a unit lost its worker session more than ``max_unit_retries`` times).
 
     ``eval_kinds`` are what an evaluation unit computes ('eval_train', 'eval_valid');
     ``snapshot_epochs(config, epoch)`` says whether the state at the end of that epoch is
-    kept for evaluation.
+    kept for evaluation. A resumed fit passes what its log already holds: ``results``,
+    ``done_units`` (training units done) and ``elapsed_before`` (seconds already spent).
     """
-    start = clock()
-    results: dict[int, ConfigResult] = collections.defaultdict(ConfigResult)
+    start = clock() - elapsed_before
+    results = results if results is not None else {}
     for c in progress.targets:
-        results[c] = ConfigResult()
+        results.setdefault(c, ConfigResult())
     total = sum(progress.targets.values()) * num_partitions
-    done_units = 0
+    done_before = done_units
     best: tuple[float, int] | None = None
+    attempts: dict[tuple[int, int, int, str], int] = {}
+    retried = 0
     while True:
         if hooks is not None:
             hooks.before_assign(clock() - start)
@@ -86,7 +101,8 @@ def run_fit(policy: Policy, progress: Progress, executor: Executor, *,
         snap = progress.snapshot(clock() - start)
         for a in policy.assign(snap):
             progress.start(a)
-            opts: dict[str, Any] = {"reset_optimizer": a.reset_optimizer}
+            opts: dict[str, Any] = {"reset_optimizer": a.reset_optimizer,
+                                    "attempt": attempts.get(_key(a), 0)}
             if a.kind == TRAIN:
                 last = len(progress.visited[a.config]) == num_partitions - 1
                 opts["completes_epoch"] = last
@@ -101,6 +117,29 @@ def run_fit(policy: Policy, progress: Progress, executor: Executor, *,
                                "done", "XX000")
         for worker, ok, data in executor.wait():
             unit = progress.running[worker]
+            if not ok and data.get("lost"):
+                progress.finish(worker, False)
+                key = _key(unit)
+                attempts[key] = attempts.get(key, 0) + 1
+                retried += 1
+                executor.unit_failed(unit, attempts[key] - 1, data)
+                where = (f"configuration {unit.config} (epoch {unit.epoch}, partition "
+                         f"{unit.partition}, {unit.kind})")
+                if attempts[key] > max_unit_retries:
+                    raise WorkerFailed(
+                        f"{where} lost its worker session {attempts[key]} times; last: "
+                        f"{data.get('message')}", data.get("sqlstate") or "08006",
+                        hint="Raise cerebro_db.max_unit_retries, or look for what ends the "
+                        "worker sessions (server log).")
+                if not executor.recover(worker):
+                    progress.remove_worker(worker)
+                    notice(f"worker {worker} lost its session and could not reconnect; it "
+                           "leaves the fit")
+                else:
+                    notice(f"worker {worker} lost its session ({data.get('message')}); "
+                           f"{where} is queued again (retry {attempts[key]} of "
+                           f"{max_unit_retries})")
+                continue
             if not ok:
                 raise WorkerFailed(
                     f"worker {worker} failed on configuration {unit.config} "
@@ -109,7 +148,7 @@ def run_fit(policy: Policy, progress: Progress, executor: Executor, *,
                     hint=data.get("hint"), detail=data.get("detail"))
             epoch_before = progress.completed[unit.config]
             progress.finish(worker, True)
-            r = results[unit.config]
+            r = results.setdefault(unit.config, ConfigResult())
             if unit.kind == TRAIN:
                 done_units += 1
                 r.train_loss.setdefault(unit.epoch, []).append((data["loss"], data["rows"]))
@@ -121,7 +160,7 @@ def run_fit(policy: Policy, progress: Progress, executor: Executor, *,
                     loss = _mean(r.train_loss[unit.epoch])
                     if not math.isnan(loss) and (best is None or loss < best[0]):
                         best = (loss, unit.config)
-                    eta = elapsed / done_units * max(0, total - done_units)
+                    eta = elapsed / max(done_units - done_before, 1) * max(0, total - done_units)
                     shown_best = f"{best[0]:.4g} (mst_key {best[1]})" if best else "NaN"
                     notice(
                         f"mst_key {unit.config}: epoch {unit.epoch}/"
@@ -135,7 +174,11 @@ def run_fit(policy: Policy, progress: Progress, executor: Executor, *,
                     r.eval_done_at[unit.epoch] = clock() - start
                     if hooks is not None:
                         hooks.on_evaluated(unit.config, unit.epoch, r, clock() - start)
-    return FitOutcome(dict(results), clock() - start, done_units)
+    return FitOutcome(results, clock() - start, done_units, retried)
+
+
+def _key(u: Assignment | RunningUnit) -> tuple[int, int, int, str]:
+    return (u.config, u.epoch, u.partition, u.kind)
 
 
 def _mean(pairs: list[tuple[float, int]]) -> float:
@@ -144,9 +187,11 @@ def _mean(pairs: list[tuple[float, int]]) -> float:
 
 
 def combine(parts: list[dict[str, Any]]) -> tuple[float, list[float]]:
-    """Row-weighted loss and metrics over partitions."""
+    """Row-weighted loss and metrics over partitions (metrics by position: a resumed fit
+    reads them back from the unit log as arrays)."""
     rows = sum(p["rows"] for p in parts)
     loss = math.fsum(p["loss"] * p["rows"] for p in parts) / rows
-    names = list(parts[0]["metrics"])
-    metrics = [math.fsum(p["metrics"][k] * p["rows"] for p in parts) / rows for k in names]
+    vals = [list(p["metrics"].values()) for p in parts]  # in the order the worker gave
+    metrics = [math.fsum(v[i] * p["rows"] for v, p in zip(vals, parts)) / rows
+               for i in range(len(vals[0]))]
     return loss, metrics

@@ -97,7 +97,11 @@ SELECT madlib_keras_fit_multiple_model(
 );
 One worker session per partition trains one unit (a configuration's pass over its
 partition) at a time; model states hop between them. Progress: SELECT * FROM
-cerebro_db.fit_progress;""",
+cerebro_db.fit_progress;
+Faults: a unit whose worker session dies is retried on a fresh session (at most
+cerebro_db.max_unit_retries times, default 3; failed attempts in cerebro_db.unit_failures);
+SET cerebro_db.unit_timeout = <seconds> ends units that hang. A fit whose own session
+died is 'interrupted': continue it with madlib_keras_fit_resume(fit_id).""",
     "madlib_keras_fit": """\
 madlib_keras_fit: train one configuration
 
@@ -107,6 +111,15 @@ SELECT madlib_keras_fit(
     name, description, object_table (not supported), random_state);
 Sequential SGD over the partitions (one worker session holds them all). Writes <model>
 (model_weights, model_arch) and <model>_summary (with the metrics).""",
+    "madlib_keras_fit_resume": """\
+madlib_keras_fit_resume: continue an interrupted or failed fit
+
+SELECT madlib_keras_fit_resume(fit_id);
+fit_id: from SELECT fit_id, status, message FROM cerebro_db.fits. The units the fit
+committed are kept and every configuration continues from its last committed state; the
+outputs are written as the original call would have. With a fixed random_state the result
+equals an uninterrupted run. A fit whose coordinator session is still alive cannot be
+resumed.""",
     "madlib_keras_evaluate": """\
 madlib_keras_evaluate: loss and metrics of a trained model
 

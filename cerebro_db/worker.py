@@ -10,12 +10,21 @@ Python interpreter lives as long as the session, so this module keeps, across un
   training plus one state load and one state save, not a rebuild and a retrace.
 
 A unit's state save, its unit row and (at an epoch's end) the epoch snapshot are written
-in the worker's own transaction, committed when the unit's statement ends. A unit never
-raises: failures come back as a JSON result with the message, SQLSTATE and traceback.
+in the worker's own transaction, committed when the unit's statement ends, inside one
+subtransaction: a unit that fails part way (even after its state save) leaves nothing, and a
+session killed mid-unit leaves the config's previous state. A unit never raises: failures
+come back as a JSON result with the message, SQLSTATE and traceback.
+
+Test hook. The setting ``cerebro_db.test_hook`` (honoured only in a superuser's session)
+makes chosen units sleep (``pg_sleep``, so the session can be killed meanwhile) at a named
+point: a JSON object or list of objects ``{"point": "before_train" | "after_save" |
+"eval", "seconds": s}`` plus optional filters ``mst_key``, ``epoch``, ``partition`` and
+``attempt`` (default 0: only a unit's first attempt sleeps, so its retry runs through).
 """
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import time
 import traceback
@@ -56,6 +65,31 @@ def _runtime(threads: int | None) -> None:
 
         configure_runtime(threads)
         _runtime_done = True
+
+
+HOOK_SETTING = "cerebro_db.test_hook"
+HOOK_POINTS = ("before_train", "after_save", "eval")
+
+
+def _hook(cat: Catalog, point: str, mst_key: int, epoch: int, partition: int,
+          options: dict[str, Any]) -> None:
+    """Sleep where ``cerebro_db.test_hook`` says (superuser sessions only; tests)."""
+    text = cat.setting(HOOK_SETTING)
+    if not text or cat.setting("is_superuser") != "on":
+        return
+    try:
+        spec = json.loads(text)
+    except ValueError:
+        return
+    here = {"point": point, "mst_key": mst_key, "epoch": epoch, "partition": partition,
+            "attempt": int(options.get("attempt", 0))}
+    for h in spec if isinstance(spec, list) else [spec]:
+        if not isinstance(h, dict):
+            continue
+        want = {"attempt": 0, **{k: v for k, v in h.items() if k != "seconds"}}
+        if all(here.get(k) == v for k, v in want.items()):
+            cat.query("SELECT pg_catalog.pg_sleep($1)", [float(h.get("seconds", 1))],
+                      ["float8"])
 
 
 def unit_seed(random_state: int, mst_key: int, epoch: int, partition: int, salt: int = 0) -> int:
@@ -182,8 +216,10 @@ def run_unit(cat: Catalog, fit_id: int, mst_key: int, epoch: int, partition: int
              worker: int, kind: str, options: dict[str, Any]) -> dict[str, Any]:
     """Run one unit and return its result (never raises)."""
     t0 = time.time()
+    sub = getattr(cat.db, "subtransaction", None)
     try:
-        return _run_unit(cat, fit_id, mst_key, epoch, partition, worker, kind, options, t0)
+        with sub() if sub else contextlib.nullcontext():
+            return _run_unit(cat, fit_id, mst_key, epoch, partition, worker, kind, options, t0)
     except CerebroError as e:
         return {"ok": False, "message": e.message, "sqlstate": e.sqlstate, "hint": e.hint,
                 "detail": e.detail or traceback.format_exc(), "worker": worker}
@@ -211,6 +247,7 @@ def _run_unit(cat: Catalog, fit_id: int, mst_key: int, epoch: int, partition: in
             state = training.initial_state(cfg["model_arch"], cfg["compile_params"],
                                            unit_seed(fit["random_state"], mst_key, 0, 0, 1),
                                            cfg["init_weights"])
+        _hook(cat, "before_train", mst_key, epoch, partition, options)
         t1 = time.time()
         new_state, res = training.train_unit(
             model_cache(), cfg["model_arch"], cfg["compile_params"], cfg["fit_params"], state,
@@ -225,6 +262,7 @@ def _run_unit(cat: Catalog, fit_id: int, mst_key: int, epoch: int, partition: in
         metrics = [float(v) for v in res.metrics.values()]
         _log_unit(cat, fit_id, mst_key, epoch, partition, worker, kind, t0, t3, res.rows,
                   res.loss, metrics, t1 - t0, t2 - t1, t3 - t2, len(new_state))
+        _hook(cat, "after_save", mst_key, epoch, partition, options)
         return {"ok": True, "loss": res.loss, "rows": res.rows, "metrics": res.metrics,
                 "seconds": t3 - t0, "train_seconds": t2 - t1, "worker": worker}
     from .params import parse_fit_params
@@ -233,6 +271,7 @@ def _run_unit(cat: Catalog, fit_id: int, mst_key: int, epoch: int, partition: in
     if state is None:
         raise CerebroError(f"no state of configuration {mst_key} at epoch {epoch}", "XX000")
     bs = max(parse_fit_params(cfg["fit_params"]).batch_size, EVAL_BATCH)
+    _hook(cat, "eval", mst_key, epoch, partition, options)
     evals: dict[str, Any] = {}
     for ek in options.get("eval_kinds", ["eval_train"]):
         t1 = time.time()

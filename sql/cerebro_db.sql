@@ -193,6 +193,20 @@ RETURNS TEXT LANGUAGE plpython3u IMMUTABLE AS $python$
 @usage madlib_keras_fit_multiple_model@
 $python$;
 
+-- @entrypoint
+CREATE OR REPLACE FUNCTION @extschema@.madlib_keras_fit_resume(
+    fit_id BIGINT
+) RETURNS VOID LANGUAGE plpython3u VOLATILE AS $python$
+@plpython madlib_keras_fit_resume@
+$python$;
+COMMENT ON FUNCTION @extschema@.madlib_keras_fit_resume(BIGINT) IS
+'Continue an interrupted or failed fit (madlib_keras_fit_multiple_model or madlib_keras_fit) from its catalog: committed units are kept, each configuration continues from its last committed state; writes the outputs the original call would have';
+
+CREATE OR REPLACE FUNCTION @extschema@.madlib_keras_fit_resume(message VARCHAR DEFAULT NULL)
+RETURNS TEXT LANGUAGE plpython3u IMMUTABLE AS $python$
+@usage madlib_keras_fit_resume@
+$python$;
+
 -- One unit of a fit, run by a worker session the coordinator opened (internal).
 CREATE OR REPLACE FUNCTION @extschema@.__run_unit(
     fit_id BIGINT, mst_key INTEGER, epoch INTEGER, part INTEGER, worker INTEGER, kind TEXT,

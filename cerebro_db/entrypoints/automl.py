@@ -11,6 +11,7 @@ procedure's JSON state are written to the catalog as they happen (``automl_decis
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -41,7 +42,10 @@ from .training import (
     _check_common,
     _check_config,
     _conninfo,
+    _fault_settings,
     _first,
+    _mark_interrupted,
+    _my_pid,
     _outputs_absent,
     _register,
     _series,
@@ -183,7 +187,11 @@ def _combined(parts: list[dict[str, Any]]) -> tuple[float, dict[str, float]]:
 
 
 def _float_sql(v: float) -> str:
-    return f"'{v!r}'::float8" if v != v or v in (float("inf"), float("-inf")) else repr(v)
+    if math.isnan(v):
+        return "'NaN'::float8"
+    if math.isinf(v):
+        return "'Infinity'::float8" if v > 0 else "'-Infinity'::float8"
+    return repr(float(v))
 
 
 def _arch_rows(cat: Catalog, arch: TableName, ids: Sequence[int]
@@ -362,12 +370,14 @@ def _execute(cat: Catalog, req: FitRequest, tuner: Tuner,
     p = req.source.partitions
     workers = {w: {w} for w in range(p)}
     policy = get_policy("mop", random_state=seed, prefer_lagging=True, seeded_order=True)
+    retries, timeout, forward = _fault_settings(cat)
     ex = DblinkExecutor(cat, f"{os.getpid()}_{int(time.time() * 1000) % 10**9}", p,
-                        _conninfo(cat))
+                        _conninfo(cat), unit_timeout=timeout)
     t0 = time.time()
     fit_id = None
     try:
-        ex.open()
+        ex.open(forward)
+        _mark_interrupted(cat, ex)
         fit_id = _register(cat, ex, req, 0)
         sink = _CatalogSink(cat, ex, fit_id, archs)
         eval_kinds = ["eval_train"] + (["eval_valid"] if req.validation else [])
@@ -381,7 +391,7 @@ def _execute(cat: Catalog, req: FitRequest, tuner: Tuner,
         outcome = run_fit(policy, book.progress, _UnitExecutor(cat, ex, fit_id),
                           eval_kinds=eval_kinds, num_partitions=p,
                           snapshot_epochs=lambda c, e: e in evals[c], notice=cat.notice,
-                          hooks=hooks)
+                          max_unit_retries=retries, hooks=hooks)
         hooks.persist()
         best = _write_outputs(cat, req, book, sink, fit_id, outcome, t0, mst, method,
                               automl_params, seed, use_gpus, name, description)
@@ -397,7 +407,7 @@ def _execute(cat: Catalog, req: FitRequest, tuner: Tuner,
                 msg = getattr(e, "message", None) or str(e)
                 ex.control(f"UPDATE {cat.ext('fits')} SET status = 'failed', message = "
                            f"{cat.literal(msg[:2000])}, ended_at = clock_timestamp() "
-                           f"WHERE fit_id = {fit_id}")
+                           f"WHERE fit_id = {fit_id} AND coordinator_pid = {_my_pid(cat)}")
             except Exception:  # noqa: BLE001, S110 - the original error matters more
                 pass
         raise

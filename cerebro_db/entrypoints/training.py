@@ -1,4 +1,11 @@
-"""``madlib_keras_fit_multiple_model`` and ``madlib_keras_fit``: model hopper training."""
+"""``madlib_keras_fit_multiple_model``, ``madlib_keras_fit`` and ``madlib_keras_fit_resume``:
+model hopper training, fault tolerant and resumable.
+
+Settings read by the coordinator: ``cerebro_db.max_unit_retries`` (default 3: how often one
+unit may lose its worker session before the fit fails), ``cerebro_db.unit_timeout``
+(seconds, default off: a unit running longer has its session terminated and is retried on a
+fresh one) and ``cerebro_db.test_hook`` (tests; forwarded to the worker sessions).
+"""
 from __future__ import annotations
 
 import json
@@ -18,16 +25,19 @@ from ..errors import (
     DUPLICATE_TABLE,
     FEATURE_NOT_SUPPORTED,
     NULL_VALUE_NOT_ALLOWED,
+    OBJECT_NOT_IN_PREREQUISITE_STATE,
     UNDEFINED_TABLE,
     CerebroError,
     invalid,
 )
-from ..executors import DblinkExecutor
+from ..executors import DblinkExecutor, end_sessions
 from ..names import TableName, quote_ident
 from ..scheduling import (
     EVAL,
+    TRAIN,
     Assignment,
     Progress,
+    RunningUnit,
     evaluation_epochs,
     get_policy,
     policy_class,
@@ -38,6 +48,10 @@ from .preprocessing import read_training_summary, resolve_seed
 
 CHUNK_SETTING = "cerebro_db.state_chunk_size"
 CONNINFO_SETTING = "cerebro_db.worker_conninfo"
+RETRIES_SETTING = "cerebro_db.max_unit_retries"
+TIMEOUT_SETTING = "cerebro_db.unit_timeout"
+HOOK_SETTING = "cerebro_db.test_hook"
+DEFAULT_MAX_UNIT_RETRIES = 3
 
 
 @dataclass
@@ -196,6 +210,9 @@ class FitRequest:
     use_caching: bool
     mst_table: TableName | None
     arch_table: TableName
+    warm_start: bool = False
+    name: str | None = None
+    description: str | None = None
 
 
 def _bytea_literal(b: bytes | None) -> str:
@@ -206,7 +223,11 @@ def _register(cat: Catalog, ex: DblinkExecutor, req: FitRequest, total: int) -> 
     opts = {"x": req.source.x, "y": req.source.y, "use_caching": req.use_caching,
             "worker_threads": max(1, (os.cpu_count() or 1) // req.num_workers),
             "state_chunk_size": int(cat.setting(CHUNK_SETTING) or 0) or None,
-            "policy_params": req.policy_params}
+            "policy_params": req.policy_params, "num_workers": req.num_workers,
+            "frequency": req.frequency, "arch_table": str(req.arch_table),
+            "warm_start": req.warm_start, "name": req.name, "description": req.description,
+            "executor_tag": ex.tag, "source_name": str(req.source.table),
+            "validation_name": str(req.validation.table) if req.validation else None}
     lit = cat.literal
     sql = (f"INSERT INTO {cat.ext('fits')} (kind, source_table, validation_table, "
            "model_output_table, model_selection_table, policy, num_partitions, num_iterations, "
@@ -216,7 +237,7 @@ def _register(cat: Catalog, ex: DblinkExecutor, req: FitRequest, total: int) -> 
            f"{lit(str(req.output))}, {lit(str(req.mst_table)) if req.mst_table else 'NULL'}, "
            f"{lit(req.policy)}, {req.source.partitions}, {req.num_iterations}, "
            f"{req.frequency or req.num_iterations}, {req.random_state}, "
-           f"{lit(json.dumps(opts))}::jsonb, {total}, pg_backend_pid()) RETURNING fit_id")
+           f"{lit(json.dumps(opts))}::jsonb, {total}, {_my_pid(cat)}) RETURNING fit_id")
     fit_id = int(ex.control_query(sql)[0][0])
     for c in req.configs:
         ex.control(f"INSERT INTO {cat.ext('fit_configs')} (fit_id, mst_key, model_id, "
@@ -242,12 +263,124 @@ class _UnitExecutor:
     def wait(self) -> list[tuple[int, bool, dict[str, Any]]]:
         return [(r.worker, r.ok, r.data) for r in self.ex.wait()]
 
+    def recover(self, worker: int) -> bool:
+        return self.ex.reopen(worker)
+
+    def unit_failed(self, unit: RunningUnit, attempt: int, data: dict[str, Any]) -> None:
+        """Record the failed attempt (control session: committed at once)."""
+        lit = self.cat.literal
+        pid = data.get("worker_pid")
+        self.ex.control(
+            f"INSERT INTO {self.cat.ext('unit_failures')} (fit_id, mst_key, epoch, partition, "
+            f"kind, worker, worker_pid, attempt, message) VALUES ({self.fit_id}, "
+            f"{int(unit.config)}, {int(unit.epoch)}, {int(unit.partition)}, {lit(unit.kind)}, "
+            f"{int(unit.worker)}, {int(pid) if pid else 'NULL'}, {int(attempt)}, "
+            f"{lit(str(data.get('message') or '')[:2000])})")
+
+
+def _my_pid(cat: Catalog) -> int:
+    return int(cat.query("SELECT pg_catalog.pg_backend_pid() AS p")[0]["p"])
+
+
+def _fault_settings(cat: Catalog) -> tuple[int, float | None, dict[str, str]]:
+    """max_unit_retries, unit_timeout (None: off) and the settings forwarded to workers."""
+    raw = cat.setting(RETRIES_SETTING)
+    try:
+        retries = DEFAULT_MAX_UNIT_RETRIES if raw is None else int(raw)
+    except ValueError:
+        retries = -1
+    if retries < 0:
+        raise invalid(f"{RETRIES_SETTING} must be a non-negative integer, got {raw!r}")
+    raw = cat.setting(TIMEOUT_SETTING)
+    try:
+        timeout = None if raw is None else float(raw)
+    except ValueError:
+        timeout = -1.0
+    if timeout is not None and not timeout >= 0:
+        raise invalid(f"{TIMEOUT_SETTING} must be a number of seconds (0: no timeout), "
+                      f"got {raw!r}")
+    hook = cat.setting(HOOK_SETTING)
+    return retries, (timeout or None), ({HOOK_SETTING: hook} if hook else {})
+
+
+LIVE_COORDINATOR = (
+    "EXISTS (SELECT 1 FROM pg_catalog.pg_stat_activity a WHERE a.pid = f.coordinator_pid "
+    "AND a.backend_start <= coalesce(f.resumed_at, f.started_at))")
+
+
+def _mark_interrupted(cat: Catalog, ex: DblinkExecutor) -> None:
+    """Fits of this role still 'running' whose coordinator session is gone become
+    'interrupted' (resumable with madlib_keras_fit_resume)."""
+    ex.control(f"UPDATE {cat.ext('fits')} f SET status = 'interrupted', ended_at = "
+               "clock_timestamp(), message = format('the coordinator session (pid %s) ended "
+               "before the fit did; resume it with madlib_keras_fit_resume(%s)', "
+               "f.coordinator_pid, f.fit_id) WHERE f.status = 'running' AND f.owner = "
+               f"current_user AND NOT {LIVE_COORDINATOR}")
+
+
+@dataclass
+class ResumePoint:
+    """What a resumed fit takes from the catalog."""
+
+    fit_id: int
+    tag: str | None
+
+
+def _claim(cat: Catalog, ex: DblinkExecutor, fit_id: int) -> None:
+    """Make this session the fit's coordinator, if the fit is not done and no live
+    coordinator has it (atomic: two resumes cannot both win)."""
+    rows = ex.control_query(
+        f"UPDATE {cat.ext('fits')} f SET status = 'running', coordinator_pid = {_my_pid(cat)}, "
+        "message = NULL, ended_at = NULL, resumed_at = clock_timestamp(), resumes = "
+        f"resumes + 1, options = options || jsonb_build_object('executor_tag', "
+        f"{cat.literal(ex.tag)}::text) WHERE f.fit_id = {int(fit_id)} AND (f.status IN "
+        f"('interrupted', 'failed') OR (f.status = 'running' AND NOT {LIVE_COORDINATOR})) "
+        "RETURNING f.fit_id")
+    if not rows:
+        raise CerebroError(f"fit {fit_id} is done or has a live coordinator session",
+                           "55006", hint="Only an interrupted or failed fit can be resumed.")
+
+
+def _from_log(cat: Catalog, fit_id: int, targets: dict[int, int], p: int,
+              workers: dict[int, set[int]], eval_epochs: frozenset[int]
+              ) -> tuple[Progress, dict[int, ConfigResult], int, float]:
+    """Progress, per-config results, training units done and seconds spent, from the units
+    committed so far (in commit order; units in flight when the fit stopped are absent)."""
+    rows = cat.query(
+        f"SELECT u.mst_key, u.epoch, u.partition, u.worker, u.kind, u.loss, u.rows, "
+        f"u.metrics, extract(epoch FROM u.ended_at - f.started_at)::float8 AS at "
+        f"FROM {cat.ext('units')} u JOIN {cat.ext('fits')} f USING (fit_id) "
+        "WHERE u.fit_id = $1 ORDER BY u.unit_id", [fit_id], ["int8"])
+    records, results = [], {c: ConfigResult() for c in targets}
+    done, spent = 0, 0.0
+    for i, r in enumerate(rows):
+        spent = max(spent, float(r["at"]))
+        res = results[r["mst_key"]]
+        metrics = {str(k): v for k, v in enumerate(r["metrics"] or [])}
+        if r["kind"] == TRAIN:
+            done += 1
+            res.train_loss.setdefault(r["epoch"], []).append((r["loss"], r["rows"]))
+        else:
+            res.evals.setdefault((r["epoch"], r["kind"]), []).append(
+                {"loss": r["loss"], "rows": r["rows"], "metrics": metrics})
+            if r["kind"] == "eval_train" and len(res.evals[(r["epoch"], r["kind"])]) == p:
+                res.eval_done_at[r["epoch"]] = float(r["at"])
+        if r["kind"] != "eval_valid":
+            records.append({"config": r["mst_key"], "epoch": r["epoch"],
+                            "partition": r["partition"], "worker": r["worker"],
+                            "kind": TRAIN if r["kind"] == TRAIN else EVAL,
+                            "start": float(i), "end": float(i), "ok": True})
+    progress = Progress.from_log(records, targets, p, workers, eval_epochs)
+    return progress, results, done, spent
+
 
 def execute_fit(cat: Catalog, req: FitRequest,
-                finish: Callable[[int, FitOutcome, float], None]) -> tuple[int, FitOutcome]:
-    """Register the fit, run it on worker sessions, then ``finish(fit_id, outcome, start)``
-    (which writes the outputs in the caller's transaction); the fit is marked done only
-    after that, and failed (with the message) on any error."""
+                finish: Callable[[int, FitOutcome, float], None],
+                resume: ResumePoint | None = None) -> tuple[int, FitOutcome]:
+    """Register the fit (or, with ``resume``, take over an interrupted one and continue from
+    its unit log), run it on worker sessions, then ``finish(fit_id, outcome, start)`` (which
+    writes the outputs in the caller's transaction); the fit is marked done only after
+    that, and failed (with the message) on any error."""
     eval_epochs = evaluation_epochs(req.num_iterations, req.frequency)
     p = req.source.partitions
     targets = {c.mst_key: req.num_iterations for c in req.configs}
@@ -256,23 +389,40 @@ def execute_fit(cat: Catalog, req: FitRequest,
     seeded = {"random_state": req.random_state} \
         if "random_state" in policy_class(req.policy).option_names else {}
     policy = get_policy(req.policy, **seeded, **req.policy_params)
-    progress = Progress(targets, p, workers, eval_epochs)
     total = len(req.configs) * req.num_iterations * p
+    retries, timeout, forward = _fault_settings(cat)
     ex = DblinkExecutor(cat, f"{os.getpid()}_{int(time.time() * 1000) % 10**9}",
-                        len(workers), _conninfo(cat))
+                        len(workers), _conninfo(cat), unit_timeout=timeout)
     t0 = time.time()
     fit_id = None
     try:
-        ex.open()
-        fit_id = _register(cat, ex, req, total)
-        cat.notice(f"fit {fit_id}: {len(req.configs)} configurations x {req.num_iterations} "
-                   f"iterations on {p} partitions, {len(workers)} worker sessions, policy "
-                   f"{req.policy}; watch: SELECT * FROM {cat.schema}.fit_progress "
-                   f"WHERE fit_id = {fit_id}")
+        ex.open(forward)
+        _mark_interrupted(cat, ex)
+        results, done, spent = None, 0, 0.0
+        if resume is None:
+            progress = Progress(targets, p, workers, eval_epochs)
+            fit_id = _register(cat, ex, req, total)
+        else:
+            _claim(cat, ex, resume.fit_id)
+            fit_id = resume.fit_id
+            if resume.tag:
+                end_sessions(cat, f"cerebro_db {resume.tag} worker ")
+            t0 = float(cat.query(f"SELECT extract(epoch FROM started_at)::float8 AS t FROM "
+                                 f"{cat.ext('fits')} WHERE fit_id = $1", [fit_id],
+                                 ["int8"])[0]["t"])
+            progress, results, done, spent = _from_log(cat, fit_id, targets, p, workers,
+                                                       eval_epochs)
+        what = "resumes" if resume else "starts"
+        cat.notice(f"fit {fit_id} {what}: {len(req.configs)} configurations x "
+                   f"{req.num_iterations} iterations on {p} partitions, {len(workers)} worker "
+                   f"sessions, policy {req.policy}"
+                   + (f", {done}/{total} training units already done" if resume else "")
+                   + f"; watch: SELECT * FROM {cat.schema}.fit_progress WHERE fit_id = {fit_id}")
         eval_kinds = ["eval_train"] + (["eval_valid"] if req.validation else [])
         outcome = run_fit(policy, progress, _UnitExecutor(cat, ex, fit_id), eval_kinds=eval_kinds,
                           num_partitions=p, snapshot_epochs=lambda c, e: e in eval_epochs,
-                          notice=cat.notice)
+                          notice=cat.notice, max_unit_retries=retries, results=results,
+                          done_units=done, elapsed_before=spent)
         finish(fit_id, outcome, t0)
         ex.control(f"UPDATE {cat.ext('fits')} SET status = 'done', ended_at = clock_timestamp() "
                    f"WHERE fit_id = {fit_id}")
@@ -285,7 +435,7 @@ def execute_fit(cat: Catalog, req: FitRequest,
                 msg = getattr(e, "message", None) or str(e)
                 ex.control(f"UPDATE {cat.ext('fits')} SET status = 'failed', message = "
                            f"{cat.literal(msg[:2000])}, ended_at = clock_timestamp() "
-                           f"WHERE fit_id = {fit_id}")
+                           f"WHERE fit_id = {fit_id} AND coordinator_pid = {_my_pid(cat)}")
             except Exception:  # noqa: BLE001 - the original error matters more
                 pass
         raise
@@ -529,7 +679,7 @@ def madlib_keras_fit_multiple_model(
         _warm_weights(cat, out, configs, "mst_key")
     req = FitRequest("fit_multiple", src, val, out, configs, num_iterations,
                      metrics_compute_frequency, pname, popts, seed, src.partitions,
-                     _bool(use_caching, False), mst, arch)
+                     _bool(use_caching, False), mst, arch, warm, name, description)
     fit_id, outcome = execute_fit(
         cat, req, lambda f, o, t0: write_outputs(cat, req, f, o, t0, warm, name, description))
     cat.notice(f"madlib_keras_fit_multiple_model: fit {fit_id} trained {len(configs)} "
@@ -599,9 +749,78 @@ def madlib_keras_fit(
     if warm:
         _warm_weights(cat, out, [cfg], "mst_key")
     req = FitRequest("fit", src, val, out, [cfg], num_iterations, metrics_compute_frequency,
-                     pname, popts, seed, 1, True, None, arch_t)
+                     pname, popts, seed, 1, True, None, arch_t, warm, name, description)
     fit_id, outcome = execute_fit(
         cat, req, lambda f, o, t0: _write_fit_outputs(cat, req, f, o, t0, warm, name,
                                                       description))
     cat.notice(f"madlib_keras_fit: fit {fit_id} trained model_id {model_id} in "
                f"{outcome.seconds:.1f} s; weights in {out}")
+
+
+@entrypoint
+def madlib_keras_fit_resume(cat: Catalog, *, fit_id: int) -> None:
+    """Continue an interrupted (or failed) fit from the catalog: the units it committed are
+    kept, each configuration continues from its last committed state, and the outputs are
+    written as the original call would have. With a fixed random_state the result equals an
+    uninterrupted run (the visit orders and unit seeds depend on the seed only)."""
+    if fit_id is None:
+        raise CerebroError("fit_id must not be NULL", NULL_VALUE_NOT_ALLOWED)
+    cat.query("SELECT pg_catalog.pg_stat_clear_snapshot()")
+    rows = cat.query(f"SELECT f.*, {LIVE_COORDINATOR} AS live FROM {cat.ext('fits')} f "
+                     "WHERE f.fit_id = $1", [fit_id], ["int8"])
+    if not rows:
+        raise CerebroError(f"fit {fit_id} does not exist", "42704",
+                           hint=f"SELECT fit_id, status FROM {cat.schema}.fits lists your fits.")
+    f = rows[0]
+    if f["status"] == "done":
+        raise CerebroError(f"fit {fit_id} is already done", OBJECT_NOT_IN_PREREQUISITE_STATE)
+    if f["status"] == "running" and f["live"]:
+        raise CerebroError(f"fit {fit_id} is still running (coordinator pid "
+                           f"{f['coordinator_pid']})", "55006",
+                           hint="Only an interrupted or failed fit can be resumed.")
+    opts = f["options"] if isinstance(f["options"], dict) else json.loads(f["options"])
+    if "executor_tag" not in opts:
+        raise CerebroError(f"fit {fit_id} was made by an older version and cannot be resumed",
+                           FEATURE_NOT_SUPPORTED)
+    src = packed_table(cat, opts.get("source_name") or f["source_table"], "source_table")
+    if src.partitions != f["num_partitions"]:
+        raise CerebroError(f'source_table "{src.table}" now has {src.partitions} partitions, '
+                           f"fit {fit_id} was started on {f['num_partitions']}",
+                           OBJECT_NOT_IN_PREREQUISITE_STATE)
+    vname = opts.get("validation_name") or f["validation_table"]
+    val = _validation(cat, vname, src) if vname else None
+    out = TableName.parse(f["model_output_table"], "model_output_table")
+    warm = bool(opts.get("warm_start"))
+    suffixes = ("", "_summary", "_info") if f["kind"] == "fit_multiple" else ("", "_summary")
+    if warm:  # the interrupted call had not replaced them yet
+        for sfx in suffixes:
+            t = out.with_suffix(sfx, "model_output_table") if sfx else out
+            if cat.relation_oid(t) is not None:
+                cat.drop_table(t)
+    else:
+        _outputs_absent(cat, out, suffixes, False)
+    configs = []
+    for r in cat.query(f"SELECT mst_key, model_id, compile_params, fit_params, "
+                       f"model_arch::text AS arch, init_weights FROM {cat.ext('fit_configs')} "
+                       "WHERE fit_id = $1 ORDER BY mst_key", [fit_id], ["int8"]):
+        w = bytes(r["init_weights"]) if r["init_weights"] is not None else None
+        configs.append(Config(r["mst_key"], r["model_id"], r["compile_params"], r["fit_params"],
+                              r["arch"], w, params.parse_compile_params(r["compile_params"]),
+                              params.parse_fit_params(r["fit_params"])))
+    mst = TableName.parse(f["model_selection_table"], "model_selection_table") \
+        if f["model_selection_table"] else None
+    req = FitRequest(f["kind"], src, val, out, configs, f["num_iterations"],
+                     opts.get("frequency"), f["policy"], dict(opts.get("policy_params") or {}),
+                     int(f["random_state"]), int(opts["num_workers"]),
+                     bool(opts.get("use_caching")), mst,
+                     TableName.parse(opts["arch_table"], "model_arch_table"), warm,
+                     opts.get("name"), opts.get("description"))
+    if req.kind == "fit":
+        def finish(fid: int, o: FitOutcome, t0: float) -> None:
+            _write_fit_outputs(cat, req, fid, o, t0, warm, req.name, req.description)
+    else:
+        def finish(fid: int, o: FitOutcome, t0: float) -> None:
+            write_outputs(cat, req, fid, o, t0, warm, req.name, req.description)
+    _, outcome = execute_fit(cat, req, finish, ResumePoint(fit_id, opts.get("executor_tag")))
+    cat.notice(f"madlib_keras_fit_resume: fit {fit_id} done in {outcome.seconds:.1f} s "
+               f"({outcome.retried} unit attempts retried); results in {out}")
