@@ -32,7 +32,7 @@ class WorkerResult:
 class DblinkExecutor:
     """``num_workers`` worker sessions plus one control session, over dblink."""
 
-    def __init__(self, cat: Catalog, tag: str, num_workers: int, conninfo: str,
+    def __init__(self, cat: Catalog, tag: str, num_workers: int, conninfo: str | None,
                  poll_interval: float = 0.002, max_poll_interval: float = 0.025) -> None:
         self.cat = cat
         self.tag = tag
@@ -49,13 +49,25 @@ class DblinkExecutor:
     def open(self, settings: dict[str, str] | None = None) -> None:
         for w in ["ctl"] + list(range(self.num_workers)):
             name = self.name(w)
-            self.cat.dblink_connect(name, self.conninfo)
+            self._connect(name)
             self.opened.append(name)
             self.cat.dblink_exec(name, "SET application_name = "
                                  + self.cat.literal(f"cerebro_db {self.tag} worker {w}"))
             for k, v in (settings or {}).items():
                 self.cat.dblink_exec(name, f"SELECT pg_catalog.set_config({self.cat.literal(k)}, "
                                            f"{self.cat.literal(v)}, false)")
+
+    def _connect(self, name: str) -> None:
+        """Open the session ``name`` as the calling role: ``dblink_connect`` with
+        ``conninfo``, or, when it is None (a role that is not a superuser and has no
+        password to give), the extension's SECURITY DEFINER ``__worker_connect``, which
+        logs in as the session user and sets the role to ``current_user`` (see
+        ``entrypoints.training._conninfo``)."""
+        if self.conninfo is not None:
+            self.cat.dblink_connect(name, self.conninfo)
+        else:
+            self.cat.query(f"SELECT {self.cat.ext('__worker_connect')}($1, current_user)",
+                           [name], ["text"])
 
     def control(self, sql: str) -> None:
         """Run a statement in the control session (committed at once)."""

@@ -166,17 +166,42 @@ def _load_configs(cat: Catalog, mst: TableName) -> tuple[list[Config], TableName
     return out, arch
 
 
-def _conninfo(cat: Catalog) -> str:
+def _conninfo(cat: Catalog) -> str | None:
+    """How worker sessions connect: a conninfo for ``dblink_connect``, or None for the
+    extension's ``__worker_connect``.
+
+    Worker sessions always run as the calling role (``current_user``), never a more
+    privileged one. dblink lets a superuser connect without a password, so a superuser
+    gets a conninfo to this server's socket and port as ``current_user``, plus
+    ``cerebro_db.worker_conninfo``. dblink refuses other roles a connection that did not
+    use a password; two ways remain for them, and neither adds a privilege:
+
+    * ``cerebro_db.worker_conninfo`` holds a password: plain ``dblink_connect`` with it,
+      and dblink itself checks that the password was used (a wrong ``user=`` there needs
+      that role's password); the host is ``localhost`` (TCP) unless the role may read
+      ``unix_socket_directories`` or the setting names another;
+    * otherwise None: ``__worker_connect`` (SECURITY DEFINER, owned by the extension's
+      owner) builds the whole connection string itself, logs in as ``session_user`` over
+      this server's socket and does ``SET ROLE current_user`` there, after checking that
+      the session user may SET ROLE to it; no caller text reaches the connection string,
+      so a role cannot use it to connect as someone else.
+    """
+    su = cat.query("SELECT rolsuper AS su FROM pg_catalog.pg_roles "
+                   "WHERE rolname = current_user")[0]["su"]
+    extra = cat.setting(CONNINFO_SETTING)
+    if not su and not (extra and "password" in extra.lower()):
+        return None
     row = cat.query("SELECT current_database()::text AS d, current_user::text AS u, "
                     "current_setting('port') AS p, "
-                    "split_part(current_setting('unix_socket_directories'), ',', 1) AS s")[0]
+                    "CASE WHEN $1 OR pg_catalog.pg_has_role('pg_read_all_settings', 'USAGE') "
+                    "THEN split_part(current_setting('unix_socket_directories'), ',', 1) END "
+                    "AS s", [su], ["bool"])[0]
 
     def q(v: str) -> str:
         return "'" + str(v).replace("\\", "\\\\").replace("'", "\\'") + "'"
 
-    host = row["s"].strip() or "localhost"
+    host = (row["s"] or "").strip() or "localhost"
     info = f"dbname={q(row['d'])} user={q(row['u'])} port={q(row['p'])} host={q(host)}"
-    extra = cat.setting(CONNINFO_SETTING)
     return info + (" " + extra if extra else "")
 
 
