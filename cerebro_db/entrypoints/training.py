@@ -32,11 +32,17 @@ from ..scheduling import (
     get_policy,
     policy_class,
 )
-from . import entrypoint
+from . import entrypoint, require_output_schema
 from .models import require_arch_table
 from .preprocessing import read_training_summary, resolve_seed
+from .selection import check_fit_bounds
 
 CHUNK_SETTING = "cerebro_db.state_chunk_size"
+MAX_ITERATIONS = 100_000
+"""The most iterations (epochs) one fit may ask for; checked before any work."""
+MAX_UNITS = 2**31 - 1
+"""The most training units of one fit (configs x iterations x partitions; the catalog's
+``total_units`` is an integer)."""
 CONNINFO_SETTING = "cerebro_db.worker_conninfo"
 
 
@@ -159,8 +165,11 @@ def _load_configs(cat: Catalog, mst: TableName) -> tuple[list[Config], TableName
         if r["arch"] is None:
             raise CerebroError(f"mst_key {r['mst_key']}: model_id {r['model_id']} does not "
                                f'exist in "{arch}"', "42704")
-        cp = params.parse_compile_params(r["compile_params"], f"mst_key {r['mst_key']}")
-        fp = params.parse_fit_params(r["fit_params"], f"mst_key {r['mst_key']}")
+        cp = params.parse_compile_params(r["compile_params"],
+                                         f"compile_params of mst_key {r['mst_key']}")
+        fp = check_fit_bounds(params.parse_fit_params(
+            r["fit_params"], f"fit_params of mst_key {r['mst_key']}"),
+            f"fit_params of mst_key {r['mst_key']}")
         out.append(Config(r["mst_key"], r["model_id"], r["compile_params"], r["fit_params"],
                           r["arch"], r["w"], cp, fp))
     return out, arch
@@ -283,6 +292,10 @@ def execute_fit(cat: Catalog, req: FitRequest,
     policy = get_policy(req.policy, **seeded, **req.policy_params)
     progress = Progress(targets, p, workers, eval_epochs)
     total = len(req.configs) * req.num_iterations * p
+    if total > MAX_UNITS:
+        raise invalid(f"the fit has {total} training units ({len(req.configs)} configurations "
+                      f"x {req.num_iterations} iterations x {p} partitions), more than "
+                      f"{MAX_UNITS}", hint="Use fewer iterations or configurations.")
     ex = DblinkExecutor(cat, f"{os.getpid()}_{int(time.time() * 1000) % 10**9}",
                         len(workers), _conninfo(cat))
     t0 = time.time()
@@ -450,8 +463,9 @@ def _check_common(num_iterations: int | None, metrics_compute_frequency: int | N
                   use_gpus: bool | None) -> None:
     if num_iterations is None:
         raise CerebroError("num_iterations must not be NULL", NULL_VALUE_NOT_ALLOWED)
-    if num_iterations < 1:
-        raise invalid(f"num_iterations must be at least 1, got {num_iterations}")
+    if not 1 <= num_iterations <= MAX_ITERATIONS:
+        raise invalid(f"num_iterations must be between 1 and {MAX_ITERATIONS}, got "
+                      f"{num_iterations}")
     if metrics_compute_frequency is not None and not (
             1 <= metrics_compute_frequency <= num_iterations):
         raise invalid(f"metrics_compute_frequency must be between 1 and num_iterations "
@@ -462,6 +476,7 @@ def _check_common(num_iterations: int | None, metrics_compute_frequency: int | N
 
 
 def _outputs_absent(cat: Catalog, out: TableName, suffixes: Sequence[str], warm: bool) -> None:
+    require_output_schema(cat, out, "model_output_table" if "_info" in suffixes else "model")
     for s in suffixes:
         t = out.with_suffix(s, "model_output_table") if s else out
         if cat.relation_oid(t) is not None and not warm:
@@ -606,7 +621,7 @@ def madlib_keras_fit(
             raise CerebroError(f"{label} must not be NULL", NULL_VALUE_NOT_ALLOWED)
     cp = params.parse_compile_params(compile_params)
     params.validate_compile_params(cp)
-    fp = params.parse_fit_params(fit_params)
+    fp = check_fit_bounds(params.parse_fit_params(fit_params))
     warm = _bool(warm_start, False)
     seed = resolve_seed(random_state)
     pname, popts = _policy("mop", None, random_state)
