@@ -46,7 +46,7 @@ class DblinkExecutor:
     ``unit_timeout``: seconds after which a unit's session is terminated (None: never).
     """
 
-    def __init__(self, cat: Catalog, tag: str, num_workers: int, conninfo: str,
+    def __init__(self, cat: Catalog, tag: str, num_workers: int, conninfo: str | None,
                  poll_interval: float = 0.002, max_poll_interval: float = 0.025,
                  unit_timeout: float | None = None) -> None:
         self.cat = cat
@@ -74,9 +74,21 @@ class DblinkExecutor:
         for w in ["ctl"] + list(range(self.num_workers)):
             self._connect(w)
 
+    def _login(self, name: str) -> None:
+        """Open the session ``name`` as the calling role: ``dblink_connect`` with
+        ``conninfo``, or, when it is None (a role that is not a superuser and has no
+        password to give), the extension's SECURITY DEFINER ``__worker_connect``, which
+        logs in as the session user and sets the role to ``current_user`` (see
+        ``entrypoints.training._conninfo``)."""
+        if self.conninfo is not None:
+            self.cat.dblink_connect(name, self.conninfo)
+        else:
+            self.cat.query(f"SELECT {self.cat.ext('__worker_connect')}($1, current_user)",
+                           [name], ["text"])
+
     def _connect(self, w: int | str) -> None:
         name = self.name(w)
-        self.cat.dblink_connect(name, self.conninfo)
+        self._login(name)
         if name not in self.opened:
             self.opened.append(name)
         self.cat.dblink_exec(name, "SET application_name = "

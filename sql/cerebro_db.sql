@@ -207,6 +207,62 @@ RETURNS TEXT LANGUAGE plpython3u IMMUTABLE AS $python$
 @usage madlib_keras_fit_resume@
 $python$;
 
+-- Open one worker session for a role that is not a superuser (internal; see
+-- cerebro_db/executors.py). dblink refuses non-superusers a connection that did not use a
+-- password, because the connection is made by the server's OS user and trust or peer
+-- authentication would otherwise let any role log in as any other. This function runs as
+-- the extension's owner and calls dblink_connect_u, but it decides every part of the
+-- connection itself: this server's own socket and port, the current database, login as
+-- session_user (the role that authenticated this session), then SET ROLE role_name in the
+-- new session. role_name must be one the session user may SET ROLE to (the caller passes
+-- current_user), so a worker session never has more privileges than its caller could get
+-- with SET ROLE; PostgreSQL checks the SET ROLE again in the new session. No caller text
+-- reaches the connection string.
+CREATE OR REPLACE FUNCTION @extschema@.__worker_connect(conn_name TEXT, role_name NAME)
+RETURNS VOID LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $worker_connect$
+DECLARE
+    dl   text;
+    info text;
+BEGIN
+    IF conn_name IS NULL OR role_name IS NULL THEN
+        RAISE EXCEPTION 'conn_name and role_name must not be NULL' USING ERRCODE = '22004';
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = role_name) THEN
+        RAISE EXCEPTION 'role "%" does not exist', role_name USING ERRCODE = '42704';
+    END IF;
+    IF NOT pg_catalog.pg_has_role(session_user, role_name, 'MEMBER') THEN
+        RAISE EXCEPTION 'role "%" may not open worker sessions as role "%"',
+            session_user, role_name USING ERRCODE = '42501',
+            HINT = 'Worker sessions run as the calling role (current_user).';
+    END IF;
+    SELECT pg_catalog.quote_ident(n.nspname) INTO dl
+      FROM pg_catalog.pg_extension e JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace
+     WHERE e.extname = 'dblink';
+    IF dl IS NULL THEN
+        RAISE EXCEPTION 'the dblink extension is not installed' USING ERRCODE = '55000';
+    END IF;
+    SELECT string_agg(k || '=''' || replace(replace(v, '\', '\\'), '''', '\''') || '''', ' ')
+      INTO info
+      FROM (VALUES ('dbname', pg_catalog.current_database()::text),
+                   ('user', session_user::text),
+                   ('port', pg_catalog.current_setting('port')),
+                   ('host', coalesce(nullif(btrim(split_part(
+                        pg_catalog.current_setting('unix_socket_directories'), ',', 1)), ''),
+                        'localhost'))) AS kv(k, v);
+    EXECUTE format('SELECT %s.dblink_connect_u($1, $2)', dl) USING conn_name, info;
+    IF role_name <> session_user THEN
+        BEGIN
+            EXECUTE format('SELECT %s.dblink_exec($1, $2)', dl)
+                USING conn_name, format('SET ROLE %I', role_name);
+        EXCEPTION WHEN OTHERS THEN
+            EXECUTE format('SELECT %s.dblink_disconnect($1)', dl) USING conn_name;
+            RAISE;
+        END;
+    END IF;
+END
+$worker_connect$;
+
 -- One unit of a fit, run by a worker session the coordinator opened (internal).
 CREATE OR REPLACE FUNCTION @extschema@.__run_unit(
     fit_id BIGINT, mst_key INTEGER, epoch INTEGER, part INTEGER, worker INTEGER, kind TEXT,

@@ -13,7 +13,8 @@ import traceback
 from typing import Any, Callable
 
 from ..catalog import Catalog
-from ..errors import INTERNAL_ERROR, CerebroError
+from ..errors import INSUFFICIENT_PRIVILEGE, INTERNAL_ERROR, CerebroError
+from ..names import TableName
 
 
 def entrypoint(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -39,6 +40,27 @@ def entrypoint(fn: Callable[..., Any]) -> Callable[..., Any]:
             )
 
     return wrapper
+
+
+def require_output_schema(cat: Catalog, table: TableName, what: str) -> None:
+    """The schema ``table`` will be created in exists and the caller may create in it.
+
+    Checked before any work: an output is written at the end, so without this a fit would
+    train to completion and then fail on CREATE TABLE."""
+    rows = cat.query("SELECT n.nspname::text AS s, "
+                     "pg_catalog.has_schema_privilege(n.oid, 'CREATE') AS ok "
+                     "FROM pg_catalog.pg_namespace n "
+                     "WHERE n.nspname = coalesce($1, pg_catalog.current_schema())",
+                     [table.schema], ["text"])
+    if not rows:
+        if table.schema is None:
+            raise CerebroError(f'{what} "{table}": no schema has been selected to create in',
+                               "3F000", hint="Qualify the name or set search_path.")
+        raise CerebroError(f'{what} "{table}": schema "{table.schema}" does not exist',
+                           "3F000")
+    if not rows[0]["ok"]:
+        raise CerebroError(f'{what} "{table}": permission denied for schema {rows[0]["s"]}',
+                           INSUFFICIENT_PRIVILEGE)
 
 
 def usage(function: str, message: str | None = None) -> str:

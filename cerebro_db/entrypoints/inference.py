@@ -25,7 +25,7 @@ from ..errors import (
 )
 from ..names import TableName, quote_ident, split_column_list
 from ..preprocess import check_finite, decode_arrays
-from . import entrypoint
+from . import entrypoint, require_output_schema
 from .models import require_arch_table
 from .preprocessing import FEATURE_TYPES
 
@@ -50,6 +50,9 @@ def parse_pred_type(text: str | None) -> PredType:
     except ValueError:
         raise invalid(f"pred_type must be 'response', 'prob', a number in (0, 1) or an integer "
                       f"k >= 1, got {text!r}") from None
+    if not math.isfinite(v):
+        raise invalid(f"pred_type must be 'response', 'prob', a number in (0, 1) or an integer "
+                      f"k >= 1, got {text!r}")
     if 0 < v < 1:
         return PredType("threshold", v)
     if v >= 1 and v == int(v):
@@ -195,6 +198,7 @@ def madlib_keras_predict(cat: Catalog, *, model_table: str, test_table: str, id_
     _, row, summ = _model_row(cat, model_table, mst_key)
     test, idn, idt, xn = _test_source(cat, test_table, id_col, independent_varname)
     cat.require_absent(out, "output_table")
+    require_output_schema(cat, out, "output_table")
     dep = summ["dependent_varname"][0]
     regression = summ.get("num_classes") in (None, [None]) or \
         summ.get(dep + "_class_values") is None
@@ -208,6 +212,11 @@ def madlib_keras_predict(cat: Catalog, *, model_table: str, test_table: str, id_
 
 
 def _byom_class_values(class_values: Any, dependent_count: int | None) -> list[Any] | None:
+    if dependent_count is not None and dependent_count < 1:
+        raise invalid(f"dependent_count must be at least 1, got {dependent_count}")
+    if dependent_count not in (None, 1):
+        raise CerebroError("prediction supports one dependent variable so far",
+                           FEATURE_NOT_SUPPORTED)
     if class_values is None:
         return None
     vals = list(class_values)
@@ -251,6 +260,7 @@ def madlib_keras_predict_byom(cat: Catalog, *, model_arch_table: str, model_id: 
                       hint="Load weights with load_keras_model(..., model_weights => ...).")
     test, idn, idt, xn = _test_source(cat, test_table, id_col, independent_varname)
     cat.require_absent(out, "output_table")
+    require_output_schema(cat, out, "output_table")
     model = keras_arch.build_from_json(rows[0]["a"], shared=True)
     keras_arch.check_weights(model, rows[0]["w"])
     n = _predict_into(cat, arch=rows[0]["a"], weights=bytes(rows[0]["w"]), test=test,
@@ -273,6 +283,7 @@ def madlib_keras_evaluate(cat: Catalog, *, model_table: str, test_table: str, ou
     t, row, summ = _model_row(cat, model_table, mst_key)
     test = packed_table(cat, test_table, "test_table")
     cat.require_absent(out, "output_table")
+    require_output_schema(cat, out, "output_table")
     info_t = t.with_suffix("_info", "model_table")
     if row["mst_key"] is not None and cat.relation_oid(info_t) is not None:
         cfg = cat.query(f"SELECT compile_params FROM {info_t.sql} WHERE mst_key = $1",

@@ -30,7 +30,7 @@ from ..preprocess import (
     shuffle_order,
     to_le_bytes,
 )
-from . import entrypoint
+from . import entrypoint, require_output_schema
 
 CLASS_TYPES = {"text", "varchar", "bpchar", "char", "name", "int2", "int4", "int8", "bool"}
 INT_TYPES = {"int2", "int4", "int8"}
@@ -144,6 +144,7 @@ def _resolve(cat: Catalog, source_table: str, output_table: str, dependent_varna
     oid = cat.require_table(source, "source_table")
     cat.require_absent(output, "output_table")
     cat.require_absent(summary, "output summary table")
+    require_output_schema(cat, output, "output_table")
     if cat.relation_oid(output) == oid:  # pragma: no cover - caught by require_absent
         raise invalid("output_table must differ from source_table")
     cols = cat.columns(oid)
@@ -385,6 +386,10 @@ def training_preprocessor_dl(cat: Catalog, *, source_table: str, output_table: s
         raise invalid(f"normalizing_const must be a positive number, got {normalizing_const}")
     rules = _check_distribution_rules(distribution_rules)
     seed = resolve_seed(random_state)
+    for k in num_classes or ():
+        if k is not None and not 1 <= k <= MAX_CLASSES:
+            raise invalid(f"num_classes must be between 1 and {MAX_CLASSES}, got {k}",
+                          hint="Leave it NULL to use the number of distinct labels.")
     inp = _resolve(cat, source_table, output_table, dependent_varname, independent_varname)
     if num_classes is not None and len(num_classes) != len(inp.deps):
         raise invalid(f"num_classes has {len(num_classes)} entries but there are "

@@ -54,6 +54,28 @@ def _check_model_ids(cat: Catalog, arch: TableName, ids: Sequence[int] | None) -
     return list(dict.fromkeys(ids))
 
 
+MAX_FIT_EPOCHS = 10_000
+"""The most epochs one fit_params string may ask for (each unit runs them all)."""
+MAX_BATCH_SIZE = 2**31 - 1
+
+
+def check_fit_bounds(fp: params.FitParams, what: str = "fit_params") -> params.FitParams:
+    """Reject fit_params whose epochs or batch_size are beyond any sensible run, before
+    any work (a unit would otherwise train for ever or overflow)."""
+    if fp.epochs > MAX_FIT_EPOCHS:
+        raise invalid(f"{what}: epochs must be at most {MAX_FIT_EPOCHS}, got {fp.epochs}",
+                      hint="Use num_iterations for longer training.")
+    if fp.batch_size > MAX_BATCH_SIZE:
+        raise invalid(f"{what}: batch_size must be at most {MAX_BATCH_SIZE}, got "
+                      f"{fp.batch_size}")
+    return fp
+
+
+def _validate_fits(strings: Sequence[str]) -> None:
+    for s in dict.fromkeys(strings):
+        check_fit_bounds(params.parse_fit_params(s), "fit_params")
+
+
 def _validate_compiles(strings: Sequence[str]) -> None:
     seen: set[str] = set()
     for s in strings:
@@ -97,6 +119,7 @@ def load_model_selection_table(cat: Catalog, *, model_arch_table: str, model_sel
     ids = _check_model_ids(cat, arch, model_id_list)
     rows = configs.product_configs(ids, compile_params_list, fit_params_list)  # type: ignore[arg-type]
     _validate_compiles([c for _, c, _ in rows])
+    _validate_fits([f for _, _, f in rows])
     _create_mst(cat, mst, summary, arch)
     _insert(cat, mst, rows)
     cat.notice(f"load_model_selection_table: {len(rows)} configurations in {mst}")
@@ -148,6 +171,7 @@ def generate_model_configs(cat: Catalog, *, model_arch_table: str, model_selecti
     else:
         rows = [(m, c, f) for m in ids for c, f in pairs]
     _validate_compiles([c for _, c, _ in rows])
+    _validate_fits([f for _, _, f in rows])
     existing: list[tuple[int, str, str]] = []
     if cat.relation_oid(mst) is None:
         _create_mst(cat, mst, summary, arch)

@@ -42,11 +42,17 @@ from ..scheduling import (
     get_policy,
     policy_class,
 )
-from . import entrypoint
+from . import entrypoint, require_output_schema
 from .models import require_arch_table
 from .preprocessing import read_training_summary, resolve_seed
+from .selection import check_fit_bounds
 
 CHUNK_SETTING = "cerebro_db.state_chunk_size"
+MAX_ITERATIONS = 100_000
+"""The most iterations (epochs) one fit may ask for; checked before any work."""
+MAX_UNITS = 2**31 - 1
+"""The most training units of one fit (configs x iterations x partitions; the catalog's
+``total_units`` is an integer)."""
 CONNINFO_SETTING = "cerebro_db.worker_conninfo"
 RETRIES_SETTING = "cerebro_db.max_unit_retries"
 TIMEOUT_SETTING = "cerebro_db.unit_timeout"
@@ -173,24 +179,52 @@ def _load_configs(cat: Catalog, mst: TableName) -> tuple[list[Config], TableName
         if r["arch"] is None:
             raise CerebroError(f"mst_key {r['mst_key']}: model_id {r['model_id']} does not "
                                f'exist in "{arch}"', "42704")
-        cp = params.parse_compile_params(r["compile_params"], f"mst_key {r['mst_key']}")
-        fp = params.parse_fit_params(r["fit_params"], f"mst_key {r['mst_key']}")
+        cp = params.parse_compile_params(r["compile_params"],
+                                         f"compile_params of mst_key {r['mst_key']}")
+        fp = check_fit_bounds(params.parse_fit_params(
+            r["fit_params"], f"fit_params of mst_key {r['mst_key']}"),
+            f"fit_params of mst_key {r['mst_key']}")
         out.append(Config(r["mst_key"], r["model_id"], r["compile_params"], r["fit_params"],
                           r["arch"], r["w"], cp, fp))
     return out, arch
 
 
-def _conninfo(cat: Catalog) -> str:
+def _conninfo(cat: Catalog) -> str | None:
+    """How worker sessions connect: a conninfo for ``dblink_connect``, or None for the
+    extension's ``__worker_connect``.
+
+    Worker sessions always run as the calling role (``current_user``), never a more
+    privileged one. dblink lets a superuser connect without a password, so a superuser
+    gets a conninfo to this server's socket and port as ``current_user``, plus
+    ``cerebro_db.worker_conninfo``. dblink refuses other roles a connection that did not
+    use a password; two ways remain for them, and neither adds a privilege:
+
+    * ``cerebro_db.worker_conninfo`` holds a password: plain ``dblink_connect`` with it,
+      and dblink itself checks that the password was used (a wrong ``user=`` there needs
+      that role's password); the host is ``localhost`` (TCP) unless the role may read
+      ``unix_socket_directories`` or the setting names another;
+    * otherwise None: ``__worker_connect`` (SECURITY DEFINER, owned by the extension's
+      owner) builds the whole connection string itself, logs in as ``session_user`` over
+      this server's socket and does ``SET ROLE current_user`` there, after checking that
+      the session user may SET ROLE to it; no caller text reaches the connection string,
+      so a role cannot use it to connect as someone else.
+    """
+    su = cat.query("SELECT rolsuper AS su FROM pg_catalog.pg_roles "
+                   "WHERE rolname = current_user")[0]["su"]
+    extra = cat.setting(CONNINFO_SETTING)
+    if not su and not (extra and "password" in extra.lower()):
+        return None
     row = cat.query("SELECT current_database()::text AS d, current_user::text AS u, "
                     "current_setting('port') AS p, "
-                    "split_part(current_setting('unix_socket_directories'), ',', 1) AS s")[0]
+                    "CASE WHEN $1 OR pg_catalog.pg_has_role('pg_read_all_settings', 'USAGE') "
+                    "THEN split_part(current_setting('unix_socket_directories'), ',', 1) END "
+                    "AS s", [su], ["bool"])[0]
 
     def q(v: str) -> str:
         return "'" + str(v).replace("\\", "\\\\").replace("'", "\\'") + "'"
 
-    host = row["s"].strip() or "localhost"
+    host = (row["s"] or "").strip() or "localhost"
     info = f"dbname={q(row['d'])} user={q(row['u'])} port={q(row['p'])} host={q(host)}"
-    extra = cat.setting(CONNINFO_SETTING)
     return info + (" " + extra if extra else "")
 
 
@@ -390,6 +424,10 @@ def execute_fit(cat: Catalog, req: FitRequest,
         if "random_state" in policy_class(req.policy).option_names else {}
     policy = get_policy(req.policy, **seeded, **req.policy_params)
     total = len(req.configs) * req.num_iterations * p
+    if total > MAX_UNITS:
+        raise invalid(f"the fit has {total} training units ({len(req.configs)} configurations "
+                      f"x {req.num_iterations} iterations x {p} partitions), more than "
+                      f"{MAX_UNITS}", hint="Use fewer iterations or configurations.")
     retries, timeout, forward = _fault_settings(cat)
     ex = DblinkExecutor(cat, f"{os.getpid()}_{int(time.time() * 1000) % 10**9}",
                         len(workers), _conninfo(cat), unit_timeout=timeout)
@@ -575,8 +613,9 @@ def _check_common(num_iterations: int | None, metrics_compute_frequency: int | N
                   use_gpus: bool | None) -> None:
     if num_iterations is None:
         raise CerebroError("num_iterations must not be NULL", NULL_VALUE_NOT_ALLOWED)
-    if num_iterations < 1:
-        raise invalid(f"num_iterations must be at least 1, got {num_iterations}")
+    if not 1 <= num_iterations <= MAX_ITERATIONS:
+        raise invalid(f"num_iterations must be between 1 and {MAX_ITERATIONS}, got "
+                      f"{num_iterations}")
     if metrics_compute_frequency is not None and not (
             1 <= metrics_compute_frequency <= num_iterations):
         raise invalid(f"metrics_compute_frequency must be between 1 and num_iterations "
@@ -587,6 +626,7 @@ def _check_common(num_iterations: int | None, metrics_compute_frequency: int | N
 
 
 def _outputs_absent(cat: Catalog, out: TableName, suffixes: Sequence[str], warm: bool) -> None:
+    require_output_schema(cat, out, "model_output_table" if "_info" in suffixes else "model")
     for s in suffixes:
         t = out.with_suffix(s, "model_output_table") if s else out
         if cat.relation_oid(t) is not None and not warm:
@@ -731,7 +771,7 @@ def madlib_keras_fit(
             raise CerebroError(f"{label} must not be NULL", NULL_VALUE_NOT_ALLOWED)
     cp = params.parse_compile_params(compile_params)
     params.validate_compile_params(cp)
-    fp = params.parse_fit_params(fit_params)
+    fp = check_fit_bounds(params.parse_fit_params(fit_params))
     warm = _bool(warm_start, False)
     seed = resolve_seed(random_state)
     pname, popts = _policy("mop", None, random_state)

@@ -1,0 +1,120 @@
+"""Fixtures for the security and hostile-input tiers: a database of their own, real login
+roles made for the test (dropped afterwards), and snapshots that show what a call left
+behind."""
+from __future__ import annotations
+
+import io
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import psycopg2
+import pytest
+
+from cerebro_db.datasets import copy_payload, find_dataset_dir, load_split
+
+from ..conftest import _connect, create_database, drop_database, server_params
+
+CATALOG_TABLES = ("fits", "fit_configs", "units", "model_states")
+
+
+def q(conn, sql: str, args: Any = None) -> list[tuple] | None:
+    with conn.cursor() as cur:
+        cur.execute(sql, args)
+        return cur.fetchall() if cur.description else None
+
+
+def connect_as(dbname: str, role: str):
+    """A new autocommit connection logged in as ``role`` (local socket)."""
+    p = server_params()
+    c = psycopg2.connect(dbname=dbname, host=p["host"], port=p["port"], user=role)
+    c.autocommit = True
+    return c
+
+
+def relations(conn) -> set[tuple[str, str]]:
+    """Every relation (schema, name) outside the system schemas."""
+    return set(q(conn, "SELECT n.nspname::text, c.relname::text FROM pg_class c "
+                       "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname NOT IN "
+                       "('pg_catalog', 'information_schema', 'pg_toast') "
+                       "AND n.nspname NOT LIKE 'pg_temp%%' AND n.nspname NOT LIKE 'pg_toast%%'"))
+
+
+def catalog_counts(conn) -> dict[str, int]:
+    """Row counts of the extension's catalog tables (as a superuser: every role's rows)."""
+    return {t: q(conn, f"SELECT count(*) FROM cerebro_db.{t}")[0][0] for t in CATALOG_TABLES}
+
+
+def worker_sessions(conn) -> int:
+    return q(conn, "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE "
+                   "'cerebro_db %%'")[0][0]
+
+
+def load_mnist(conn, table: str, lo: int, hi: int) -> None:
+    """Rows lo..hi of the MNIST training split as (id integer, y integer, x real[])."""
+    x, y = load_split(find_dataset_dir("mnist"), "train")
+    q(conn, f"CREATE TABLE {table} (id integer, y integer, x real[])")
+    with conn.cursor() as cur:
+        cur.copy_expert(f"COPY {table} FROM STDIN (FORMAT binary)",
+                        io.BytesIO(copy_payload(np.arange(lo, hi), y[lo:hi].astype(np.int32),
+                                                x[lo:hi])))
+
+
+def mlp_json(hidden: int = 8, inputs: int = 784, outputs: int = 10) -> str:
+    import keras
+
+    return keras.Sequential([keras.Input((inputs,)),
+                             keras.layers.Dense(hidden, activation="relu"),
+                             keras.layers.Dense(outputs, activation="softmax")]).to_json()
+
+
+@pytest.fixture(scope="package")
+def rel_db() -> Iterator[str]:
+    """A database of this tier's own (the extension in schema cerebro_db)."""
+    name = create_database()
+    yield name
+    drop_database(name)
+
+
+@pytest.fixture(scope="package")
+def admin(rel_db):
+    """A superuser connection to that database."""
+    c = _connect(rel_db)
+    c.autocommit = True
+    yield c
+    c.close()
+
+
+class Roles:
+    """Login roles made for the test, each with a schema of its own name; dropped (with
+    everything they own) at the end."""
+
+    def __init__(self, admin, dbname: str) -> None:
+        self.admin, self.dbname = admin, dbname
+        self.names: list[str] = []
+        self.conns: list[Any] = []
+
+    def create(self, prefix: str) -> str:
+        name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+        q(self.admin, f'CREATE ROLE "{name}" LOGIN')
+        self.names.append(name)
+        q(self.admin, f'GRANT USAGE ON SCHEMA cerebro_db TO "{name}"')
+        q(self.admin, f'CREATE SCHEMA "{name}" AUTHORIZATION "{name}"')
+        return name
+
+    def connect(self, role: str):
+        c = connect_as(self.dbname, role)
+        self.conns.append(c)
+        return c
+
+    def drop(self) -> None:
+        for c in self.conns:
+            c.close()
+        for n in self.names:
+            q(self.admin, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                          "WHERE usename = %s", (n,))
+            for t in CATALOG_TABLES[::-1]:
+                q(self.admin, f"DELETE FROM cerebro_db.{t} WHERE owner = %s", (n,))
+            q(self.admin, f'DROP OWNED BY "{n}" CASCADE')
+            q(self.admin, f'DROP ROLE "{n}"')
