@@ -41,11 +41,12 @@ from __future__ import annotations
 
 import collections
 import functools
+import gc
 import inspect
 import math
 import time
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Union
 
@@ -78,6 +79,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import keras
 
 __all__ = [
+    "BufferSource",
     "CachedModel",
     "EvalResult",
     "ModelCache",
@@ -694,8 +696,29 @@ def _last(values: Any) -> float:
     return float(values[-1])
 
 
+@dataclass(frozen=True)
+class BufferSource:
+    """A partition read one packed buffer at a time, for partitions that need not fit in memory.
+
+    ``rows[i]`` is the number of rows of buffer ``i``; ``load(i)`` returns its ``(x, y)``
+    (as :func:`decode_buffer` gives them, labels already in the loss' layout). A unit over
+    a source holds one decoded buffer at a time (see :func:`train_unit`).
+    """
+
+    rows: tuple[int, ...]
+    load: Callable[[int], tuple[np.ndarray, np.ndarray]]
+
+    @property
+    def total_rows(self) -> int:
+        """Rows over all buffers."""
+        return int(sum(self.rows))
+
+
+Data = Union[np.ndarray, BufferSource]
+
+
 def _fit(
-    entry: CachedModel, fp: FitParams, x: np.ndarray, y: np.ndarray, seed: int
+    entry: CachedModel, fp: FitParams, x: Data, y: np.ndarray | None, seed: int
 ) -> tuple[float, dict[str, float]]:
     """One unit's ``model.fit`` on an already loaded model; returns (loss, metrics).
 
@@ -706,6 +729,13 @@ def _fit(
     ``tf.random.set_seed``, which makes TensorFlow retrace the training step (measured:
     0.29 s -> 0.42 s a unit of 10,000 rows). Dropout and other layer randomness are seeded
     through the model's seed generator variables.
+
+    With ``x`` a :class:`BufferSource` (``y`` None) each epoch visits the buffers in a
+    seeded order (drawn only when there are several), loads one at a time and fits its rows
+    in a seeded order, through a feed made for that buffer and dropped after it; batches
+    never span two buffers. A partition of one buffer therefore trains exactly as its
+    arrays would. The loss and metrics of an epoch are the row-weighted means over its
+    buffers (what Keras reports for one array: its metrics are means over rows).
     """
     _seed_layers(entry, seed)
     kwargs = fp.to_keras()
@@ -714,17 +744,49 @@ def _fit(
     shuffle = kwargs.pop("shuffle", True)
     batch_size = int(kwargs.pop("batch_size", 32) or 32)
     kwargs["shuffle"] = False
-    feed = _train_feed(entry.model, x, y, batch_size)
     rng = np.random.default_rng(seed)
-    hist: dict[str, list[float]] = {}
+    hist: dict[str, float] = {}
     for _ in range(epochs):
+        if isinstance(x, BufferSource):
+            hist = _fit_buffers(entry, x, batch_size, shuffle, rng, kwargs)
+            continue
+        feed = _train_feed(entry.model, x, y, batch_size)
         feed.order(rng.permutation(feed.rows) if shuffle else None)
         h = entry.model.fit(feed.dataset, epochs=1, **kwargs).history
+        hist = {k: _last(v) for k, v in h.items()}
+    loss = hist.pop("loss", float("nan"))
+    return loss, hist
+
+
+def _fit_buffers(
+    entry: CachedModel, source: BufferSource, batch_size: int, shuffle: bool,
+    rng: np.random.Generator, kwargs: dict[str, Any],
+) -> dict[str, float]:
+    """One pass over ``source``, a buffer at a time; the row-weighted means of the history."""
+    import tensorflow as tf  # type: ignore[import-untyped]
+
+    count = len(source.rows)
+    order = rng.permutation(count) if shuffle and count > 1 else range(count)
+    sums: dict[str, float] = {}
+    rows = 0
+    for b in order:
+        xb, yb = source.load(int(b))
+        xs, ys = _fit_xy(entry.model, xb, yb)
+        n = int(xs.shape[0])
+        if n == 0:
+            continue
+        row_shape = tuple(xs.shape[1:])
+        features = tf.constant(xs.reshape(n, -1))
+        del xb, xs
+        feed = _TrainFeed(features, row_shape, ys, batch_size)
+        feed.order(rng.permutation(n) if shuffle else None)
+        h = entry.model.fit(feed.dataset, epochs=1, **kwargs).history
+        del feed, features, yb, ys
+        gc.collect()  # the pipeline's tensors sit in reference cycles: free them before the next
         for k, v in h.items():
-            hist.setdefault(k, []).extend(v)
-    loss = _last(hist.pop("loss", None))
-    metrics = {k: _last(v) for k, v in hist.items()}
-    return loss, metrics
+            sums[k] = sums.get(k, 0.0) + _last(v) * n
+        rows += n
+    return {k: v / rows for k, v in sums.items()} if rows else {"loss": float("nan")}
 
 
 MAX_TRAIN_FEEDS = 4
@@ -815,6 +877,13 @@ def _train_feed(model: keras.Model, x: np.ndarray, y: np.ndarray, batch_size: in
     return feed
 
 
+def _rows(model: keras.Model, x: Data, y: np.ndarray | None) -> int:
+    """Rows of a unit's data (arrays are checked against the model here, buffers when read)."""
+    if isinstance(x, BufferSource):
+        return x.total_rows
+    return int(_fit_xy(model, x, y)[0].shape[0])
+
+
 def _next_meta(
     state: ModelState | None, rows: int, epochs: int, completes_epoch: bool,
     info: Mapping[str, Any] | None,
@@ -835,8 +904,8 @@ def train_unit(
     compile_params: CompileInput,
     fit_params: FitInput,
     state_bytes: BytesLike,
-    x: np.ndarray,
-    y: np.ndarray,
+    x: Data,
+    y: np.ndarray | None,
     seed: int,
     reset_optimizer: bool = False,
     *,
@@ -856,6 +925,12 @@ def train_unit(
     epoch when ``completes_epoch``; ``info`` is merged into the state's info. A NaN loss is
     reported as NaN (the state is saved as it is). Raises :class:`CerebroError`; on failure
     nothing is returned, and after an unexpected Keras failure the cached model is dropped.
+
+    Memory: ``x`` as arrays is a whole partition in memory; the features are also copied
+    once into a tensor kept for later units (see :class:`_TrainFeed`, at most
+    ``MAX_TRAIN_FEEDS``). ``x`` as a :class:`BufferSource` (``y`` None) holds one buffer at a
+    time (its decoded arrays and one tensor copy), for partitions larger than memory; it is
+    trained buffer by buffer as :func:`_fit` describes.
     """
     start = time.perf_counter()
     cp = _compile_params(compile_params)
@@ -865,7 +940,7 @@ def train_unit(
     entry = cache.get(arch_json, cp)
     rebuilt = cache.misses != misses
     try:
-        rows = int(_fit_xy(entry.model, x, y)[0].shape[0])
+        rows = _rows(entry.model, x, y)
         state = load_state(entry, cp, state_bytes, reset_optimizer)
         loss, metrics = _fit(entry, fp, x, y, seed)
         meta = _next_meta(state, rows, fp.epochs, completes_epoch, info)
@@ -922,7 +997,7 @@ def replay(
     compile_params: CompileInput,
     fit_params: FitInput,
     init_state: BytesLike,
-    units: Sequence[tuple[np.ndarray, np.ndarray, int]],
+    units: Sequence[tuple[Data, np.ndarray | None, int]],
 ) -> bytes:
     """Train one model object over ``units`` in order, without saving or loading between them.
 
@@ -930,7 +1005,8 @@ def replay(
     hopping between workers (state saved and loaded around every unit) over the same
     ``(x, y, seed)`` sequence ends with bitwise the same weights and optimizer variables (and,
     as no epoch is marked complete here, the same state bytes when ``train_unit`` is called
-    with its defaults). Builds a fresh model; returns the final state.
+    with its defaults); ``x`` may be a :class:`BufferSource` (``y`` None) as in
+    :func:`train_unit`. Builds a fresh model; returns the final state.
     """
     cp = _compile_params(compile_params)
     fp = _fit_params(fit_params)
@@ -940,7 +1016,7 @@ def replay(
     for x, y, seed in units:
         _fit(entry, fp, x, y, _seed(seed))
         meta["units_done"] = meta.get("units_done", 0) + 1
-        meta["samples_seen"] = meta.get("samples_seen", 0) + int(np.shape(x)[0]) * fp.epochs
+        meta["samples_seen"] = meta.get("samples_seen", 0) + _rows(entry.model, x, y) * fp.epochs
     return save_state(entry, meta)
 
 
@@ -952,8 +1028,8 @@ def evaluate(
     arch_json: Any,
     compile_params: CompileInput,
     state_bytes: BytesLike,
-    x: np.ndarray,
-    y: np.ndarray,
+    x: Data,
+    y: np.ndarray | None,
     batch_size: int = 32,
 ) -> EvalResult:
     """Loss and compiled metrics of the state's weights over all rows of ``(x, y)``.
@@ -961,10 +1037,13 @@ def evaluate(
     Uses the cached compiled model (optimizer untouched); ``state_bytes`` may be a state or
     MADlib flat float32 weights. Values are Keras' row-weighted means, so partitions combine
     exactly with :func:`combine_results` (see the module docstring for which metrics).
-    Raises :class:`CerebroError`.
+    ``x`` may be a :class:`BufferSource` (``y`` None): buffers are then evaluated one at a
+    time (nothing cached) and combined the same way. Raises :class:`CerebroError`.
     """
     cp = _compile_params(compile_params)
     entry = cache.get(arch_json, cp)
+    if isinstance(x, BufferSource):
+        return _evaluate_buffers(cache, entry, x, state_bytes, batch_size)
     try:
         ds, rows = _eval_dataset(entry.model, x, y, batch_size)
         _load_any(entry, state_bytes)
@@ -979,6 +1058,29 @@ def evaluate(
     out = {k: float(v) for k, v in out.items()}
     loss = out.pop("loss", float("nan"))
     return EvalResult(loss=loss, metrics=out, rows=rows)
+
+
+def _evaluate_buffers(cache: ModelCache, entry: CachedModel, source: BufferSource,
+                      state_bytes: BytesLike, batch_size: int) -> EvalResult:
+    parts = []
+    try:
+        _load_any(entry, state_bytes)
+        for b in range(len(source.rows)):
+            xs, ys = _fit_xy(entry.model, *source.load(b))
+            if xs.shape[0] == 0:
+                continue
+            out = entry.model.evaluate(xs, ys, batch_size=batch_size, verbose=0,
+                                       return_dict=True)
+            out = {k: float(v) for k, v in out.items()}
+            loss = out.pop("loss", float("nan"))
+            parts.append(EvalResult(loss=loss, metrics=out, rows=int(xs.shape[0])))
+            del xs, ys
+    except CerebroError:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        cache.discard(entry)
+        raise _keras_failure("evaluation", exc) from None
+    return combine_results(parts)
 
 
 _EVAL_DATASETS: collections.OrderedDict[tuple[Any, ...], tuple[Any, Any, Any, int]] = \
