@@ -131,6 +131,33 @@ def partition_data(cat: Catalog, table: str, xcol: str, ycol: str, partition: in
     return out
 
 
+def partition_buffers(cat: Catalog, table: str, xcol: str, ycol: str, partition: int,
+                      compile_params: str) -> Any:
+    """One partition as a :class:`~cerebro_db.training.BufferSource`: buffers read and decoded
+    one at a time when the unit needs them (``use_caching`` off), labels as the loss takes
+    them."""
+    from .training import BufferSource, decode_buffer
+
+    t = TableName.parse(table, "table")
+    shape = quote_ident(xcol + "_shape")
+    ids = cat.query(f"SELECT buffer_id, ({shape})[1] AS n FROM {t.sql} WHERE __dist_key__ = $1 "
+                    "ORDER BY buffer_id", [partition], ["int4"])
+    if not ids:
+        raise CerebroError(f'partition {partition} of "{table}" is empty', "22000")
+    keys = [r["buffer_id"] for r in ids]
+
+    def load(i: int) -> tuple[np.ndarray, np.ndarray]:
+        r = cat.query(
+            f"SELECT {quote_ident(xcol)} AS x, {shape} AS xs, {quote_ident(ycol)} AS y, "
+            f"{quote_ident(ycol + '_shape')} AS ys FROM {t.sql} WHERE __dist_key__ = $1 AND "
+            "buffer_id = $2", [partition, keys[i]], ["int4", "int4"])[0]
+        ydtype = "float32" if len(r["y"]) == 4 * int(np.prod(r["ys"])) else "int16"
+        x, y = decode_buffer(r["x"], r["xs"], r["y"], r["ys"], ydtype)
+        return x, labels_for(compile_params, y)
+
+    return BufferSource(tuple(int(r["n"]) for r in ids), load)
+
+
 def labels_for(compile_params: str, y: np.ndarray) -> np.ndarray:
     """Sparse categorical losses take class indices: one-hot rows become their argmax."""
     from .params import parse_compile_params
@@ -203,9 +230,12 @@ def _run_unit(cat: Catalog, fit_id: int, mst_key: int, epoch: int, partition: in
     cfg = _config_row(cat, fit_id, mst_key)
     chunk = int(fopts.get("state_chunk_size") or DEFAULT_CHUNK_SIZE)
     if kind == "train":
-        x, y = partition_data(cat, fit["source_table"], fopts["x"], fopts["y"], partition,
-                              fopts.get("use_caching", True))
-        y = labels_for(cfg["compile_params"], y)
+        if fopts.get("use_caching", True):
+            x, y = partition_data(cat, fit["source_table"], fopts["x"], fopts["y"], partition)
+            y = labels_for(cfg["compile_params"], y)
+        else:
+            x, y = partition_buffers(cat, fit["source_table"], fopts["x"], fopts["y"],
+                                     partition, cfg["compile_params"]), None
         state = load_state(cat, fit_id, mst_key, "current")
         if state is None:
             state = training.initial_state(cfg["model_arch"], cfg["compile_params"],
@@ -237,9 +267,12 @@ def _run_unit(cat: Catalog, fit_id: int, mst_key: int, epoch: int, partition: in
     for ek in options.get("eval_kinds", ["eval_train"]):
         t1 = time.time()
         table = fit["source_table"] if ek == "eval_train" else fit["validation_table"]
-        x, y = partition_data(cat, table, fopts["x"], fopts["y"], partition,
-                              fopts.get("use_caching", True))
-        y = labels_for(cfg["compile_params"], y)
+        if fopts.get("use_caching", True):
+            x, y = partition_data(cat, table, fopts["x"], fopts["y"], partition)
+            y = labels_for(cfg["compile_params"], y)
+        else:
+            x, y = partition_buffers(cat, table, fopts["x"], fopts["y"], partition,
+                                     cfg["compile_params"]), None
         t2 = time.time()
         ev = training.evaluate(model_cache(), cfg["model_arch"], cfg["compile_params"], state,
                                x, y, batch_size=bs)
