@@ -27,6 +27,19 @@ Decisions:
   hops between workers ends bitwise equal to one model trained in a single process over the
   same visit order (:func:`replay`), given deterministic kernels (plain CPU TensorFlow is; on
   GPU call :func:`configure_runtime` with ``deterministic=True``; not checked on a GPU yet).
+* **Keras gets a cached pipeline, not numpy arrays**: ``model.fit`` on numpy arrays builds a
+  new tf.data pipeline every call (a copy of the features into a tensor, a shuffle, a traced
+  gather: ~60-80 ms of a ~0.3 s unit of 10,000 Fashion-MNIST rows). A unit instead feeds the
+  partition's :class:`_TrainFeed` (features copied into a tensor once, batch function traced
+  once, the unit's seeded row order and labels written into variables); measured against raw
+  Keras on the same arrays in ``bench/results/unit.md``.
+* **Memory**: a unit over arrays needs the partition in memory, and its features are kept
+  once more as the feed's tensor (at most ``MAX_TRAIN_FEEDS`` feeds). A unit over a
+  :class:`BufferSource` (the worker's ``use_caching`` off) holds one packed buffer at a time
+  (decoded, plus one tensor copy), so a partition larger than memory trains as long as a
+  buffer fits; batches then stay within a buffer and the shuffle is a seeded buffer order,
+  then a seeded row order within each buffer, as MADlib trains buffer by buffer. A
+  partition of one buffer trains bitwise as its arrays do.
 * **Partitions combine exactly** in evaluation: Keras reports the loss and mean-type metrics
   (accuracy variants, crossentropies, mae, mse, ...) as means weighted by rows, so
   :func:`combine_results` (a row-weighted mean) equals the value over the concatenated data up to
@@ -782,7 +795,7 @@ def _fit_buffers(
         feed.order(rng.permutation(n) if shuffle else None)
         h = entry.model.fit(feed.dataset, epochs=1, **kwargs).history
         del feed, features, yb, ys
-        gc.collect()  # the pipeline's tensors sit in reference cycles: free them before the next
+        gc.collect(1)  # the pipeline sits in young reference cycles: free it before the next
         for k, v in h.items():
             sums[k] = sums.get(k, 0.0) + _last(v) * n
         rows += n

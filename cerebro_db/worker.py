@@ -3,11 +3,27 @@
 A worker is a database session the coordinator opened (dblink) for the whole fit. Its
 Python interpreter lives as long as the session, so this module keeps, across units:
 
-* the decoded buffers of the partitions it has read (``use_caching``; at most
-  ``MAX_CACHED_PARTITIONS``, least recently used dropped first), keyed by the packed
-  table's identity and contents fingerprint, so a changed table is read again;
-* the compiled Keras models (:class:`cerebro_db.training.ModelCache`), so a unit costs
-  training plus one state load and one state save, not a rebuild and a retrace.
+* with ``use_caching``, the decoded buffers of the partitions it has read, concatenated
+  per partition (at most ``MAX_CACHED_PARTITIONS``, least recently used dropped first),
+  keyed by the packed table's identity and contents fingerprint, so a changed table is
+  read again; training keeps one more float32 copy of a partition's features (its feed,
+  :mod:`cerebro_db.training`, at most ``MAX_TRAIN_FEEDS``) and evaluation one per evaluated
+  partition (at most 4). Each copy is rows x features x 4 bytes;
+* the compiled Keras models (:class:`cerebro_db.training.ModelCache`, at most 8 here),
+  so a unit costs training plus one state load and one state save, not a rebuild and a
+  retrace. A model costs about (1 + optimizer slots per weight) x parameters x 4 bytes
+  (Adam: 3x the weights) plus its traced functions.
+
+Memory rule: with ``use_caching`` a worker needs about twice its training partition and
+twice its validation partition, plus its models. A partition that does not fit in memory
+needs ``use_caching`` off (MADlib's default): nothing of the data is kept between units,
+and a unit reads its partition one packed buffer at a time (:func:`partition_buffers`),
+holding one decoded buffer and one tensor copy of it; the buffer size is the
+preprocessor's ``buffer_size`` (MADlib's default rule: about 75 million feature values,
+300 MB, per buffer; preprocess with a smaller ``buffer_size`` when that is too much).
+Training over buffers shuffles the buffer order, then the rows within each buffer, and a
+batch never spans two buffers (as MADlib trains); with one buffer per partition it gives
+bitwise the models ``use_caching`` gives.
 
 A unit's state save, its unit row and (at an epoch's end) the epoch snapshot are written
 in the worker's own transaction, committed when the unit's statement ends. A unit never
