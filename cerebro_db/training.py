@@ -27,6 +27,19 @@ Decisions:
   hops between workers ends bitwise equal to one model trained in a single process over the
   same visit order (:func:`replay`), given deterministic kernels (plain CPU TensorFlow is; on
   GPU call :func:`configure_runtime` with ``deterministic=True``; not checked on a GPU yet).
+* **Keras gets a cached pipeline, not numpy arrays**: ``model.fit`` on numpy arrays builds a
+  new tf.data pipeline every call (a copy of the features into a tensor, a shuffle, a traced
+  gather: ~60-80 ms of a ~0.3 s unit of 10,000 Fashion-MNIST rows). A unit instead feeds the
+  partition's :class:`_TrainFeed` (features copied into a tensor once, batch function traced
+  once, the unit's seeded row order and labels written into variables); measured against raw
+  Keras on the same arrays in ``bench/results/unit.md``.
+* **Memory**: a unit over arrays needs the partition in memory, and its features are kept
+  once more as the feed's tensor (at most ``MAX_TRAIN_FEEDS`` feeds). A unit over a
+  :class:`BufferSource` (the worker's ``use_caching`` off) holds one packed buffer at a time
+  (decoded, plus one tensor copy), so a partition larger than memory trains as long as a
+  buffer fits; batches then stay within a buffer and the shuffle is a seeded buffer order,
+  then a seeded row order within each buffer, as MADlib trains buffer by buffer. A
+  partition of one buffer trains bitwise as its arrays do.
 * **Partitions combine exactly** in evaluation: Keras reports the loss and mean-type metrics
   (accuracy variants, crossentropies, mae, mse, ...) as means weighted by rows, so
   :func:`combine_results` (a row-weighted mean) equals the value over the concatenated data up to
@@ -41,11 +54,12 @@ from __future__ import annotations
 
 import collections
 import functools
+import gc
 import inspect
 import math
 import time
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Union
 
@@ -78,6 +92,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import keras
 
 __all__ = [
+    "BufferSource",
     "CachedModel",
     "EvalResult",
     "ModelCache",
@@ -694,37 +709,192 @@ def _last(values: Any) -> float:
     return float(values[-1])
 
 
+@dataclass(frozen=True)
+class BufferSource:
+    """A partition read one packed buffer at a time, for partitions that need not fit in memory.
+
+    ``rows[i]`` is the number of rows of buffer ``i``; ``load(i)`` returns its ``(x, y)``
+    (as :func:`decode_buffer` gives them, labels already in the loss' layout). A unit over
+    a source holds one decoded buffer at a time (see :func:`train_unit`).
+    """
+
+    rows: tuple[int, ...]
+    load: Callable[[int], tuple[np.ndarray, np.ndarray]]
+
+    @property
+    def total_rows(self) -> int:
+        """Rows over all buffers."""
+        return int(sum(self.rows))
+
+
+Data = Union[np.ndarray, BufferSource]
+
+
 def _fit(
-    entry: CachedModel, fp: FitParams, x: np.ndarray, y: np.ndarray, seed: int
+    entry: CachedModel, fp: FitParams, x: Data, y: np.ndarray | None, seed: int
 ) -> tuple[float, dict[str, float]]:
     """One unit's ``model.fit`` on an already loaded model; returns (loss, metrics).
 
-    The per-epoch shuffle is done here with numpy, seeded from ``seed``, and Keras fits
-    with ``shuffle=False``: seeding Keras' own shuffle needs ``tf.random.set_seed``, which
-    makes TensorFlow retrace the training step (measured: 0.29 s -> 0.42 s a unit of
-    10,000 rows). Dropout and other layer randomness are seeded through the model's seed
-    generator variables.
+    ``x`` and ``y`` are the caller's arrays (``x`` before reshaping to the model's input).
+    Each epoch's row order is a numpy permutation seeded from ``seed`` (the identity with
+    ``shuffle=False``), fed to Keras through the partition's cached :class:`_TrainFeed`
+    (Keras fits it with ``shuffle=False``): seeding Keras' own shuffle needs
+    ``tf.random.set_seed``, which makes TensorFlow retrace the training step (measured:
+    0.29 s -> 0.42 s a unit of 10,000 rows). Dropout and other layer randomness are seeded
+    through the model's seed generator variables.
+
+    With ``x`` a :class:`BufferSource` (``y`` None) each epoch visits the buffers in a
+    seeded order (drawn only when there are several), loads one at a time and fits its rows
+    in a seeded order, through a feed made for that buffer and dropped after it; batches
+    never span two buffers. A partition of one buffer therefore trains exactly as its
+    arrays would. The loss and metrics of an epoch are the row-weighted means over its
+    buffers (what Keras reports for one array: its metrics are means over rows).
     """
     _seed_layers(entry, seed)
     kwargs = fp.to_keras()
     kwargs["verbose"] = 0
     epochs = int(kwargs.pop("epochs", 1) or 1)
     shuffle = kwargs.pop("shuffle", True)
+    batch_size = int(kwargs.pop("batch_size", 32) or 32)
     kwargs["shuffle"] = False
     rng = np.random.default_rng(seed)
-    hist: dict[str, list[float]] = {}
+    hist: dict[str, float] = {}
     for _ in range(epochs):
-        if shuffle:
-            order = rng.permutation(len(x))
-            xe, ye = x[order], y[order]
-        else:
-            xe, ye = x, y
-        h = entry.model.fit(xe, ye, epochs=1, **kwargs).history
+        if isinstance(x, BufferSource):
+            hist = _fit_buffers(entry, x, batch_size, shuffle, rng, kwargs)
+            continue
+        feed = _train_feed(entry.model, x, y, batch_size)
+        feed.order(rng.permutation(feed.rows) if shuffle else None)
+        h = entry.model.fit(feed.dataset, epochs=1, **kwargs).history
+        hist = {k: _last(v) for k, v in h.items()}
+    loss = hist.pop("loss", float("nan"))
+    return loss, hist
+
+
+def _fit_buffers(
+    entry: CachedModel, source: BufferSource, batch_size: int, shuffle: bool,
+    rng: np.random.Generator, kwargs: dict[str, Any],
+) -> dict[str, float]:
+    """One pass over ``source``, a buffer at a time; the row-weighted means of the history."""
+    import tensorflow as tf  # type: ignore[import-untyped]
+
+    count = len(source.rows)
+    order = rng.permutation(count) if shuffle and count > 1 else range(count)
+    sums: dict[str, float] = {}
+    rows = 0
+    for b in order:
+        xb, yb = source.load(int(b))
+        xs, ys = _fit_xy(entry.model, xb, yb)
+        n = int(xs.shape[0])
+        if n == 0:
+            continue
+        row_shape = tuple(xs.shape[1:])
+        features = tf.constant(xs.reshape(n, -1))
+        del xb, xs
+        feed = _TrainFeed(features, row_shape, ys, batch_size)
+        feed.order(rng.permutation(n) if shuffle else None)
+        h = entry.model.fit(feed.dataset, epochs=1, **kwargs).history
+        del feed, features, yb, ys
+        gc.collect(1)  # the pipeline sits in young reference cycles: free it before the next
         for k, v in h.items():
-            hist.setdefault(k, []).extend(v)
-    loss = _last(hist.pop("loss", None))
-    metrics = {k: _last(v) for k, v in hist.items()}
-    return loss, metrics
+            sums[k] = sums.get(k, 0.0) + _last(v) * n
+        rows += n
+    return {k: v / rows for k, v in sums.items()} if rows else {"loss": float("nan")}
+
+
+MAX_TRAIN_FEEDS = 4
+"""Training feeds kept per process (partitions x batch sizes x label layouts)."""
+
+
+class _TrainFeed:
+    """A batched tf.data pipeline over one partition, in an order set per epoch.
+
+    Keras turns numpy arrays into a new tf.data pipeline on every ``fit`` call (a copy of
+    the features into a tensor, a shuffle and a traced gather: ~60-80 ms for 10,000
+    Fashion-MNIST rows, a fifth of a unit). A worker trains many configurations on the
+    same partition, so the features are copied into a tensor once (:func:`_features`) and
+    the pipeline is built once per batch size; a unit writes its row permutation into a
+    variable that the pipeline's batch function (traced once) gathers by, and its labels
+    into a variable (they are small, and a caller may pass new label arrays for the same
+    features, e.g. class indices for a sparse loss). Batch ``i`` holds rows
+    ``order[i*b:(i+1)*b]``, the last one partial, exactly as ``fit(x[order], y[order],
+    batch_size=b, shuffle=False)`` would batch them.
+    """
+
+    def __init__(self, features: Any, row_shape: tuple[int, ...], y: np.ndarray,
+                 batch_size: int) -> None:
+        import tensorflow as tf  # type: ignore[import-untyped]
+
+        rows = int(y.shape[0])
+        self.rows = rows
+        self.identity = np.arange(rows, dtype=np.int64)
+        self.perm = tf.Variable(self.identity, trainable=False, name="feed_order")
+        self.labels = tf.Variable(y, trainable=False, name="feed_labels")
+        perm, labels, bs = self.perm, self.labels, batch_size
+        shape = [-1, *row_shape]
+
+        def batch(i: Any) -> tuple[Any, Any]:
+            start = i * bs
+            idx = perm[start:tf.minimum(start + bs, rows)]
+            return tf.reshape(tf.gather(features, idx), shape), tf.gather(labels, idx)
+
+        batches = -(-rows // bs)
+        self.dataset = tf.data.Dataset.range(batches).map(batch)
+
+    def order(self, permutation: np.ndarray | None) -> None:
+        """Set the row order of the next pass (None: the stored order)."""
+        self.perm.assign(self.identity if permutation is None else permutation)
+
+    def set_labels(self, y: np.ndarray) -> None:
+        """Set the labels (same shape and dtype as the feed was built with)."""
+        self.labels.assign(y)
+
+
+_FEATURES: collections.OrderedDict[int, tuple[np.ndarray, Any]] = collections.OrderedDict()
+_TRAIN_FEEDS: collections.OrderedDict[tuple[Any, ...], tuple[np.ndarray, _TrainFeed]] = \
+    collections.OrderedDict()
+
+
+def _features(x: np.ndarray) -> Any:
+    """The rows of ``x`` as a 2-D float32 tensor, cached by the array's identity (the array
+    is held so its identity stays valid); at most ``MAX_TRAIN_FEEDS`` kept."""
+    import tensorflow as tf  # type: ignore[import-untyped]
+
+    hit = _FEATURES.get(id(x))
+    if hit is not None and hit[0] is x:
+        _FEATURES.move_to_end(id(x))
+        return hit[1]
+    flat = np.asarray(x, dtype=np.float32).reshape(x.shape[0], -1)
+    t = tf.constant(flat)
+    _FEATURES[id(x)] = (x, t)
+    while len(_FEATURES) > MAX_TRAIN_FEEDS:
+        _FEATURES.popitem(last=False)
+    return t
+
+
+def _train_feed(model: keras.Model, x: np.ndarray, y: np.ndarray, batch_size: int) -> _TrainFeed:
+    """The cached :class:`_TrainFeed` for (``x``, the model's input, ``y``'s layout, batch
+    size), with ``y`` loaded; validates the data against the model as :func:`_fit_xy`."""
+    xs, ys = _fit_xy(model, x, y)
+    key = (id(x), xs.shape[1:], ys.shape, batch_size)
+    hit = _TRAIN_FEEDS.get(key)
+    if hit is not None and hit[0] is x:
+        _TRAIN_FEEDS.move_to_end(key)
+        feed = hit[1]
+        feed.set_labels(ys)
+        return feed
+    feed = _TrainFeed(_features(x), tuple(xs.shape[1:]), ys, batch_size)
+    _TRAIN_FEEDS[key] = (x, feed)
+    while len(_TRAIN_FEEDS) > MAX_TRAIN_FEEDS:
+        _TRAIN_FEEDS.popitem(last=False)
+    return feed
+
+
+def _rows(model: keras.Model, x: Data, y: np.ndarray | None) -> int:
+    """Rows of a unit's data (arrays are checked against the model here, buffers when read)."""
+    if isinstance(x, BufferSource):
+        return x.total_rows
+    return int(_fit_xy(model, x, y)[0].shape[0])
 
 
 def _next_meta(
@@ -747,8 +917,8 @@ def train_unit(
     compile_params: CompileInput,
     fit_params: FitInput,
     state_bytes: BytesLike,
-    x: np.ndarray,
-    y: np.ndarray,
+    x: Data,
+    y: np.ndarray | None,
     seed: int,
     reset_optimizer: bool = False,
     *,
@@ -768,6 +938,12 @@ def train_unit(
     epoch when ``completes_epoch``; ``info`` is merged into the state's info. A NaN loss is
     reported as NaN (the state is saved as it is). Raises :class:`CerebroError`; on failure
     nothing is returned, and after an unexpected Keras failure the cached model is dropped.
+
+    Memory: ``x`` as arrays is a whole partition in memory; the features are also copied
+    once into a tensor kept for later units (see :class:`_TrainFeed`, at most
+    ``MAX_TRAIN_FEEDS``). ``x`` as a :class:`BufferSource` (``y`` None) holds one buffer at a
+    time (its decoded arrays and one tensor copy), for partitions larger than memory; it is
+    trained buffer by buffer as :func:`_fit` describes.
     """
     start = time.perf_counter()
     cp = _compile_params(compile_params)
@@ -777,10 +953,10 @@ def train_unit(
     entry = cache.get(arch_json, cp)
     rebuilt = cache.misses != misses
     try:
-        xs, ys = _fit_xy(entry.model, x, y)
+        rows = _rows(entry.model, x, y)
         state = load_state(entry, cp, state_bytes, reset_optimizer)
-        loss, metrics = _fit(entry, fp, xs, ys, seed)
-        meta = _next_meta(state, int(xs.shape[0]), fp.epochs, completes_epoch, info)
+        loss, metrics = _fit(entry, fp, x, y, seed)
+        meta = _next_meta(state, rows, fp.epochs, completes_epoch, info)
         new_state = save_state(entry, meta)
     except CerebroError:
         raise
@@ -788,7 +964,7 @@ def train_unit(
         cache.discard(entry)
         raise _keras_failure("training unit", exc) from None
     result = UnitResult(
-        rows=int(xs.shape[0]),
+        rows=rows,
         loss=loss,
         seconds=time.perf_counter() - start,
         metrics=metrics,
@@ -834,7 +1010,7 @@ def replay(
     compile_params: CompileInput,
     fit_params: FitInput,
     init_state: BytesLike,
-    units: Sequence[tuple[np.ndarray, np.ndarray, int]],
+    units: Sequence[tuple[Data, np.ndarray | None, int]],
 ) -> bytes:
     """Train one model object over ``units`` in order, without saving or loading between them.
 
@@ -842,7 +1018,8 @@ def replay(
     hopping between workers (state saved and loaded around every unit) over the same
     ``(x, y, seed)`` sequence ends with bitwise the same weights and optimizer variables (and,
     as no epoch is marked complete here, the same state bytes when ``train_unit`` is called
-    with its defaults). Builds a fresh model; returns the final state.
+    with its defaults); ``x`` may be a :class:`BufferSource` (``y`` None) as in
+    :func:`train_unit`. Builds a fresh model; returns the final state.
     """
     cp = _compile_params(compile_params)
     fp = _fit_params(fit_params)
@@ -850,10 +1027,9 @@ def replay(
     state = load_state(entry, cp, init_state)
     meta: dict[str, Any] = state.meta() if state is not None else {"info": {}}
     for x, y, seed in units:
-        xs, ys = _fit_xy(entry.model, x, y)
-        _fit(entry, fp, xs, ys, _seed(seed))
+        _fit(entry, fp, x, y, _seed(seed))
         meta["units_done"] = meta.get("units_done", 0) + 1
-        meta["samples_seen"] = meta.get("samples_seen", 0) + int(xs.shape[0]) * fp.epochs
+        meta["samples_seen"] = meta.get("samples_seen", 0) + _rows(entry.model, x, y) * fp.epochs
     return save_state(entry, meta)
 
 
@@ -865,8 +1041,8 @@ def evaluate(
     arch_json: Any,
     compile_params: CompileInput,
     state_bytes: BytesLike,
-    x: np.ndarray,
-    y: np.ndarray,
+    x: Data,
+    y: np.ndarray | None,
     batch_size: int = 32,
 ) -> EvalResult:
     """Loss and compiled metrics of the state's weights over all rows of ``(x, y)``.
@@ -874,10 +1050,13 @@ def evaluate(
     Uses the cached compiled model (optimizer untouched); ``state_bytes`` may be a state or
     MADlib flat float32 weights. Values are Keras' row-weighted means, so partitions combine
     exactly with :func:`combine_results` (see the module docstring for which metrics).
-    Raises :class:`CerebroError`.
+    ``x`` may be a :class:`BufferSource` (``y`` None): buffers are then evaluated one at a
+    time (nothing cached) and combined the same way. Raises :class:`CerebroError`.
     """
     cp = _compile_params(compile_params)
     entry = cache.get(arch_json, cp)
+    if isinstance(x, BufferSource):
+        return _evaluate_buffers(cache, entry, x, state_bytes, batch_size)
     try:
         ds, rows = _eval_dataset(entry.model, x, y, batch_size)
         _load_any(entry, state_bytes)
@@ -892,6 +1071,29 @@ def evaluate(
     out = {k: float(v) for k, v in out.items()}
     loss = out.pop("loss", float("nan"))
     return EvalResult(loss=loss, metrics=out, rows=rows)
+
+
+def _evaluate_buffers(cache: ModelCache, entry: CachedModel, source: BufferSource,
+                      state_bytes: BytesLike, batch_size: int) -> EvalResult:
+    parts = []
+    try:
+        _load_any(entry, state_bytes)
+        for b in range(len(source.rows)):
+            xs, ys = _fit_xy(entry.model, *source.load(b))
+            if xs.shape[0] == 0:
+                continue
+            out = entry.model.evaluate(xs, ys, batch_size=batch_size, verbose=0,
+                                       return_dict=True)
+            out = {k: float(v) for k, v in out.items()}
+            loss = out.pop("loss", float("nan"))
+            parts.append(EvalResult(loss=loss, metrics=out, rows=int(xs.shape[0])))
+            del xs, ys
+    except CerebroError:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        cache.discard(entry)
+        raise _keras_failure("evaluation", exc) from None
+    return combine_results(parts)
 
 
 _EVAL_DATASETS: collections.OrderedDict[tuple[Any, ...], tuple[Any, Any, Any, int]] = \

@@ -3,11 +3,27 @@
 A worker is a database session the coordinator opened (dblink) for the whole fit. Its
 Python interpreter lives as long as the session, so this module keeps, across units:
 
-* the decoded buffers of the partitions it has read (``use_caching``; at most
-  ``MAX_CACHED_PARTITIONS``, least recently used dropped first), keyed by the packed
-  table's identity and contents fingerprint, so a changed table is read again;
-* the compiled Keras models (:class:`cerebro_db.training.ModelCache`), so a unit costs
-  training plus one state load and one state save, not a rebuild and a retrace.
+* with ``use_caching``, the decoded buffers of the partitions it has read, concatenated
+  per partition (at most ``MAX_CACHED_PARTITIONS``, least recently used dropped first),
+  keyed by the packed table's identity and contents fingerprint, so a changed table is
+  read again; training keeps one more float32 copy of a partition's features (its feed,
+  :mod:`cerebro_db.training`, at most ``MAX_TRAIN_FEEDS``) and evaluation one per evaluated
+  partition (at most 4). Each copy is rows x features x 4 bytes;
+* the compiled Keras models (:class:`cerebro_db.training.ModelCache`, at most 8 here),
+  so a unit costs training plus one state load and one state save, not a rebuild and a
+  retrace. A model costs about (1 + optimizer slots per weight) x parameters x 4 bytes
+  (Adam: 3x the weights) plus its traced functions.
+
+Memory rule: with ``use_caching`` a worker needs about twice its training partition and
+twice its validation partition, plus its models. A partition that does not fit in memory
+needs ``use_caching`` off (MADlib's default): nothing of the data is kept between units,
+and a unit reads its partition one packed buffer at a time (:func:`partition_buffers`),
+holding one decoded buffer and one tensor copy of it; the buffer size is the
+preprocessor's ``buffer_size`` (MADlib's default rule: about 75 million feature values,
+300 MB, per buffer; preprocess with a smaller ``buffer_size`` when that is too much).
+Training over buffers shuffles the buffer order, then the rows within each buffer, and a
+batch never spans two buffers (as MADlib trains); with one buffer per partition it gives
+bitwise the models ``use_caching`` gives.
 
 A unit's state save, its unit row and (at an epoch's end) the epoch snapshot are written
 in the worker's own transaction, committed when the unit's statement ends, inside one
@@ -165,6 +181,33 @@ def partition_data(cat: Catalog, table: str, xcol: str, ycol: str, partition: in
     return out
 
 
+def partition_buffers(cat: Catalog, table: str, xcol: str, ycol: str, partition: int,
+                      compile_params: str) -> Any:
+    """One partition as a :class:`~cerebro_db.training.BufferSource`: buffers read and decoded
+    one at a time when the unit needs them (``use_caching`` off), labels as the loss takes
+    them."""
+    from .training import BufferSource, decode_buffer
+
+    t = TableName.parse(table, "table")
+    shape = quote_ident(xcol + "_shape")
+    ids = cat.query(f"SELECT buffer_id, ({shape})[1] AS n FROM {t.sql} WHERE __dist_key__ = $1 "
+                    "ORDER BY buffer_id", [partition], ["int4"])
+    if not ids:
+        raise CerebroError(f'partition {partition} of "{table}" is empty', "22000")
+    keys = [r["buffer_id"] for r in ids]
+
+    def load(i: int) -> tuple[np.ndarray, np.ndarray]:
+        r = cat.query(
+            f"SELECT {quote_ident(xcol)} AS x, {shape} AS xs, {quote_ident(ycol)} AS y, "
+            f"{quote_ident(ycol + '_shape')} AS ys FROM {t.sql} WHERE __dist_key__ = $1 AND "
+            "buffer_id = $2", [partition, keys[i]], ["int4", "int4"])[0]
+        ydtype = "float32" if len(r["y"]) == 4 * int(np.prod(r["ys"])) else "int16"
+        x, y = decode_buffer(r["x"], r["xs"], r["y"], r["ys"], ydtype)
+        return x, labels_for(compile_params, y)
+
+    return BufferSource(tuple(int(r["n"]) for r in ids), load)
+
+
 def labels_for(compile_params: str, y: np.ndarray) -> np.ndarray:
     """Sparse categorical losses take class indices: one-hot rows become their argmax."""
     from .params import parse_compile_params
@@ -239,9 +282,12 @@ def _run_unit(cat: Catalog, fit_id: int, mst_key: int, epoch: int, partition: in
     cfg = _config_row(cat, fit_id, mst_key)
     chunk = int(fopts.get("state_chunk_size") or DEFAULT_CHUNK_SIZE)
     if kind == "train":
-        x, y = partition_data(cat, fit["source_table"], fopts["x"], fopts["y"], partition,
-                              fopts.get("use_caching", True))
-        y = labels_for(cfg["compile_params"], y)
+        if fopts.get("use_caching", True):
+            x, y = partition_data(cat, fit["source_table"], fopts["x"], fopts["y"], partition)
+            y = labels_for(cfg["compile_params"], y)
+        else:
+            x, y = partition_buffers(cat, fit["source_table"], fopts["x"], fopts["y"],
+                                     partition, cfg["compile_params"]), None
         state = load_state(cat, fit_id, mst_key, "current")
         if state is None:
             state = training.initial_state(cfg["model_arch"], cfg["compile_params"],
@@ -276,9 +322,12 @@ def _run_unit(cat: Catalog, fit_id: int, mst_key: int, epoch: int, partition: in
     for ek in options.get("eval_kinds", ["eval_train"]):
         t1 = time.time()
         table = fit["source_table"] if ek == "eval_train" else fit["validation_table"]
-        x, y = partition_data(cat, table, fopts["x"], fopts["y"], partition,
-                              fopts.get("use_caching", True))
-        y = labels_for(cfg["compile_params"], y)
+        if fopts.get("use_caching", True):
+            x, y = partition_data(cat, table, fopts["x"], fopts["y"], partition)
+            y = labels_for(cfg["compile_params"], y)
+        else:
+            x, y = partition_buffers(cat, table, fopts["x"], fopts["y"], partition,
+                                     cfg["compile_params"]), None
         t2 = time.time()
         ev = training.evaluate(model_cache(), cfg["model_arch"], cfg["compile_params"], state,
                                x, y, batch_size=bs)

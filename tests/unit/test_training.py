@@ -396,3 +396,94 @@ def test_fit_params_class_weight_and_shuffle_are_used(cache):
     # without shuffling the seed does not matter for this dropout-free model
     again, _ = T.train_unit(cache, ARCH, CP, "batch_size=16, shuffle=False", init, x, y, 9)
     assert again == plain
+
+
+# --------------------------------------------------------------------------- buffer streaming
+
+
+def source_of(parts: list[tuple[np.ndarray, np.ndarray]]) -> T.BufferSource:
+    return T.BufferSource(tuple(len(p[0]) for p in parts), lambda i: parts[i])
+
+
+def test_streaming_one_buffer_trains_exactly_as_the_arrays(cache):
+    x, y = blobs(150, 31)
+    init = T.initial_state(ARCH_DROP, CP, seed=5)
+    fp = "batch_size=32, epochs=2"
+    whole, r1 = T.train_unit(cache, ARCH_DROP, CP, fp, init, x, y, seed=8)
+    streamed, r2 = T.train_unit(cache, ARCH_DROP, CP, fp, init, source_of([(x, y)]), None, seed=8)
+    assert streamed == whole
+    assert r2.rows == r1.rows == 150 and r2.loss == r1.loss and r2.metrics == r1.metrics
+
+
+def test_streaming_buffers_train_hop_and_replay(cache):
+    """Several uneven buffers: loss goes down, hopping equals replay bitwise, evaluation over
+    the buffers equals evaluation over the concatenated rows."""
+    parts = [blobs(130, 40), blobs(70, 41), blobs(100, 42)]
+    src = source_of(parts)
+    x = np.concatenate([p[0] for p in parts])
+    y = np.concatenate([p[1] for p in parts])
+    fp = "batch_size=32, epochs=2"
+    init = T.initial_state(ARCH_DROP, CP, seed=6)
+    before = T.evaluate(cache, ARCH_DROP, CP, init, src, None)
+    caches = [T.ModelCache(), T.ModelCache()]
+    state, losses = init, []
+    for i in range(4):
+        state, res = T.train_unit(caches[i % 2], ARCH_DROP, CP, fp, state, src, None, 100 + i)
+        assert res.rows == 300
+        losses.append(res.loss)
+    assert losses[-1] < losses[0]
+    assert state == T.replay(ARCH_DROP, CP, fp, init, [(src, None, 100 + i) for i in range(4)])
+    assert decode_state(state).samples_seen == 4 * 2 * 300
+    after = T.evaluate(cache, ARCH_DROP, CP, state, src, None)
+    whole = T.evaluate(cache, ARCH_DROP, CP, state, x, y)
+    assert after.rows == whole.rows == 300
+    assert after.loss == pytest.approx(whole.loss, rel=1e-5)
+    assert after.metrics["accuracy"] == pytest.approx(whole.metrics["accuracy"], abs=1e-6)
+    assert after.loss < 0.7 * before.loss
+    # the buffer order and the rows within buffers both follow the seed
+    a, _ = T.train_unit(cache, ARCH, CP, "batch_size=32", T.initial_state(ARCH, CP, 1), src,
+                        None, 1)
+    b, _ = T.train_unit(cache, ARCH, CP, "batch_size=32", T.initial_state(ARCH, CP, 1), src,
+                        None, 2)
+    assert not all_equal(weights_of(a), weights_of(b))
+
+
+def test_streaming_holds_one_buffer_in_memory(cache):
+    """Peak Python/numpy memory of a unit over 8 buffers of 2,000 x 784 float32 (6.3 MB each):
+    streaming stays under 3 buffers; loading the partition as one array (what use_caching
+    does) needs all 8."""
+    import gc
+    import tracemalloc
+
+    arch = mlp(inputs=784, hidden=8, outputs=10)
+    n, count = 2000, 8
+    buffer_bytes = n * 784 * 4
+
+    def load(i: int) -> tuple[np.ndarray, np.ndarray]:
+        r = np.random.default_rng(i)
+        return r.random((n, 784), dtype=np.float32), \
+            np.eye(10, dtype=np.float32)[r.integers(0, 10, n)]
+
+    src = T.BufferSource((n,) * count, load)
+    init = T.initial_state(arch, CP, 1)
+    T.train_unit(cache, arch, CP, "batch_size=500", init, src, None, 1)  # build, trace
+
+    def peak(fn) -> int:
+        gc.collect()
+        tracemalloc.start()
+        try:
+            fn()
+            return tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+
+    def whole() -> None:
+        parts = [load(i) for i in range(count)]
+        x = np.concatenate([p[0] for p in parts])
+        y = np.concatenate([p[1] for p in parts])
+        del parts
+        T.train_unit(cache, arch, CP, "batch_size=500", init, x, y, 1)
+
+    streamed = peak(lambda: T.train_unit(cache, arch, CP, "batch_size=500", init, src, None, 1))
+    assert streamed < 3 * buffer_bytes, streamed
+    assert peak(whole) > count * buffer_bytes
