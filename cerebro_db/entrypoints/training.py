@@ -273,8 +273,8 @@ class _UnitExecutor:
                f"{self.cat.literal(json.dumps(options))})")
         self.ex.submit(a.worker, sql)
 
-    def wait(self) -> list[tuple[int, bool, dict[str, Any]]]:
-        return [(r.worker, r.ok, r.data) for r in self.ex.wait()]
+    def wait(self, timeout: float | None = None) -> list[tuple[int, bool, dict[str, Any]]]:
+        return [(r.worker, r.ok, r.data) for r in self.ex.wait(timeout)]
 
     def recover(self, worker: int) -> bool:
         return self.ex.reopen(worker)
