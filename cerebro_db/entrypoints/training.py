@@ -305,10 +305,11 @@ class _WorkerPool:
         self._last = 0.0
 
     def start(self, workers: dict[int, frozenset[int]]) -> None:
-        """Record the starting workers (and forget an earlier run's request: a resumed
-        fit starts with its original number of workers)."""
+        """Record the starting workers (and forget an earlier run's request and workers: a
+        resumed fit starts with its original number of workers)."""
         self.ex.control(f"UPDATE {self.cat.ext('fits')} SET requested_workers = NULL "
                         f"WHERE fit_id = {self.fit_id}")
+        self.close()
         for w, parts in workers.items():
             self.record(w, parts, "active")
 
@@ -355,6 +356,7 @@ class _WorkerPool:
         self.record(worker, partitions, "active")
 
     def close(self) -> None:
+        """Mark the workers still in the fit closed (the fit's sessions end)."""
         self.ex.control(f"UPDATE {self.cat.ext('fit_workers')} SET status = 'closed', "
                         f"updated_at = clock_timestamp() WHERE fit_id = {self.fit_id} AND "
                         "status IN ('active', 'joining')")
