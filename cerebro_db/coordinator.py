@@ -12,6 +12,15 @@ gives the worker a fresh session (``executor.recover``; without one the worker l
 fit) and re-queues the unit, up to ``max_unit_retries`` times per unit. A unit that fails
 inside a healthy worker (the worker's own error answer, e.g. a shape mismatch) fails the fit
 with the worker's message and traceback.
+
+Replicas and elasticity. A worker that leaves (lost for good, or retired) takes its
+partitions with it; those that no other worker holds (no replica) are given to the workers
+left (:func:`~cerebro_db.scheduling.cover`: on one server any session can read any
+partition). With a :class:`WorkerPool`, the coordinator asks between units (at most every
+``pool.poll_interval`` seconds) whether another session asked for a different number of
+workers: new workers join holding ``pool.holds(worker)`` (fresh ids), surplus workers
+(highest ids first) are retired once their unit in flight ends (a unit is never killed for
+a removal). The policy sees the change from the next assignment on.
 """
 from __future__ import annotations
 
@@ -22,14 +31,31 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
 from .errors import CerebroError
-from .scheduling import TRAIN, Assignment, Policy, Progress, RunningUnit
+from .scheduling import TRAIN, Assignment, Policy, Progress, RunningUnit, cover
 
 
 class Executor(Protocol):
     def submit(self, a: Assignment, options: dict[str, Any]) -> None: ...
-    def wait(self) -> list[tuple[int, bool, dict[str, Any]]]: ...
+    def wait(self, timeout: float | None = None) -> list[tuple[int, bool, dict[str, Any]]]:
+        ...
+
     def recover(self, worker: int) -> bool: ...
     def unit_failed(self, unit: RunningUnit, attempt: int, data: dict[str, Any]) -> None: ...
+
+
+class WorkerPool(Protocol):
+    """Opens and closes worker sessions while a fit runs (elasticity)."""
+
+    poll_interval: float
+
+    def requested(self) -> int | None:
+        """A new number of workers asked for since the last call, else None."""
+        ...
+
+    def holds(self, worker: int) -> frozenset[int]: ...
+    def join(self, worker: int, partitions: frozenset[int]) -> bool: ...
+    def leave(self, worker: int, status: str) -> None: ...
+    def granted(self, worker: int, partitions: frozenset[int]) -> None: ...
 
 
 class FitHooks(Protocol):
@@ -74,7 +100,8 @@ def run_fit(policy: Policy, progress: Progress, executor: Executor, *,
             notice: Callable[[str], None] = lambda m: None,
             clock: Callable[[], float] = time.monotonic, max_unit_retries: int = 3,
             results: dict[int, ConfigResult] | None = None, done_units: int = 0,
-            elapsed_before: float = 0.0, hooks: FitHooks | None = None) -> FitOutcome:
+            elapsed_before: float = 0.0, hooks: FitHooks | None = None,
+            pool: WorkerPool | None = None) -> FitOutcome:
     """Run every unit of the fit to the end; raise :class:`WorkerFailed` on a unit's failure
     (or when a unit lost its worker session more than ``max_unit_retries`` times).
 
@@ -82,6 +109,7 @@ def run_fit(policy: Policy, progress: Progress, executor: Executor, *,
     ``snapshot_epochs(config, epoch)`` says whether the state at the end of that epoch is
     kept for evaluation. A resumed fit passes what its log already holds: ``results``,
     ``done_units`` (training units done) and ``elapsed_before`` (seconds already spent).
+    ``pool``: worker sessions can join and leave while the fit runs (see the module).
     """
     start = clock() - elapsed_before
     results = results if results is not None else {}
@@ -92,7 +120,9 @@ def run_fit(policy: Policy, progress: Progress, executor: Executor, *,
     best: tuple[float, int] | None = None
     attempts: dict[tuple[int, int, int, str], int] = {}
     retried = 0
+    elastic = _Elastic(progress, pool, notice)
     while True:
+        elastic.rescale()
         if hooks is not None:
             hooks.before_assign(clock() - start)
             total = hooks.total_units()
@@ -115,7 +145,8 @@ def run_fit(policy: Policy, progress: Progress, executor: Executor, *,
                 hooks.stalled()
             raise CerebroError("the scheduling policy has nothing to run but the fit is not "
                                "done", "XX000")
-        for worker, ok, data in executor.wait():
+        finished = executor.wait(pool.poll_interval) if pool is not None else executor.wait()
+        for worker, ok, data in finished:
             unit = progress.running[worker]
             if not ok and data.get("lost"):
                 progress.finish(worker, False)
@@ -131,10 +162,12 @@ def run_fit(policy: Policy, progress: Progress, executor: Executor, *,
                         f"{data.get('message')}", data.get("sqlstate") or "08006",
                         hint="Raise cerebro_db.max_unit_retries, or look for what ends the "
                         "worker sessions (server log).")
-                if not executor.recover(worker):
-                    progress.remove_worker(worker)
+                if worker in elastic.retiring:
+                    elastic.leave(worker, "removed")
+                elif not executor.recover(worker):
                     notice(f"worker {worker} lost its session and could not reconnect; it "
                            "leaves the fit")
+                    elastic.leave(worker, "lost")
                 else:
                     notice(f"worker {worker} lost its session ({data.get('message')}); "
                            f"{where} is queued again (retry {attempts[key]} of "
@@ -148,6 +181,8 @@ def run_fit(policy: Policy, progress: Progress, executor: Executor, *,
                     hint=data.get("hint"), detail=data.get("detail"))
             epoch_before = progress.completed[unit.config]
             progress.finish(worker, True)
+            if worker in elastic.retiring:
+                elastic.leave(worker, "removed")
             r = results.setdefault(unit.config, ConfigResult())
             if unit.kind == TRAIN:
                 done_units += 1
@@ -175,6 +210,64 @@ def run_fit(policy: Policy, progress: Progress, executor: Executor, *,
                     if hooks is not None:
                         hooks.on_evaluated(unit.config, unit.epoch, r, clock() - start)
     return FitOutcome(results, clock() - start, done_units, retried)
+
+
+class _Elastic:
+    """Workers joining and leaving a running fit (see the module docstring)."""
+
+    def __init__(self, progress: Progress, pool: WorkerPool | None,
+                 notice: Callable[[str], None]) -> None:
+        self.progress, self.pool, self.notice = progress, pool, notice
+        self.retiring: set[int] = set()
+        self.next_id = max(progress.workers, default=-1) + 1
+
+    def rescale(self) -> None:
+        if self.pool is None:
+            return
+        want = self.pool.requested()
+        if want is None:
+            return
+        active = [w for w in sorted(self.progress.workers) if w not in self.retiring]
+        while len(active) < want and self.retiring:
+            w = min(self.retiring)
+            self.retiring.discard(w)
+            active.append(w)
+            self.notice(f"worker {w} stays in the fit (asked for {want} workers)")
+        while len(active) < want:
+            w = self.next_id
+            self.next_id += 1
+            parts = self.pool.holds(w)
+            if not self.pool.join(w, parts):
+                self.notice(f"worker {w} could not open its session; the fit goes on with "
+                            f"{len(active)} workers")
+                break
+            self.progress.add_worker(w, parts)
+            active.append(w)
+            self.notice(f"worker {w} joins the fit holding partitions {sorted(parts)}")
+        for w in sorted(active, reverse=True)[:max(0, len(active) - want)]:
+            if w in self.progress.running:
+                self.retiring.add(w)
+                self.notice(f"worker {w} leaves the fit after its unit in flight")
+            else:
+                self.leave(w, "removed")
+
+    def leave(self, worker: int, status: str) -> None:
+        """``worker`` (idle) leaves; partitions only it held go to the workers left."""
+        self.progress.remove_worker(worker)
+        self.retiring.discard(worker)
+        self.next_id = max(self.next_id, worker + 1)
+        if self.pool is not None:
+            self.pool.leave(worker, status)
+        if status == "removed":
+            self.notice(f"worker {worker} left the fit")
+        for w, parts in cover(self.progress.workers, self.progress.num_partitions).items():
+            extra = parts - self.progress.workers[w]
+            if extra:
+                self.progress.grant(w, extra)
+                if self.pool is not None:
+                    self.pool.granted(w, parts)
+                self.notice(f"worker {w} now also serves partitions {sorted(extra)} (no "
+                            f"other worker holds them)")
 
 
 def _key(u: Assignment | RunningUnit) -> tuple[int, int, int, str]:

@@ -13,6 +13,9 @@ its session (the backend was terminated, crashed or the connection broke): its r
 longer than ``unit_timeout`` seconds is ended by ``pg_terminate_backend`` of its session's
 backend (pids are recorded when sessions open) and reported lost the same way.
 
+Elasticity. Workers can be added (:meth:`DblinkExecutor.add`, a new session) and retired
+(:meth:`DblinkExecutor.retire`, its session closed) while the fit runs.
+
 All SQL text goes through :class:`cerebro_db.catalog.Catalog` or this module.
 """
 from __future__ import annotations
@@ -24,7 +27,6 @@ from typing import Any
 
 from .catalog import Catalog
 from .errors import CerebroError
-
 
 RETRYABLE = frozenset({"57014", "57P01", "57P02", "57P03", "40001", "40P01"})
 """SQLSTATEs of a worker's answer that say the session, not the unit, failed (query
@@ -44,6 +46,8 @@ class DblinkExecutor:
     """``num_workers`` worker sessions plus one control session, over dblink.
 
     ``unit_timeout``: seconds after which a unit's session is terminated (None: never).
+    ``refuse_reopen``: workers whose session cannot be reopened after a loss (a test hook
+    the coordinator sets for superusers only, to make a worker's loss permanent).
     """
 
     def __init__(self, cat: Catalog, tag: str, num_workers: int, conninfo: str | None,
@@ -51,7 +55,8 @@ class DblinkExecutor:
                  unit_timeout: float | None = None) -> None:
         self.cat = cat
         self.tag = tag
-        self.num_workers = num_workers
+        self.workers: list[int] = list(range(num_workers))
+        self.refuse_reopen: set[int] = set()
         self.conninfo = conninfo
         self.poll_interval = poll_interval
         self.max_poll_interval = max_poll_interval
@@ -71,7 +76,7 @@ class DblinkExecutor:
     def open(self, settings: dict[str, str] | None = None) -> None:
         """Open the control session and every worker session; ``settings`` are set in each."""
         self.settings = dict(settings or {})
-        for w in ["ctl"] + list(range(self.num_workers)):
+        for w in ["ctl", *self.workers]:
             self._connect(w)
 
     def _login(self, name: str) -> None:
@@ -85,6 +90,31 @@ class DblinkExecutor:
         else:
             self.cat.query(f"SELECT {self.cat.ext('__worker_connect')}($1, current_user)",
                            [name], ["text"])
+
+    @property
+    def num_workers(self) -> int:
+        return len(self.workers)
+
+    def add(self, worker: int) -> bool:
+        """Open a session for a new worker; False (and nothing kept) if that fails."""
+        if worker in self.workers:
+            raise CerebroError(f"worker {worker} is already open", "XX000")
+        try:
+            self._connect(worker)
+        except Exception:  # noqa: BLE001 - the fit goes on without it
+            self._drop(worker)
+            return False
+        self.workers.append(worker)
+        return True
+
+    def retire(self, worker: int) -> None:
+        """Close an idle worker's session; it gets no more units."""
+        if worker in self.busy:
+            raise CerebroError(f"worker {worker} is busy", "XX000")
+        self._send_failed.pop(worker, None)
+        self._drop(worker)
+        if worker in self.workers:
+            self.workers.remove(worker)
 
     def _connect(self, w: int | str) -> None:
         name = self.name(w)
@@ -104,6 +134,8 @@ class DblinkExecutor:
         self.busy.pop(worker, None)
         self._send_failed.pop(worker, None)
         self._drop(worker)
+        if worker in self.refuse_reopen:
+            return False
         try:
             self._connect(worker)
         except Exception:  # noqa: BLE001 - the caller carries on without this worker
@@ -145,7 +177,7 @@ class DblinkExecutor:
         return self.cat.dblink_query(self.name("ctl"), sql)
 
     def idle(self) -> list[int]:
-        return [w for w in range(self.num_workers) if w not in self.busy]
+        return [w for w in self.workers if w not in self.busy]
 
     def submit(self, worker: int, sql: str) -> None:
         """Send a unit; a session that cannot take it is reported lost by :meth:`wait`."""

@@ -101,7 +101,11 @@ cerebro_db.fit_progress;
 Faults: a unit whose worker session dies is retried on a fresh session (at most
 cerebro_db.max_unit_retries times, default 3; failed attempts in cerebro_db.unit_failures);
 SET cerebro_db.unit_timeout = <seconds> ends units that hang. A fit whose own session
-died is 'interrupted': continue it with madlib_keras_fit_resume(fit_id).""",
+died is 'interrupted': continue it with madlib_keras_fit_resume(fit_id).
+Replicas: SET cerebro_db.replicas = r (default 1): worker w holds partitions w .. w+r-1
+mod p; a worker that cannot reconnect leaves and the others serve its partitions. Change a
+running fit's worker count from another session with cerebro_db_fit_workers(fit_id, n);
+workers are listed in cerebro_db.fit_workers.""",
     "madlib_keras_fit": """\
 madlib_keras_fit: train one configuration
 
@@ -120,6 +124,15 @@ committed are kept and every configuration continues from its last committed sta
 outputs are written as the original call would have. With a fixed random_state the result
 equals an uninterrupted run. A fit whose coordinator session is still alive cannot be
 resumed.""",
+    "cerebro_db_fit_workers": """\
+cerebro_db_fit_workers: change the number of worker sessions of a running fit
+
+SELECT cerebro_db_fit_workers(fit_id, num_workers);
+From another session while the fit runs (its owner, or a superuser). Between units the
+coordinator opens new worker sessions (worker w < p holds partitions w .. w+r-1 mod p, r =
+cerebro_db.replicas; later ones hold every partition) or retires the highest-numbered
+workers once their unit in flight ends. The change applies from the next unit on; units
+never fail for it. See SELECT * FROM cerebro_db.fit_workers WHERE fit_id = ...""",
     "madlib_keras_evaluate": """\
 madlib_keras_evaluate: loss and metrics of a trained model
 

@@ -34,8 +34,10 @@ come back as a JSON result with the message, SQLSTATE and traceback.
 Test hook. The setting ``cerebro_db.test_hook`` (honoured only in a superuser's session)
 makes chosen units sleep (``pg_sleep``, so the session can be killed meanwhile) at a named
 point: a JSON object or list of objects ``{"point": "before_train" | "after_save" |
-"eval", "seconds": s}`` plus optional filters ``mst_key``, ``epoch``, ``partition`` and
-``attempt`` (default 0: only a unit's first attempt sleeps, so its retry runs through).
+"eval", "seconds": s}`` plus optional filters ``mst_key``, ``epoch``, ``partition``,
+``worker`` and ``attempt`` (default 0: only a unit's first attempt sleeps, so its retry
+runs through). The coordinator reads ``{"point": "recover", "worker": w}``: worker ``w``'s
+session cannot be reopened after a loss (it leaves the fit for good).
 """
 from __future__ import annotations
 
@@ -98,7 +100,7 @@ def _hook(cat: Catalog, point: str, mst_key: int, epoch: int, partition: int,
     except ValueError:
         return
     here = {"point": point, "mst_key": mst_key, "epoch": epoch, "partition": partition,
-            "attempt": int(options.get("attempt", 0))}
+            "attempt": int(options.get("attempt", 0)), "worker": options.get("worker")}
     for h in spec if isinstance(spec, list) else [spec]:
         if not isinstance(h, dict):
             continue
@@ -262,7 +264,8 @@ def run_unit(cat: Catalog, fit_id: int, mst_key: int, epoch: int, partition: int
     sub = getattr(cat.db, "subtransaction", None)
     try:
         with sub() if sub else contextlib.nullcontext():
-            return _run_unit(cat, fit_id, mst_key, epoch, partition, worker, kind, options, t0)
+            return _run_unit(cat, fit_id, mst_key, epoch, partition, worker, kind,
+                             {**options, "worker": worker}, t0)
     except CerebroError as e:
         return {"ok": False, "message": e.message, "sqlstate": e.sqlstate, "hint": e.hint,
                 "detail": e.detail or traceback.format_exc(), "worker": worker}

@@ -263,6 +263,21 @@ BEGIN
 END
 $worker_connect$;
 
+-- @entrypoint
+CREATE OR REPLACE FUNCTION @extschema@.cerebro_db_fit_workers(
+    fit_id      BIGINT,
+    num_workers INTEGER
+) RETURNS VOID LANGUAGE plpython3u VOLATILE AS $python$
+@plpython cerebro_db_fit_workers@
+$python$;
+COMMENT ON FUNCTION @extschema@.cerebro_db_fit_workers(BIGINT, INTEGER) IS
+'Ask a running fit (from another session) for num_workers worker sessions: its coordinator opens new ones or retires surplus workers after their unit in flight, between units; the workers are listed in cerebro_db.fit_workers';
+
+CREATE OR REPLACE FUNCTION @extschema@.cerebro_db_fit_workers(message VARCHAR DEFAULT NULL)
+RETURNS TEXT LANGUAGE plpython3u IMMUTABLE AS $python$
+@usage cerebro_db_fit_workers@
+$python$;
+
 -- One unit of a fit, run by a worker session the coordinator opened (internal).
 CREATE OR REPLACE FUNCTION @extschema@.__run_unit(
     fit_id BIGINT, mst_key INTEGER, epoch INTEGER, part INTEGER, worker INTEGER, kind TEXT,

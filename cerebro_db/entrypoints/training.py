@@ -4,7 +4,13 @@ model hopper training, fault tolerant and resumable.
 Settings read by the coordinator: ``cerebro_db.max_unit_retries`` (default 3: how often one
 unit may lose its worker session before the fit fails), ``cerebro_db.unit_timeout``
 (seconds, default off: a unit running longer has its session terminated and is retried on a
-fresh one) and ``cerebro_db.test_hook`` (tests; forwarded to the worker sessions).
+fresh one), ``cerebro_db.replicas`` (default 1: with r > 1 worker w holds partitions
+w .. w+r-1 mod p, so a worker lost for good leaves the fit and the others serve its
+partitions) and ``cerebro_db.test_hook`` (tests; forwarded to the worker sessions).
+
+``cerebro_db_fit_workers(fit_id, num_workers)`` asks a running fit (from another session) for
+a different number of worker sessions; the coordinator reads the request between units. The
+availability map (worker -> partitions, status, pid) is kept in ``cerebro_db.fit_workers``.
 """
 from __future__ import annotations
 
@@ -40,7 +46,9 @@ from ..scheduling import (
     RunningUnit,
     evaluation_epochs,
     get_policy,
+    initial_workers,
     policy_class,
+    replica_partitions,
 )
 from . import entrypoint, require_output_schema
 from .models import require_arch_table
@@ -57,7 +65,10 @@ CONNINFO_SETTING = "cerebro_db.worker_conninfo"
 RETRIES_SETTING = "cerebro_db.max_unit_retries"
 TIMEOUT_SETTING = "cerebro_db.unit_timeout"
 HOOK_SETTING = "cerebro_db.test_hook"
+REPLICAS_SETTING = "cerebro_db.replicas"
 DEFAULT_MAX_UNIT_RETRIES = 3
+MAX_WORKERS = 64
+POLL_WORKERS = 0.5
 
 
 @dataclass
@@ -247,6 +258,7 @@ class FitRequest:
     warm_start: bool = False
     name: str | None = None
     description: str | None = None
+    replicas: int = 1
 
 
 def _bytea_literal(b: bytes | None) -> str:
@@ -258,6 +270,7 @@ def _register(cat: Catalog, ex: DblinkExecutor, req: FitRequest, total: int) -> 
             "worker_threads": max(1, (os.cpu_count() or 1) // req.num_workers),
             "state_chunk_size": int(cat.setting(CHUNK_SETTING) or 0) or None,
             "policy_params": req.policy_params, "num_workers": req.num_workers,
+            "replicas": req.replicas,
             "frequency": req.frequency, "arch_table": str(req.arch_table),
             "warm_start": req.warm_start, "name": req.name, "description": req.description,
             "executor_tag": ex.tag, "source_name": str(req.source.table),
@@ -294,8 +307,8 @@ class _UnitExecutor:
                f"{self.cat.literal(json.dumps(options))})")
         self.ex.submit(a.worker, sql)
 
-    def wait(self) -> list[tuple[int, bool, dict[str, Any]]]:
-        return [(r.worker, r.ok, r.data) for r in self.ex.wait()]
+    def wait(self, timeout: float | None = None) -> list[tuple[int, bool, dict[str, Any]]]:
+        return [(r.worker, r.ok, r.data) for r in self.ex.wait(timeout)]
 
     def recover(self, worker: int) -> bool:
         return self.ex.reopen(worker)
@@ -310,6 +323,102 @@ class _UnitExecutor:
             f"{int(unit.config)}, {int(unit.epoch)}, {int(unit.partition)}, {lit(unit.kind)}, "
             f"{int(unit.worker)}, {int(pid) if pid else 'NULL'}, {int(attempt)}, "
             f"{lit(str(data.get('message') or '')[:2000])})")
+
+
+class _WorkerPool:
+    """Worker sessions joining and leaving a running fit, and the availability map in
+    ``fit_workers`` (written by the control session, committed at once)."""
+
+    poll_interval = POLL_WORKERS
+
+    def __init__(self, cat: Catalog, ex: DblinkExecutor, fit_id: int, num_partitions: int,
+                 replicas: int) -> None:
+        self.cat, self.ex, self.fit_id = cat, ex, fit_id
+        self.p, self.replicas = num_partitions, replicas
+        self._seen: int | None = None
+        self._last = 0.0
+
+    def start(self, workers: dict[int, frozenset[int]]) -> None:
+        """Record the starting workers (and forget an earlier run's request and workers: a
+        resumed fit starts with its original number of workers)."""
+        self.ex.control(f"UPDATE {self.cat.ext('fits')} SET requested_workers = NULL "
+                        f"WHERE fit_id = {self.fit_id}")
+        self.close()
+        for w, parts in workers.items():
+            self.record(w, parts, "active")
+
+    def record(self, worker: int, parts: frozenset[int] | None, status: str) -> None:
+        pid = self.ex.pids.get(worker)
+        arr = "ARRAY[" + ",".join(str(int(q)) for q in sorted(parts or ())) + "]::integer[]"
+        upd = f"partitions = {arr}, " if parts is not None else ""
+        self.ex.control(
+            f"INSERT INTO {self.cat.ext('fit_workers')} AS w (fit_id, worker, partitions, "
+            f"status, pid) VALUES ({self.fit_id}, {int(worker)}, {arr}, "
+            f"{self.cat.literal(status)}, {int(pid) if pid else 'NULL'}) ON CONFLICT "
+            f"(fit_id, worker) DO UPDATE SET {upd}status = excluded.status, pid = "
+            "coalesce(excluded.pid, w.pid), updated_at = clock_timestamp()")
+
+    def requested(self) -> int | None:
+        now = time.monotonic()
+        if now - self._last < self.poll_interval:
+            return None
+        self._last = now
+        rows = self.ex.control_query(f"SELECT requested_workers FROM {self.cat.ext('fits')} "
+                                     f"WHERE fit_id = {self.fit_id}")
+        want = int(rows[0][0]) if rows and rows[0][0] is not None else None
+        if want is None or want == self._seen:
+            return None
+        self._seen = want
+        return want
+
+    def holds(self, worker: int) -> frozenset[int]:
+        return replica_partitions(worker, self.p, self.replicas)
+
+    def join(self, worker: int, partitions: frozenset[int]) -> bool:
+        self.record(worker, partitions, "joining")
+        if not self.ex.add(worker):
+            self.record(worker, None, "lost")
+            return False
+        self.record(worker, None, "active")
+        return True
+
+    def leave(self, worker: int, status: str) -> None:
+        self.ex.retire(worker)
+        self.record(worker, None, status)
+
+    def granted(self, worker: int, partitions: frozenset[int]) -> None:
+        self.record(worker, partitions, "active")
+
+    def close(self) -> None:
+        """Mark the workers still in the fit closed (the fit's sessions end)."""
+        self.ex.control(f"UPDATE {self.cat.ext('fit_workers')} SET status = 'closed', "
+                        f"updated_at = clock_timestamp() WHERE fit_id = {self.fit_id} AND "
+                        "status IN ('active', 'joining')")
+
+
+def _replicas(cat: Catalog) -> int:
+    raw = cat.setting(REPLICAS_SETTING)
+    try:
+        r = 1 if raw is None or raw == "" else int(raw)
+    except ValueError:
+        r = 0
+    if r < 1:
+        raise invalid(f"{REPLICAS_SETTING} must be a positive integer, got {raw!r}")
+    return r
+
+
+def _refused_reopen(cat: Catalog) -> set[int]:
+    """Workers the test hook forbids to reconnect (superusers only)."""
+    text = cat.setting(HOOK_SETTING)
+    if not text or cat.setting("is_superuser") != "on":
+        return set()
+    try:
+        spec = json.loads(text)
+    except ValueError:
+        return set()
+    return {int(h["worker"]) for h in (spec if isinstance(spec, list) else [spec])
+            if isinstance(h, dict) and h.get("point") == "recover"
+            and isinstance(h.get("worker"), int)}
 
 
 def _my_pid(cat: Catalog) -> int:
@@ -418,8 +527,7 @@ def execute_fit(cat: Catalog, req: FitRequest,
     eval_epochs = evaluation_epochs(req.num_iterations, req.frequency)
     p = req.source.partitions
     targets = {c.mst_key: req.num_iterations for c in req.configs}
-    workers = {w: {w} for w in range(p)} if req.num_workers == p else \
-        {0: set(range(p))}
+    workers = initial_workers(req.num_workers, p, min(req.replicas, p))
     seeded = {"random_state": req.random_state} \
         if "random_state" in policy_class(req.policy).option_names else {}
     policy = get_policy(req.policy, **seeded, **req.policy_params)
@@ -431,6 +539,7 @@ def execute_fit(cat: Catalog, req: FitRequest,
     retries, timeout, forward = _fault_settings(cat)
     ex = DblinkExecutor(cat, f"{os.getpid()}_{int(time.time() * 1000) % 10**9}",
                         len(workers), _conninfo(cat), unit_timeout=timeout)
+    ex.refuse_reopen = _refused_reopen(cat)
     t0 = time.time()
     fit_id = None
     try:
@@ -450,17 +559,21 @@ def execute_fit(cat: Catalog, req: FitRequest,
                                  ["int8"])[0]["t"])
             progress, results, done, spent = _from_log(cat, fit_id, targets, p, workers,
                                                        eval_epochs)
+        pool = _WorkerPool(cat, ex, fit_id, p, req.replicas)
+        pool.start(workers)
         what = "resumes" if resume else "starts"
         cat.notice(f"fit {fit_id} {what}: {len(req.configs)} configurations x "
                    f"{req.num_iterations} iterations on {p} partitions, {len(workers)} worker "
-                   f"sessions, policy {req.policy}"
+                   f"sessions{f' ({req.replicas} replicas)' if req.replicas > 1 else ''}, "
+                   f"policy {req.policy}"
                    + (f", {done}/{total} training units already done" if resume else "")
                    + f"; watch: SELECT * FROM {cat.schema}.fit_progress WHERE fit_id = {fit_id}")
         eval_kinds = ["eval_train"] + (["eval_valid"] if req.validation else [])
         outcome = run_fit(policy, progress, _UnitExecutor(cat, ex, fit_id), eval_kinds=eval_kinds,
                           num_partitions=p, snapshot_epochs=lambda c, e: e in eval_epochs,
                           notice=cat.notice, max_unit_retries=retries, results=results,
-                          done_units=done, elapsed_before=spent)
+                          done_units=done, elapsed_before=spent, pool=pool)
+        pool.close()
         finish(fit_id, outcome, t0)
         ex.control(f"UPDATE {cat.ext('fits')} SET status = 'done', ended_at = clock_timestamp() "
                    f"WHERE fit_id = {fit_id}")
@@ -719,7 +832,8 @@ def madlib_keras_fit_multiple_model(
         _warm_weights(cat, out, configs, "mst_key")
     req = FitRequest("fit_multiple", src, val, out, configs, num_iterations,
                      metrics_compute_frequency, pname, popts, seed, src.partitions,
-                     _bool(use_caching, False), mst, arch, warm, name, description)
+                     _bool(use_caching, False), mst, arch, warm, name, description,
+                     _replicas(cat))
     fit_id, outcome = execute_fit(
         cat, req, lambda f, o, t0: write_outputs(cat, req, f, o, t0, warm, name, description))
     cat.notice(f"madlib_keras_fit_multiple_model: fit {fit_id} trained {len(configs)} "
@@ -789,7 +903,8 @@ def madlib_keras_fit(
     if warm:
         _warm_weights(cat, out, [cfg], "mst_key")
     req = FitRequest("fit", src, val, out, [cfg], num_iterations, metrics_compute_frequency,
-                     pname, popts, seed, 1, True, None, arch_t, warm, name, description)
+                     pname, popts, seed, 1, True, None, arch_t, warm, name, description,
+                     _replicas(cat))
     fit_id, outcome = execute_fit(
         cat, req, lambda f, o, t0: _write_fit_outputs(cat, req, f, o, t0, warm, name,
                                                       description))
@@ -854,7 +969,8 @@ def madlib_keras_fit_resume(cat: Catalog, *, fit_id: int) -> None:
                      int(f["random_state"]), int(opts["num_workers"]),
                      bool(opts.get("use_caching")), mst,
                      TableName.parse(opts["arch_table"], "model_arch_table"), warm,
-                     opts.get("name"), opts.get("description"))
+                     opts.get("name"), opts.get("description"),
+                     int(opts.get("replicas") or 1))
     if req.kind == "fit":
         def finish(fid: int, o: FitOutcome, t0: float) -> None:
             _write_fit_outputs(cat, req, fid, o, t0, warm, req.name, req.description)
@@ -864,3 +980,29 @@ def madlib_keras_fit_resume(cat: Catalog, *, fit_id: int) -> None:
     _, outcome = execute_fit(cat, req, finish, ResumePoint(fit_id, opts.get("executor_tag")))
     cat.notice(f"madlib_keras_fit_resume: fit {fit_id} done in {outcome.seconds:.1f} s "
                f"({outcome.retried} unit attempts retried); results in {out}")
+
+
+@entrypoint
+def cerebro_db_fit_workers(cat: Catalog, *, fit_id: int, num_workers: int) -> None:
+    """Ask a running fit for ``num_workers`` worker sessions: its coordinator opens new
+    sessions or retires surplus workers (after their unit in flight) between units. Only the
+    fit's owner (or a superuser) sees, hence changes, the fit."""
+    if fit_id is None:
+        raise CerebroError("fit_id must not be NULL", NULL_VALUE_NOT_ALLOWED)
+    if num_workers is None:
+        raise CerebroError("num_workers must not be NULL", NULL_VALUE_NOT_ALLOWED)
+    if not 1 <= num_workers <= MAX_WORKERS:
+        raise invalid(f"num_workers must be between 1 and {MAX_WORKERS}, got {num_workers}")
+    rows = cat.query(f"SELECT status FROM {cat.ext('fits')} WHERE fit_id = $1", [fit_id],
+                     ["int8"])
+    if not rows:
+        raise CerebroError(f"fit {fit_id} does not exist", "42704",
+                           hint=f"SELECT fit_id, status FROM {cat.schema}.fits lists your fits.")
+    if rows[0]["status"] != "running":
+        raise CerebroError(f"fit {fit_id} is not running (status {rows[0]['status']})",
+                           OBJECT_NOT_IN_PREREQUISITE_STATE,
+                           hint="Workers can only be changed while the fit runs.")
+    cat.query(f"UPDATE {cat.ext('fits')} SET requested_workers = $2 WHERE fit_id = $1",
+              [fit_id, num_workers], ["int8", "int4"])
+    cat.notice(f"fit {fit_id}: asked for {num_workers} worker sessions; the coordinator "
+               "applies it between units")

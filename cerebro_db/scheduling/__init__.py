@@ -5,6 +5,7 @@
 - :mod:`.randomized`: Cerebro's randomized asynchronous MOP, the default (``'mop'``);
 - :mod:`.ring`: Apache MADlib's ring of hops with a barrier per hop (``'ring'``);
 - :mod:`.registry`: :func:`get_policy` from the names SQL uses;
+- :mod:`.replicas`: which worker holds which partitions (replication factor, cover);
 - :mod:`.progress`: the bookkeeping shared by the coordinator and the simulator;
 - :mod:`.simulate` and :mod:`.invariants`: a fake executor, the invariant checks and the
   makespan lower bound.
@@ -32,6 +33,7 @@ from .invariants import (
 from .progress import Progress
 from .randomized import RandomizedMOP
 from .registry import DEFAULT_POLICY, POLICIES, get_policy, policy_class, policy_names
+from .replicas import cover, initial_workers, replica_partitions, uncovered
 from .ring import RingPolicy
 from .simulate import SimulationResult, WorkerChange, random_failures, simulate
 
@@ -54,12 +56,16 @@ __all__ = [
     "UnitRecord",
     "WorkerChange",
     "check_invariants",
+    "cover",
     "evaluation_epochs",
     "find_violations",
     "get_policy",
+    "initial_workers",
     "lower_bound",
     "policy_class",
     "policy_names",
     "random_failures",
+    "replica_partitions",
     "simulate",
+    "uncovered",
 ]

@@ -89,6 +89,17 @@ class Progress:
             raise SchedulingError(f"worker {worker} holds unknown partitions {bad}")
         self.workers[worker] = parts
 
+    def grant(self, worker: int, partitions: Iterable[int]) -> None:
+        """``worker`` now also holds ``partitions`` (a lost or removed worker's partitions
+        that no replica serves); its unit in flight, if any, is unaffected."""
+        if worker not in self.workers:
+            raise SchedulingError(f"worker {worker} is not present")
+        parts = frozenset(int(q) for q in partitions)
+        bad = sorted(q for q in parts if not 0 <= q < self.num_partitions)
+        if bad:
+            raise SchedulingError(f"worker {worker} cannot hold unknown partitions {bad}")
+        self.workers[worker] = self.workers[worker] | parts
+
     def remove_worker(self, worker: int) -> RunningUnit | None:
         """A worker leaves; its unit in flight (returned) fails and is re-queued."""
         if worker not in self.workers:

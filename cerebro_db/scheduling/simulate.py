@@ -4,7 +4,9 @@ Used by the property tests (every registered policy, with failures and worker ch
 the benchmark's what-if numbers (makespan / lower bound). Nothing here touches a database:
 units take ``unit_time(config, partition, worker)`` seconds of simulated time, may fail part
 way through (the unit is re-queued and nothing of it counts), and workers may leave (their
-unit in flight fails) or join at given times.
+unit in flight fails), retire (they leave once their unit in flight ends) or join at given
+times; with ``cover_lost`` a departed worker's partitions that no replica holds are given to
+the remaining workers (as the coordinator does on one server).
 
 The loop: ask the policy (it sees a :class:`~.base.Snapshot`), start what it assigns (checked
 by :class:`~.progress.Progress`), jump to the next event (unit end or worker change), repeat
@@ -21,6 +23,7 @@ from typing import Optional
 from .base import EVAL, Policy, RunningUnit, SchedulingError, normalise_targets
 from .invariants import UnitRecord, lower_bound
 from .progress import Progress
+from .replicas import cover
 
 __all__ = [
     "FailureFn",
@@ -43,7 +46,8 @@ EVAL_FRACTION = 1.0 / 3.0
 
 @dataclass(frozen=True)
 class WorkerChange:
-    """At ``time``, ``worker`` leaves (``action='remove'``) or joins holding ``partitions``."""
+    """At ``time``, ``worker`` leaves (``action='remove'``: its unit in flight fails;
+    ``'retire'``: once its unit in flight ends) or joins holding ``partitions`` (``'add'``)."""
 
     time: float
     action: str
@@ -51,8 +55,8 @@ class WorkerChange:
     partitions: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.action not in ("add", "remove"):
-            raise ValueError(f"action must be 'add' or 'remove', got {self.action!r}")
+        if self.action not in ("add", "remove", "retire"):
+            raise ValueError(f"action must be 'add', 'remove' or 'retire', got {self.action!r}")
         object.__setattr__(self, "partitions", tuple(self.partitions))
 
 
@@ -135,6 +139,7 @@ def simulate(
     failures: FailureFn | Mapping[tuple[int, int, int], float] | None = None,
     worker_changes: Iterable[WorkerChange] = (),
     workers: Mapping[int, Iterable[int]] | None = None,
+    cover_lost: bool = False,
     max_steps: int = 1_000_000,
 ) -> SimulationResult:
     """Run ``policy`` on a fake cluster and log every unit.
@@ -147,7 +152,9 @@ def simulate(
     - ``failures``: a :data:`FailureFn`, or ``{(config, epoch, partition): fraction}`` making
       the first attempt of those training units fail after that fraction of their time;
     - ``worker_changes``: :class:`WorkerChange` s; a removed worker's unit in flight fails;
-    - ``workers``: worker -> partitions held (default: worker ``w`` holds partition ``w``).
+    - ``workers``: worker -> partitions held (default: worker ``w`` holds partition ``w``);
+    - ``cover_lost``: when a worker leaves, partitions nobody holds any more go to the
+      remaining workers (:func:`~.replicas.cover`).
 
     Raises :class:`~.base.SchedulingError` if the policy assigns something the invariants
     forbid; returns with ``completed=False`` if the run can never finish.
@@ -176,6 +183,17 @@ def simulate(
     now = 0.0
     decisions = 0
     completed = False
+
+    retiring: set[int] = set()
+
+    def leave(w: int) -> RunningUnit | None:
+        lost = progress.remove_worker(w)
+        retiring.discard(w)
+        if cover_lost:
+            for k, parts in cover(progress.workers, num_partitions).items():
+                if parts != progress.workers[k]:
+                    progress.grant(k, parts)
+        return lost
 
     def record(end: float, ok: bool, u: RunningUnit) -> None:
         _, start, _, _ = in_flight.pop(u.worker)
@@ -212,12 +230,17 @@ def simulate(
                     continue
                 if payload.worker not in progress.workers:
                     raise SchedulingError(f"cannot remove absent worker {payload.worker}")
-                lost = progress.remove_worker(payload.worker)
+                if payload.action == "retire" and payload.worker in progress.running:
+                    retiring.add(payload.worker)
+                    continue
+                lost = leave(payload.worker)
                 if lost is not None:
                     record(now, False, lost)
             elif payload in in_flight and in_flight[payload][0] == token:
                 ok = in_flight[payload][3]
                 record(now, ok, progress.finish(payload, ok))
+                if payload in retiring:
+                    leave(payload)
             # else: the worker left meanwhile; its unit was already failed
     else:
         raise RuntimeError(f"simulation did not end within {max_steps} steps")

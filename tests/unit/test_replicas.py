@@ -1,0 +1,198 @@
+"""Replicated partitions and elastic workers: the pure rule, the simulator with worker
+churn, and the coordinator loop with a fake executor and worker pool (the real server is
+exercised in tests/integration/test_replicas.py)."""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from cerebro_db.coordinator import run_fit
+from cerebro_db.scheduling import (
+    Progress,
+    SchedulingError,
+    WorkerChange,
+    check_invariants,
+    cover,
+    get_policy,
+    initial_workers,
+    replica_partitions,
+    simulate,
+    uncovered,
+)
+
+from .test_coordinator_faults import FakeExecutor
+
+
+def test_replica_rule():
+    assert replica_partitions(0, 4, 1) == {0}
+    assert replica_partitions(3, 4, 2) == {3, 0}
+    assert replica_partitions(2, 4, 3) == {2, 3, 0}
+    assert replica_partitions(1, 3, 9) == {0, 1, 2}  # capped at p
+    assert replica_partitions(7, 3, 1) == {0, 1, 2}  # beyond p: every partition
+    with pytest.raises(SchedulingError):
+        replica_partitions(0, 3, 0)
+    ws = initial_workers(4, 4, 2)
+    for q in range(4):  # every partition on exactly r workers
+        assert sum(q in p for p in ws.values()) == 2
+    assert initial_workers(1, 3, 1) == {0: frozenset({0, 1, 2})}
+    assert initial_workers(2, 5, 1) == {0: {0, 2, 4}, 1: {1, 3}}
+
+
+def test_cover_gives_orphans_to_the_least_loaded():
+    ws = {0: frozenset({0}), 2: frozenset({2, 3})}
+    assert uncovered(ws, 4) == [1]
+    assert cover(ws, 4) == {0: {0, 1}, 2: {2, 3}}
+    assert cover({}, 3) == {}
+
+
+def test_progress_grant():
+    p = Progress({1: 1}, 3, {0: {0}})
+    p.grant(0, {2})
+    assert p.workers[0] == {0, 2}
+    with pytest.raises(SchedulingError):
+        p.grant(0, {3})
+    with pytest.raises(SchedulingError):
+        p.grant(5, {1})
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_removed_worker_served_by_replicas(seed):
+    """r = 2: a worker removed mid-run (its unit fails) leaves; the replicas finish the fit
+    without reassigning anything; with r = 1 the same removal strands its partition
+    unless cover_lost hands it over."""
+    p, configs = 4, [1, 2, 3, 4, 5]
+    churn = [WorkerChange(2.5, "remove", 1)]
+    pol = get_policy("mop", random_state=seed, seeded_order=True)
+    res = simulate(pol, configs, p, 2, 1.0, workers=initial_workers(4, p, 2),
+                   worker_changes=churn, eval_epochs={2})
+    assert res.completed
+    check_invariants(res.log, num_partitions=p, epochs=2, eval_epochs={2})
+    assert not [r for r in res.log if r.worker == 1 and r.start >= 2.5]
+    # its unit in flight, if any, failed at the removal
+    assert all(not r.ok and r.end == 2.5 for r in res.log if r.worker == 1 and r.end > 2.5)
+    assert any(r.worker == 1 for r in res.log)
+    stuck = simulate(get_policy("mop", random_state=seed, seeded_order=True), configs, p, 2,
+                     1.0, workers=initial_workers(4, p, 1), worker_changes=churn)
+    assert not stuck.completed
+    covered = simulate(get_policy("mop", random_state=seed, seeded_order=True), configs, p, 2,
+                       1.0, workers=initial_workers(4, p, 1), worker_changes=churn,
+                       cover_lost=True)
+    assert covered.completed
+    check_invariants(covered.log, num_partitions=p, epochs=2)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_retire_waits_for_the_unit_in_flight_and_added_workers_help(seed):
+    p, configs = 2, [1, 2, 3, 4]
+    churn = [WorkerChange(0.5, "retire", 1), WorkerChange(1.5, "add", 5, (0, 1)),
+             WorkerChange(3.2, "retire", 5)]
+    pol = get_policy("mop", random_state=seed, seeded_order=True)
+    res = simulate(pol, configs, p, 3, 1.0, workers=initial_workers(2, p, 1),
+                   worker_changes=churn, cover_lost=True)
+    assert res.completed and all(r.ok for r in res.log)  # no unit killed by a retirement
+    check_invariants(res.log, num_partitions=p, epochs=3)
+    assert [r.end for r in res.log if r.worker == 1] == [1.0]
+    on5 = [r for r in res.log if r.worker == 5]
+    assert on5 and min(r.start for r in on5) >= 1.5 and max(r.start for r in on5) < 3.2
+    assert max(r.end for r in on5) <= 4.0
+
+
+class FakePool:
+    """Requests come from a schedule keyed by the number of the coordinator's polls."""
+
+    poll_interval = 0.0
+
+    def __init__(self, requests: dict[int, int], p: int, replicas: int = 1,
+                 refuse: frozenset[int] = frozenset()) -> None:
+        self.requests, self.p, self.replicas, self.refuse = requests, p, replicas, refuse
+        self.polls = 0
+        self.events: list[tuple[str, int, Any]] = []
+
+    def requested(self) -> int | None:
+        self.polls += 1
+        return self.requests.get(self.polls)
+
+    def holds(self, worker: int) -> frozenset[int]:
+        return replica_partitions(worker, self.p, self.replicas)
+
+    def join(self, worker: int, partitions: frozenset[int]) -> bool:
+        self.events.append(("join", worker, sorted(partitions)))
+        return worker not in self.refuse
+
+    def leave(self, worker: int, status: str) -> None:
+        self.events.append(("leave", worker, status))
+
+    def granted(self, worker: int, partitions: frozenset[int]) -> None:
+        self.events.append(("grant", worker, sorted(partitions)))
+
+
+class SlowExecutor(FakeExecutor):
+    """Finishes one unit per wait (the oldest), so workers are busy across polls."""
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.order: list[int] = []
+        self.units_by_worker: dict[int, list[tuple[int, int, int, str]]] = {}
+        self.waits = 0
+
+    def submit(self, a, options):
+        super().submit(a, options)
+        self.order.append(a.worker)
+        self.units_by_worker.setdefault(a.worker, []).append(
+            (a.config, a.epoch, a.partition, a.kind))
+
+    def wait(self, timeout=None):
+        self.waits += 1
+        w = self.order.pop(0)
+        keep = {k: v for k, v in self.inflight.items() if k != w}
+        self.inflight = {w: self.inflight[w]}
+        out = super().wait()
+        self.inflight = keep
+        return out
+
+
+def elastic_run(pool, workers, epochs=3, ex=None):
+    p = 2
+    ex = ex or SlowExecutor()
+    progress = Progress({1: epochs, 2: epochs, 3: epochs}, p, workers, {epochs})
+    policy = get_policy("mop", random_state=5, seeded_order=True)
+    out = run_fit(policy, progress, ex, eval_kinds=["eval_train"], num_partitions=p,
+                  snapshot_epochs=lambda c, e: e == epochs, pool=pool)
+    return out, ex, progress
+
+
+def test_coordinator_grows_and_shrinks_between_units():
+    pool = FakePool({3: 4, 9: 1}, p=2)
+    out, ex, progress = elastic_run(pool, {0: {0}, 1: {1}})
+    assert out.units == 3 * 3 * 2
+    joins = [e for e in pool.events if e[0] == "join"]
+    assert joins == [("join", 2, [0, 1]), ("join", 3, [0, 1])]
+    leaves = [e[1] for e in pool.events if e[0] == "leave"]
+    assert sorted(leaves) == [1, 2, 3] and all(e[2] == "removed" for e in pool.events
+                                               if e[0] == "leave")
+    assert ("grant", 0, [0, 1]) in pool.events  # partition 1 had only worker 1
+    assert set(progress.workers) == {0}
+    assert ex.units_by_worker.get(2) or ex.units_by_worker.get(3)
+    assert not ex.failures
+
+
+def test_coordinator_lost_worker_with_replicas_leaves():
+    """r = 2, p = 2: worker 1 loses its session and cannot reconnect; worker 0 (which holds
+    both partitions) does the rest; nothing is granted."""
+    ex = SlowExecutor(lose={(1, 1, 0, "train", 0)}, recover_ok=False)
+    pool = FakePool({}, p=2, replicas=2)
+    out, ex, progress = elastic_run(pool, initial_workers(2, 2, 2), ex=ex)
+    assert out.units == 18 and out.retried == 1
+    gone = ex.recovered
+    assert len(gone) == 1 and pool.events == [("leave", gone[0], "lost")]
+    assert set(progress.workers) == {1 - gone[0]}
+
+
+def test_coordinator_lost_worker_without_replicas_hands_over():
+    ex = SlowExecutor(lose={(1, 1, 1, "train", 0)}, recover_ok=False)
+    pool = FakePool({}, p=2)
+    out, ex, progress = elastic_run(pool, {0: {0}, 1: {1}}, ex=ex)
+    assert out.units == 18
+    assert pool.events == [("leave", 1, "lost"), ("grant", 0, [0, 1])]
+    assert progress.workers == {0: {0, 1}}
