@@ -109,6 +109,8 @@ def hconn(rel_db):
     q(c, "INSERT INTO mst_evil (model_id, compile_params, fit_params) VALUES (1, %s, "
          "'batch_size=8')", (f"loss={PY}, optimizer='SGD'",))
     q(c, "CREATE TABLE mst_evil_summary AS SELECT * FROM mst_summary")
+    q(c, "CREATE TABLE mst_empty (LIKE mst INCLUDING ALL)")
+    q(c, "CREATE TABLE mst_empty_summary AS SELECT * FROM mst_summary")
     q(c, "CREATE TABLE mst_badarch (LIKE mst INCLUDING ALL)")
     q(c, "INSERT INTO mst_badarch (mst_key, model_id, compile_params, fit_params) "
          "VALUES (1, 3, %s, 'batch_size=8')", (COMPILE,))
@@ -231,6 +233,7 @@ CASES = [
          "training_preprocessor_table"),
     case("vp-feature-shape-mismatch", VP, vp(src="raw_wide"), "22000", "shape"),
     case("vp-unknown-label", VP, vp(src="raw_label99"), "22000", "not a class of the training"),
+    case("vp-empty-table", VP, vp(src="raw_empty"), "22000", 'source_table "raw_empty" is empty'),
     case("vp-output-exists", VP, vp(out="taken"), "42P07", "already exists"),
     case("vp-buffer-size-zero", VP, vp(buf=0), "22023", "buffer_size"),
     # ---------------------------------------------------------------- load_keras_model
@@ -305,6 +308,7 @@ CASES = [
     case("fmm-output-drop", FMM, fmm(out=f'"o""{SQLI}'), "42602", "model_output_table"),
     case("fmm-output-exists", FMM, fmm(out="model"), "42P07", "already exists"),
     case("fmm-mst-missing", FMM, fmm(mst="no_schema.mst"), "42P01", "no_schema.mst"),
+    case("fmm-mst-empty", FMM, fmm(mst="mst_empty"), "22000", '"mst_empty" is empty'),
     case("fmm-mst-hostile-row", FMM, fmm(mst="mst_evil"), "22023",
          "compile_params of mst_key 1: loss must be a literal"),
     case("fmm-mst-arch-mismatch", FMM, fmm(mst="mst_badarch"), "42804", "expects input shape"),

@@ -28,6 +28,7 @@ from cerebro_db.params import (
     render_literal,
     validate_compile_params,
 )
+from cerebro_db.scheduling.registry import policy_names
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -603,3 +604,148 @@ def test_generic_automl_params():
     assert "must be an integer" in err(parse_automl_params, "eta=True", "asha", defaults).message
     e = err(parse_automl_params, "", "asha")
     assert e.message == "unknown automl_method 'asha'" and "hyperband" in e.hint
+
+
+# ------------------------------------------------------------------------------------------
+# every parameter-string parser under fuzz: only CerebroError, never any evaluation
+# ------------------------------------------------------------------------------------------
+
+
+def _warm_up() -> None:
+    """Import what the parsers import lazily (Keras' optimizer list, the policies), so
+    module loading (which execs module code) happens before the guard is on."""
+    from cerebro_db import configs
+    from cerebro_db.entrypoints.training import _policy
+
+    parse_compile_params("loss='mse', optimizer='SGD(lr=0.1)', metrics=['mae']")
+    configs.generate_model_configs("{'loss': ['mse'], 'optimizer_params_list': "
+                                   "[{'optimizer': ['SGD'], 'lr': [0.1]}]}",
+                                   "{'batch_size': [8]}", "random", 2, 1)
+    for name in policy_names():
+        _policy(name, None, 1)
+
+
+@contextlib.contextmanager
+def _no_evaluation():
+    """Fail if anything evals, execs, compiles to code or imports a module by name while
+    the block runs (hypothesis examples cannot use the function-scoped fixture)."""
+    real_compile, real_import = builtins.compile, builtins.__import__
+    saved = builtins.eval, builtins.exec, builtins.compile, builtins.__import__
+
+    def guarded_compile(source, filename, mode, flags=0, *args, **kwargs):
+        assert flags & ast.PyCF_ONLY_AST, "compile() to code object called"
+        return real_compile(source, filename, mode, flags, *args, **kwargs)
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("eval/exec called")
+
+    def guarded_import(name, *args, **kwargs):
+        assert name.split(".")[0] not in ("os", "subprocess", "shutil", "socket", "ctypes"), \
+            f"imported {name}"
+        return real_import(name, *args, **kwargs)
+
+    _warm_up()
+    builtins.eval, builtins.exec = forbidden, forbidden
+    builtins.compile, builtins.__import__ = guarded_compile, guarded_import
+    try:
+        yield
+    finally:
+        builtins.eval, builtins.exec, builtins.compile, builtins.__import__ = saved
+
+
+def _policy_parse(text):
+    from cerebro_db.entrypoints.training import _policy
+
+    for name in policy_names():
+        with contextlib.suppress(CerebroError):
+            _policy(name, text, 7)
+
+
+def _grid_parse(text):
+    from cerebro_db import configs
+
+    for which in ("compile", "fit"):
+        with contextlib.suppress(CerebroError):
+            configs.parse_grid(text, which)
+    for search, n in (("grid", None), ("random", 3)):
+        with contextlib.suppress(CerebroError):
+            configs.generate_model_configs(text, "{'batch_size': [8]}", search, n, 1)
+        with contextlib.suppress(CerebroError):
+            configs.generate_model_configs("{'loss': ['mse'], 'optimizer_params_list': "
+                                           "[{'optimizer': ['SGD']}]}", text, search, n, 1)
+
+
+_PARSERS = (
+    parse_compile_params,
+    parse_fit_params,
+    lambda t: parse_automl_params(t, "hyperband"),
+    lambda t: parse_automl_params(t, "hyperopt"),
+    lambda t: parse_keyword_string(t, "policy_params"),
+    _policy_parse,
+    _grid_parse,
+)
+
+_HOSTILE = [
+    "__import__('os').system('true')", "lambda: 0", "(lambda x: x)(1)", "f'{1}'",
+    "keras.losses.__class__", "().__class__.__bases__[0]", "open('/etc/passwd')",
+    "[" * 40 + "]" * 40, "1e309", "-1e309", "float('nan')", "nan", "inf", "'x' * 10**9",
+    "10**10**10", "$$", ";", "--", '"', "'", "DROP TABLE t", "{1: 2}", "{'a': {'b': [1]}}",
+    "[x for x in ()]", "exec('1')", "globals()", "__builtins__", "(1,)", "{1, 2}", "...",
+]
+
+_grid_tokens = st.lists(
+    st.sampled_from(_TOKENS + _HOSTILE + [
+        "'loss'", "'optimizer_params_list'", "'batch_size'", "'epochs'", "'lr'",
+        "'optimizer'", "'metrics'", "['mse']", "[8, 16]", "{'optimizer': ['SGD']}",
+        "{'lr': [0.1, 0.01]}", "('log', 1e-4, 1e-1)", "'uniform'", "'log_uniform'",
+        "'reset_optimizer_per_hop'", "prefer_lagging", "seeded_order", "R", "eta",
+        "skip_last", "num_configs", "algorithm",
+    ]),
+    max_size=30,
+).map("".join)
+
+
+@FUZZ
+@given(st.one_of(st.text(max_size=200), _grid_tokens,
+                 st.lists(st.sampled_from(_HOSTILE), min_size=1, max_size=4).map(", ".join),
+                 st.builds(lambda k, v: f"{k}={v}",
+                           st.sampled_from(["loss", "optimizer", "metrics", "batch_size",
+                                            "epochs", "class_weight", "R", "eta",
+                                            "prefer_lagging", "reset_optimizer_per_hop",
+                                            "num_configs", "algorithm"]),
+                           st.sampled_from(_HOSTILE))))
+def test_fuzz_every_parser_only_cerebro_error_never_evaluates(text):
+    """compile_params, fit_params, automl_params, policy_params and both search grids:
+    any text either parses or raises CerebroError, and nothing in it is ever run."""
+    with _no_evaluation():
+        for fn in _PARSERS:
+            with contextlib.suppress(CerebroError):
+                fn(text)
+
+
+@pytest.mark.parametrize("text", _HOSTILE)
+def test_hostile_strings_are_refused_by_every_parser(text):
+    """Each hostile literal, as the value of a key each parser knows, is refused with a
+    CerebroError (not accepted, not another exception)."""
+    from cerebro_db import configs
+    from cerebro_db.entrypoints.training import _policy
+
+    with _no_evaluation():
+        for fn in (
+            lambda: parse_compile_params(f"loss={text}, optimizer='SGD'"),
+            lambda: parse_fit_params(f"batch_size={text}"),
+            lambda: parse_automl_params(f"R={text}", "hyperband"),
+            lambda: _policy("ring", f"reset_optimizer_per_hop={text}", 1),
+            lambda: configs.parse_grid(f"{{'batch_size': {text}}}", "fit"),
+        ):
+            err(fn)
+
+
+def test_no_evaluation_guard_catches_evaluation():
+    """The guard above is not vacuous: eval, exec and importing os inside it fail."""
+    with pytest.raises(AssertionError), _no_evaluation():
+        builtins.eval("1")
+    with pytest.raises(AssertionError), _no_evaluation():
+        builtins.exec("x = 1")  # noqa: S102 - the guard must stop it
+    with pytest.raises(AssertionError), _no_evaluation():
+        builtins.__import__("os")
