@@ -818,7 +818,11 @@ class _TrainFeed:
     into a variable (they are small, and a caller may pass new label arrays for the same
     features, e.g. class indices for a sparse loss). Batch ``i`` holds rows
     ``order[i*b:(i+1)*b]``, the last one partial, exactly as ``fit(x[order], y[order],
-    batch_size=b, shuffle=False)`` would batch them.
+    batch_size=b, shuffle=False)`` would batch them. Batches are prefetched (as Keras' own
+    pipeline does): without it the training step waits for the batch function's thread at
+    every step, which on a busy machine made batch-32 units 1.7x slower in wall-clock time
+    at the same CPU time. The order and labels are written before ``fit`` makes the
+    iterator and not touched while it runs, so prefetching reads the unit's own values.
     """
 
     def __init__(self, features: Any, row_shape: tuple[int, ...], y: np.ndarray,
@@ -839,7 +843,7 @@ class _TrainFeed:
             return tf.reshape(tf.gather(features, idx), shape), tf.gather(labels, idx)
 
         batches = -(-rows // bs)
-        self.dataset = tf.data.Dataset.range(batches).map(batch)
+        self.dataset = tf.data.Dataset.range(batches).map(batch).prefetch(tf.data.AUTOTUNE)
 
     def order(self, permutation: np.ndarray | None) -> None:
         """Set the row order of the next pass (None: the stored order)."""
