@@ -30,7 +30,7 @@ from ..errors import NULL_VALUE_NOT_ALLOWED, UNDEFINED_OBJECT, CerebroError, inv
 from ..executors import DblinkExecutor
 from ..names import TableName
 from ..scheduling import get_policy
-from . import entrypoint
+from . import entrypoint, require_output_schema
 from .models import require_arch_table
 from .preprocessing import resolve_seed
 from .selection import _no_object_table
@@ -336,6 +336,7 @@ def madlib_keras_automl(
     tuner = get_tuner(method, automl_params, model_ids=ids, compile_grid=compile_params_grid,
                       fit_grid=fit_params_grid, num_workers=src.partitions, random_state=seed)
     _outputs_absent(cat, out, ("", "_summary", "_info"), False)
+    require_output_schema(cat, mst, "model_selection_table")
     for s in ("", "_summary"):
         t = mst.with_suffix(s, "model_selection_table") if s else mst
         if cat.relation_oid(t) is not None:
@@ -426,6 +427,7 @@ def hyperband_schedule(cat: Catalog, *, schedule_table: str, r: int | None, eta:
         if v is None:
             raise CerebroError(f"{label} must not be NULL", NULL_VALUE_NOT_ALLOWED)
     rows = schedule(int(r), int(eta), int(skip_last))
+    require_output_schema(cat, table, "schedule_table")
     if cat.relation_oid(table) is not None:
         raise CerebroError(f'schedule_table "{table}" already exists', "42P07",
                            hint="Drop it or choose another name.")

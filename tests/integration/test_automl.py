@@ -233,3 +233,15 @@ def test_mltuner_forks_branches_and_frees_the_losers(am) -> None:
     (states,) = q(am, "SELECT count(*) FROM cerebro_db.model_states WHERE fit_id = %s AND "
                       "mst_key = ANY(%s)", (fit_id, sorted(freed)))[0]
     assert states == 0
+
+
+def test_output_in_a_missing_schema_is_refused_before_any_work(am) -> None:
+    fits_before = q(am, "SELECT count(*) FROM cerebro_db.fits")[0][0]
+    with pytest.raises(psycopg2.Error) as e:
+        q(am, "SELECT madlib_keras_automl('am_p', 'nosuchschema.out', 'am_arch', 'am_x_mst', "
+              "ARRAY[1], %s, %s, 'random', 'num_configs=1, num_iterations=1')", (CGRID, FGRID))
+    assert e.value.pgcode == "3F000", e.value.pgerror
+    with pytest.raises(psycopg2.Error) as e:
+        q(am, "SELECT hyperband_schedule('nosuchschema.sched', 9)")
+    assert e.value.pgcode == "3F000", e.value.pgerror
+    assert q(am, "SELECT count(*) FROM cerebro_db.fits")[0][0] == fits_before
