@@ -30,12 +30,11 @@ def images(d: Path) -> tuple[np.ndarray, np.ndarray]:
 
 def main() -> None:
     import tensorflow as tf
-    from pyspark.sql import SparkSession
-
     from cerebro.backend import SparkBackend
     from cerebro.keras import SparkEstimator
     from cerebro.storage import LocalStore
     from cerebro.tune import GridSearch, hp_choice
+    from pyspark.sql import SparkSession
 
     x, y = images(Path(sys.argv[1]))
     spark = (SparkSession.builder.master("local[2]").appName("cerebro-dl-try")

@@ -43,8 +43,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
-from common import connect  # noqa: E402
-from workloads import SCALES, Workload, workloads  # noqa: E402
+from common import connect
+from workloads import SCALES, Workload, workloads
 
 RESULTS = ROOT / "bench" / "results"
 P = 2  # partitions = worker sessions
@@ -298,7 +298,7 @@ def run_workload(conn, w: Workload, work: Path, skip: set[str], threads: list[in
     w.save(data)
     db = Db(conn, w)
     res: dict[str, Any] = {
-        "label": w.label, "rows": int(len(w.y)), "valid_rows": int(len(w.vy)),
+        "label": w.label, "rows": len(w.y), "valid_rows": len(w.vy),
         "features": int(w.x.shape[1]), "epochs": w.epochs, "repeats": w.repeats,
         "data_bytes": int(w.x.nbytes + w.vx.nbytes),
         "configs": [{k: c[k] for k in ("arch", "lr", "l2", "batch_size")} for c in w.configs],
@@ -376,10 +376,11 @@ def machine(conn) -> dict[str, Any]:
         "cerebro_db": q(conn, "SELECT cerebro_db_version()")[0][0],
     }
     try:
-        cpu = [ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo")
-               if ln.startswith("model name")]
+        cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
+        cpu = [ln.split(":", 1)[1].strip() for ln in cpuinfo if ln.startswith("model name")]
         info["cpu"] = cpu[0] if cpu else platform.processor()
-        mem = [ln.split()[1] for ln in open("/proc/meminfo") if ln.startswith("MemTotal")]
+        meminfo = Path("/proc/meminfo").read_text().splitlines()
+        mem = [ln.split()[1] for ln in meminfo if ln.startswith("MemTotal")]
         info["memory_gib"] = round(int(mem[0]) / 2**20, 1)
         info["loadavg_start"] = os.getloadavg()
     except OSError:
@@ -411,15 +412,15 @@ def main() -> None:
         "scale": a.scale, "partitions": P, "machine": machine(conn), "workloads": {}}
     log(f"scale {a.scale}; writing {a.out}")
     threads = [1, 2]
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="cerebro_bench_") as tmp:
         for w in workloads(scale, only):
             results["workloads"][w.name] = run_workload(conn, w, Path(tmp), skip, threads,
                                                         a.scale)
-    results["seconds"] = time.perf_counter() - t0
-    results["machine"]["loadavg_end"] = os.getloadavg()
-    out = Path(a.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results))
+            results["seconds"] = time.perf_counter() - t0
+            results["machine"]["loadavg_end"] = os.getloadavg()
+            out.write_text(json.dumps(results))  # after every workload: a partial run is kept
     log(f"suite done in {results['seconds']:.0f} s")
     if not a.no_report:
         from report import main as report
