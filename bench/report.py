@@ -12,6 +12,7 @@ import json
 import math
 import statistics
 import sys
+from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -70,7 +71,18 @@ def db_metrics(run: dict, p: int, epochs: int) -> dict[str, float]:
     read += sum(size.get(c, 0) for c, _, _ in ev_calls)
     written += sum(size.get(c, 0) for c, _ in snaps)
     busy = sum(dur)
+    # the load of a worker's first unit includes importing TensorFlow and the first read of
+    # its partition; the first unit of each config builds the config's initial weights
+    by_worker: dict[int, dict] = {}
+    for u in sorted(train, key=lambda u: u["start"]):
+        by_worker.setdefault(u["worker"], u)
+    worker_first = {id(u) for u in by_worker.values()}
+    config_first = {id(u) for u in train if u["start"] == first[u["config"]]} - worker_first
     return {
+        "load_worker_first": sum(u["load"] or 0 for u in train if id(u) in worker_first),
+        "load_config_first": sum(u["load"] or 0 for u in train if id(u) in config_first),
+        "load_state": sum(u["load"] or 0 for u in train
+                          if id(u) not in worker_first and id(u) not in config_first),
         "span": span, "lb": lb, "lb_train": lb_train, "ratio": span / lb if lb else float("nan"),
         "wall_ratio": run["makespan"] / lb if lb else float("nan"),
         "train": sum(u["run"] or 0 for u in train),
@@ -93,8 +105,11 @@ def best_acc(curves: list[list[float]]) -> float:
 def mem(run: dict) -> tuple[float, float, int]:
     """(peak total MiB, peak of the largest worker process MiB, worker processes)."""
     m = run.get("memory") or {}
-    procs = m.get("procs", [])
-    workers = [v for label, v in procs if label.startswith("worker") or label == "main"]
+    procs = [["worker" if label.startswith("ray::") else label, v]
+             for label, v in m.get("procs", [])]
+    kind = "main" if any(label == "main" for label, _ in procs) and not any(
+        label == "worker" for label, _ in procs) else "worker"
+    workers = [v for label, v in procs if label.startswith(kind)]
     return (m.get("total", 0) / MB, max(workers, default=0) / MB, len(workers))
 
 
@@ -310,6 +325,7 @@ def main(path: Path | str = ROOT / "bench" / "results" / "results.json") -> None
               "epoch (MiB) | best validation accuracy |"),
               "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
         base = med(runs["mop"]) if "mop" in runs else float("nan")
+        mem_notes: list[str] = []
         srow: dict[str, float] = {}
         mrow: dict[str, float] = {}
         for system, rs in runs.items():
@@ -328,9 +344,16 @@ def main(path: Path | str = ROOT / "bench" / "results" / "results.json") -> None
                          f"{r.get('data_bytes', 0) / MB:.1f} MiB each)")
             else:
                 lbs, moved = "n/a", "0"
+            procs = defaultdict(list)
+            for label, v in (r.get("memory") or {}).get("procs", []):
+                procs["worker" if label.startswith("ray::") else label].append(v / MB)
+            mem_notes.append(f"{NAMES.get(system, system)}: " + ", ".join(
+                f"{label} {max(v):,.0f}" + (f" (x{len(v)})" if len(v) > 1 else "")
+                for label, v in sorted(procs.items())))
             L.append(f"| {NAMES.get(system, system)} | {len(rs)} | {fmt(ms)} | "
                      f"{ms / base:.2f} | {lbs} | {fmt(tot, 0)} | {fmt(wmax, 0)} "
                      f"({nw} proc.) | {moved} | {fmt(best_acc(r['curves']), 4)} |")
+        L += ["", "Peak resident memory per process (MiB): " + "; ".join(mem_notes) + "."]
         summary_rows.append((name, srow))
         mem_rows.append((name, mrow))
         if "ray" in runs:
@@ -342,7 +365,10 @@ def main(path: Path | str = ROOT / "bench" / "results" / "results.json") -> None
             dm = db_metrics(r, p, w["epochs"])
             total = p * r["makespan"]
             parts = {"training (fit, incl. state decode/encode)": dm["train"],
-                     "state + data load (train units)": dm["load"],
+                     "worker's first unit: TensorFlow import, first data read":
+                         dm["load_worker_first"],
+                     "config's first unit: initial weights": dm["load_config_first"],
+                     "state load (later units)": dm["load_state"],
                      "state save": dm["save"], "evaluation data load": dm["eval_load"],
                      "evaluation": dm["eval"], "idle between units": dm["idle"],
                      "outside units (start-up, outputs)": dm["outside"]}

@@ -117,7 +117,8 @@ def tree_pids(root_pid: int) -> Callable[[], dict[int, str]]:
                 cmd = " ".join(c.cmdline())
             except psutil.Error:
                 continue
-            if "default_worker.py" in cmd or cmd.startswith("ray::"):
+            if "default_worker.py" in cmd or cmd.startswith("ray::") or c.name().startswith(
+                    "ray::"):
                 out[c.pid] = "worker"
             else:
                 out[c.pid] = c.name()
