@@ -302,6 +302,24 @@ def main(path: Path | str = ROOT / "bench" / "results" / "results.json") -> None
         "",
     ]
 
+    # ---------------------------------------------------------------- the short answer
+    ans = ["## The short answer (computed from this run)", "",
+           ("| workload | fastest system | cerebro_db (mop) makespan / fastest | leanest system "
+           "(peak RSS total) | cerebro_db (mop) memory / leanest | mop span / LB |"),
+           "|---|---|---:|---|---:|---:|"]
+    for name, w in wl.items():
+        runs = w["runs"]
+        if "mop" not in runs or len(runs) < 2:
+            continue
+        ms = {s: med(rs) for s, rs in runs.items()}
+        mm = {s: mem(median_run(rs))[0] for s, rs in runs.items()}
+        fast, lean = min(ms, key=ms.__getitem__), min(mm, key=mm.__getitem__)
+        dm = db_metrics(median_run(runs["mop"]), p, w["epochs"])
+        ans.append(f"| {name} | {NAMES.get(fast, fast)} | {ms['mop'] / ms[fast]:.2f} | "
+                   f"{NAMES.get(lean, lean)} | {mm['mop'] / mm[lean]:.2f} | {dm['ratio']:.3f} |")
+    if len(ans) > 4:
+        L += [*ans, ""]
+
     # ---------------------------------------------------------------- per workload tables
     summary_rows: list[tuple[str, dict[str, float]]] = []
     mem_rows: list[tuple[str, dict[str, float]]] = []
