@@ -250,6 +250,8 @@ def fmt(v: float, d: int = 1) -> str:
 def main(path: Path | str = ROOT / "bench" / "results" / "results.json") -> None:
     res = json.loads(Path(path).read_text())
     FIG.mkdir(parents=True, exist_ok=True)
+    for old in FIG.glob("*.png"):  # figures of an earlier run must not linger
+        old.unlink()
     p = res["partitions"]
     m = res["machine"]
     wl: dict[str, dict] = res["workloads"]
