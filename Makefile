@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PGDIR := $(CURDIR)/.pg
 
 .PHONY: help deps install start stop psql demo test test-unit test-sql test-integration \
-        test-upgrade bench bench-preprocess bench-fit clean env lint
+        test-upgrade bench bench-deps bench-preprocess bench-fit clean env lint
 
 help:
 	@echo "make demo     set up (Debian packages, venv, private PostgreSQL) and run the demo"
@@ -14,7 +14,7 @@ help:
 	@echo "make psql     psql on the demo database      make env   connection parameters"
 	@echo "make stop     stop the private server        make clean remove server, venv, build"
 	@echo "make install  install the extension into the local PostgreSQL (pg_config)"
-	@echo "make bench    benchmarks (not part of the tests)"
+	@echo "make bench    benchmark suite against the peers (BENCH_SCALE=tiny|default|large)"
 
 deps:
 	@$(CEREBRO) deps
@@ -50,13 +50,27 @@ test-unit: deps
 test-sql test-integration test-upgrade: start
 	@$(PY) -m pytest -q tests/$(subst test-,,$@)
 
+# The benchmark suite (never part of the tests): cerebro_db against sequential Keras, Ray Tune
+# and model averaging; writes bench/RESULTS.md and bench/figures/. BENCH_SCALE=large for the
+# larger scales, BENCH_ARGS for more options (e.g. --only adult,hetero --skip ray).
+BENCH_SCALE ?= default
+BENCH_DB ?= cerebro_bench
+BENCH_ARGS ?=
+
+bench-deps: deps
+	@$(PY) -c "import ray.tune, psutil, matplotlib" 2>/dev/null || \
+	    $(PY) -m pip install -q -r requirements-bench.txt
+
+bench: start bench-deps
+	@$(CEREBRO) createdb $(BENCH_DB)
+	@CEREBRO_BENCH_DB=$(BENCH_DB) $(PY) bench/suite.py --scale $(BENCH_SCALE) $(BENCH_ARGS)
+
 bench-preprocess: start
 	@$(PY) bench/preprocess_bench.py
 
 bench-fit: start
 	@$(PY) bench/fit_bench.py
 
-bench: bench-preprocess bench-fit
 
 lint:
 	@$(VENV)/bin/ruff check cerebro_db tests scripts bench demo

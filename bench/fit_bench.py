@@ -35,7 +35,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
-from common import connect  # noqa: E402
+from common import connect
 
 
 def configs(kind: str) -> list[tuple[dict, str, str]]:
@@ -46,15 +46,15 @@ def configs(kind: str) -> list[tuple[dict, str, str]]:
             for lr in (0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064):
                 lr2 = lr if opt == "Adam" else lr * 4
                 out.append(({"hidden": [128, 64]},
-                            f"loss='categorical_crossentropy', optimizer='{opt}(learning_rate="
-                            f"{lr2})', metrics=['accuracy']", "batch_size=128"))
+                            (f"loss='categorical_crossentropy', optimizer='{opt}(learning_rate="
+                            f"{lr2})', metrics=['accuracy']"), "batch_size=128"))
     else:
         for hidden in ([32], [256, 128], [512, 256, 128], [64]):
             for bs in (64, 256):
                 for lr in (0.001, 0.003):
                     out.append(({"hidden": hidden},
-                                f"loss='categorical_crossentropy', optimizer='Adam(learning_rate="
-                                f"{lr})', metrics=['accuracy']", f"batch_size={bs}"))
+                                (f"loss='categorical_crossentropy', optimizer='Adam(learning_rate="
+                                f"{lr})', metrics=['accuracy']"), f"batch_size={bs}"))
     return out
 
 
@@ -193,7 +193,7 @@ else:
 def run_keras(cs, rows, iterations, threads, mode) -> dict:
     code = SEQ.format(root=str(ROOT), threads=threads, rows=rows, iterations=iterations,
                       cs=json.dumps([(arch_json(s), c, f) for s, c, f in cs]), mode=mode)
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False,
                        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
     if r.returncode:
         raise SystemExit(r.stderr[-3000:])
@@ -212,11 +212,11 @@ def main() -> None:
     kinds = ["homogeneous", "heterogeneous"] if args.configs == "both" else [args.configs]
     lines = ["# Training benchmark: model hopper parallelism in PostgreSQL",
              "",
-             f"`python bench/fit_bench.py --rows {args.rows} --iterations {args.iterations} "
+             (f"`python bench/fit_bench.py --rows {args.rows} --iterations {args.iterations} "
              f"--configs {args.configs}`: Fashion-MNIST, {args.rows} training rows, 10,000 "
              f"validation rows, p = 2 partitions / worker sessions, 16 MLP configurations, "
              f"{args.iterations} iterations, validation every iteration; {platform.node()}, "
-             f"{os.cpu_count()} cores; one run each (ratios are from the same run).", ""]
+             f"{os.cpu_count()} cores; one run each (ratios are from the same run)."), ""]
     for kind in kinds:
         cs = setup_configs(conn, kind)
         mop = run_db(conn, "mop", None, args.iterations)
@@ -232,22 +232,22 @@ def main() -> None:
         if ring:
             lines.append(f"| cerebro_db (ring, MADlib-style barrier per hop) | {ring['wall']:.1f} | "
                          f"{ring['wall'] / mop['wall']:.2f} | {ring['best_valid_acc']:.4f} |")
-        lines += [f"| sequential Keras, one process, 2 threads | {seq['seconds']:.1f} | "
-                  f"{seq['seconds'] / mop['wall']:.2f} | {seq['best_valid_acc']:.4f} |", "",
+        lines += [(f"| sequential Keras, one process, 2 threads | {seq['seconds']:.1f} | "
+                  f"{seq['seconds'] / mop['wall']:.2f} | {seq['best_valid_acc']:.4f} |"), "",
                   f"- makespan / lower bound (unit log, first unit start to last unit end): "
                   f"**{mop['ratio']:.3f}** (lower bound {mop['lower_bound']:.1f} s, units span "
                   f"{mop['units_span']:.1f} s)" + (f"; ring {ring['ratio']:.3f}" if ring else ""),
-                  f"- speed-up over sequential Keras: **{seq['seconds'] / mop['wall']:.2f}x** "
-                  f"(whole SQL call, including worker start-up and writing the outputs)",
-                  f"- per-unit training throughput in the database: {mop['unit_rows_per_s']:,.0f} "
+                  (f"- speed-up over sequential Keras: **{seq['seconds'] / mop['wall']:.2f}x** "
+                  f"(whole SQL call, including worker start-up and writing the outputs)"),
+                  (f"- per-unit training throughput in the database: {mop['unit_rows_per_s']:,.0f} "
                   f"rows/s vs raw Keras on the same partition-sized arrays with 1 thread "
-                  f"{raw['rows_per_s']:,.0f} rows/s: **{mop['unit_rows_per_s'] / raw['rows_per_s']:.2f}x**",
-                  f"- where the worker time went (both workers, s): training {mop['train_s']:.1f}, "
+                  f"{raw['rows_per_s']:,.0f} rows/s: **{mop['unit_rows_per_s'] / raw['rows_per_s']:.2f}x**"),
+                  (f"- where the worker time went (both workers, s): training {mop['train_s']:.1f}, "
                   f"state load {mop['load_s']:.1f} (includes the first read and decode of each "
                   f"partition), state save {mop['save_s']:.1f}, evaluation {mop['eval_s']:.1f}, "
                   f"idle {mop['idle_s']:.1f}; outside the units (connect, TF import in the "
                   f"workers, outputs): {mop['wall'] - mop['units_span']:.1f} s of the "
-                  f"{mop['wall']:.1f} s call", ""]
+                  f"{mop['wall']:.1f} s call"), ""]
     out = ROOT / "bench" / "results" / "fit.md"
     out.parent.mkdir(exist_ok=True)
     out.write_text("\n".join(lines) + "\n")

@@ -30,13 +30,13 @@ import time
 from pathlib import Path
 
 import numpy as np
-import psycopg2
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
-from common import connect  # noqa: E402
-from cerebro_db.datasets import copy_payload, find_dataset_dir, load_split  # noqa: E402
+from common import connect
+
+from cerebro_db.datasets import copy_payload, find_dataset_dir, load_split
 
 
 def timed(fn, repeats: int) -> float:
@@ -109,14 +109,14 @@ $$""")
         results.append((name, n, t, n / t))
         print(f"{name:26s} {n:7d} rows {t:8.2f} s {n / t:10.0f} rows/s", flush=True)
     cheapest = max(r[3] for r in results if r[0].startswith("read/"))
-    pp = [r for r in results if r[0] == "training_preprocessor_dl"][0]
+    pp = next(r for r in results if r[0] == "training_preprocessor_dl")
     lines = [
         "# Preprocessing benchmark",
         "",
-        f"Fashion-MNIST training rows (784 float4 pixels each), `python bench/preprocess_bench.py "
+        (f"Fashion-MNIST training rows (784 float4 pixels each), `python bench/preprocess_bench.py "
         f"--rows {args.rows} --naive-rows {args.naive_rows} --repeats {args.repeats}`; "
         f"median of {args.repeats} runs; {platform.node()}, {os.cpu_count()} cores, "
-        f"PostgreSQL {conn.server_version // 10000}, numpy {np.__version__}.",
+        f"PostgreSQL {conn.server_version // 10000}, numpy {np.__version__}."),
         "",
         "| what | rows | seconds | rows/s | time per row vs cheapest read |",
         "|---|---:|---:|---:|---:|",
@@ -125,14 +125,14 @@ $$""")
         lines.append(f"| {name} | {n} | {t:.2f} | {rate:,.0f} | {cheapest / rate:.2f}x |")
     lines += [
         "",
-        f"training_preprocessor_dl takes {pp[2]:.1f} s for {pp[1]} rows: "
+        (f"training_preprocessor_dl takes {pp[2]:.1f} s for {pp[1]} rows: "
         f"{cheapest / pp[3]:.2f}x the time per row of the cheapest way to read the rows out "
         f"(target: within 3x); "
-        f"{[r for r in results if r[0] == 'read/client-select'][0][3] / pp[3]:.2f}x a client "
-        "SELECT of the same rows.",
-        "For scale (not measured here): MADlib's training_preprocessor_dl took 13.5 minutes "
+        f"{next(r for r in results if r[0] == 'read/client-select')[3] / pp[3]:.2f}x a client "
+        "SELECT of the same rows."),
+        ("For scale (not measured here): MADlib's training_preprocessor_dl took 13.5 minutes "
         "for 20,000 rows on this machine; the naive PL/Python row above shows where such "
-        "time goes (a Python object per pixel).",
+        "time goes (a Python object per pixel)."),
     ]
     out = ROOT / "bench" / "results" / "preprocess.md"
     out.parent.mkdir(exist_ok=True)

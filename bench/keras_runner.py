@@ -1,0 +1,127 @@
+"""Plain Keras baselines of the suite, run as a subprocess (so its memory is its own).
+
+    python bench/keras_runner.py sequential DATA.npz --threads N
+    python bench/keras_runner.py averaging DATA.npz --config I --epochs E --partitions P
+
+``sequential``: every configuration of DATA.json one after another in this one process, on
+the numpy arrays in memory, ``epochs`` passes each, training and validation metrics after
+every epoch (what cerebro_db computes too). ``averaging``: MADlib's single-model training
+(``madlib_keras_fit``): each of P partitions trains a copy of the current weights for one
+epoch, the copies are averaged (weighted by rows), repeat; simulated sequentially in this
+process (one Keras model per partition, whose optimizer state persists across rounds as in
+MADlib's segment cache); next to it the same configuration trained by plain sequential SGD.
+Prints one JSON line.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def load(path: str) -> tuple[dict, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    meta = json.loads(Path(path).with_suffix(".json").read_text())
+    d = np.load(path)
+    k = meta["num_classes"]
+    eye = np.eye(k, dtype=np.float32)
+    return meta, d["x"], eye[d["y"]], d["vx"], eye[d["vy"]]
+
+
+def build(cfg: dict, seed: int = 1):
+    import keras
+
+    from cerebro_db import params
+
+    keras.utils.set_random_seed(seed)
+    m = keras.models.model_from_json(cfg["arch_json"])
+    m.compile(**params.parse_compile_params(cfg["compile_params"]).to_keras())
+    return m
+
+
+def sequential(path: str, threads: int) -> dict:
+    from cerebro_db.training import configure_runtime
+
+    configure_runtime(threads)
+    meta, x, y, vx, vy = load(path)
+    import keras  # noqa: F401 - imported before the clock starts, like a warm process
+
+    t0 = time.perf_counter()
+    runs = []
+    for cfg in meta["configs"]:
+        m = build(cfg)
+        curve, train_s, eval_s = [], 0.0, 0.0
+        for _ in range(meta["epochs"]):
+            t = time.perf_counter()
+            m.fit(x, y, batch_size=cfg["batch_size"], epochs=1, verbose=0, shuffle=True)
+            t2 = time.perf_counter()
+            m.evaluate(x, y, batch_size=1024, verbose=0)
+            r = m.evaluate(vx, vy, batch_size=1024, verbose=0, return_dict=True)
+            eval_s += time.perf_counter() - t2
+            train_s += t2 - t
+            curve.append(float(r["accuracy"]))
+        runs.append({"curve": curve, "train_s": train_s, "eval_s": eval_s})
+    return {"makespan": time.perf_counter() - t0, "threads": threads, "configs": runs}
+
+
+def averaging(path: str, index: int, epochs: int, p: int) -> dict:
+    from cerebro_db.training import configure_runtime
+
+    configure_runtime(2)
+    meta, x, y, vx, vy = load(path)
+    cfg = meta["configs"][index]
+    parts = np.array_split(np.random.default_rng(1).permutation(len(x)), p)
+    glob = build(cfg)
+    local = [build(cfg) for _ in range(p)]
+    ma, ma_s = [], 0.0
+    weights_bytes = sum(w.nbytes for w in glob.get_weights())
+    for _ in range(epochs):
+        t = time.perf_counter()
+        w0 = glob.get_weights()
+        acc = [np.zeros_like(w, dtype=np.float64) for w in w0]
+        for m, idx in zip(local, parts):
+            m.set_weights(w0)
+            m.fit(x[idx], y[idx], batch_size=cfg["batch_size"], epochs=1, verbose=0, shuffle=True)
+            for a, w in zip(acc, m.get_weights()):
+                a += w * (len(idx) / len(x))
+        glob.set_weights([a.astype(w.dtype) for a, w in zip(acc, w0)])
+        ma_s += time.perf_counter() - t
+        ma.append(float(glob.evaluate(vx, vy, batch_size=1024, verbose=0, return_dict=True)
+                        ["accuracy"]))
+    sgd, sgd_s = [], 0.0
+    m = build(cfg)
+    for _ in range(epochs):
+        t = time.perf_counter()
+        m.fit(x, y, batch_size=cfg["batch_size"], epochs=1, verbose=0, shuffle=True)
+        sgd_s += time.perf_counter() - t
+        sgd.append(float(m.evaluate(vx, vy, batch_size=1024, verbose=0, return_dict=True)
+                         ["accuracy"]))
+    return {"config": index, "partitions": p, "epochs": epochs, "averaging": ma,
+            "averaging_train_s": ma_s, "sgd": sgd, "sgd_train_s": sgd_s,
+            "weights_bytes": weights_bytes}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("mode", choices=["sequential", "averaging"])
+    ap.add_argument("data")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--config", type=int, default=0)
+    ap.add_argument("--epochs", type=int, default=5)
+    ap.add_argument("--partitions", type=int, default=2)
+    a = ap.parse_args()
+    out = (sequential(a.data, a.threads) if a.mode == "sequential"
+           else averaging(a.data, a.config, a.epochs, a.partitions))
+    print(json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main()

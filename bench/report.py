@@ -1,0 +1,491 @@
+"""bench/RESULTS.md and the figures (bench/figures/*.png) from the suite's raw results.
+
+    python bench/report.py [bench/results/results.json]
+
+Everything in the report is computed here from the results file the suite wrote; nothing is
+typed in by hand except the notes on Cerebro's own implementation (bench/results/cerebro_dl.md,
+written from the output of bench/cerebro_dl_try.sh).
+"""
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+FIG = ROOT / "bench" / "figures"
+OUT = ROOT / "bench" / "RESULTS.md"
+
+NAMES = {
+    "mop": "cerebro_db (mop)",
+    "ring": "cerebro_db (ring)",
+    "ring_reset": "cerebro_db (ring, optimizer reset per hop)",
+    "sequential": "sequential Keras",
+    "ray": "Ray Tune (2 trials)",
+}
+DB = ("mop", "ring", "ring_reset")
+MB = 2**20
+
+
+def median_run(runs: list[dict]) -> dict:
+    """The run with the median makespan (the lower middle one for an even count)."""
+    s = sorted(runs, key=lambda r: r["makespan"])
+    return s[(len(s) - 1) // 2]
+
+
+def med(runs: list[dict], key: str = "makespan") -> float:
+    return statistics.median(r[key] for r in runs)
+
+
+# --------------------------------------------------------------------------- unit-log metrics
+
+
+def db_metrics(run: dict, p: int, epochs: int) -> dict[str, float]:
+    """Lower bound, span, time breakdown and state traffic of one cerebro_db run."""
+    from cerebro_db.scheduling.invariants import lower_bound
+
+    units = run["units"]
+    train = [u for u in units if u["kind"] == "train"]
+    evals = [u for u in units if u["kind"] != "train"]
+    dur = [u["end"] - u["start"] for u in units]
+    span = max(u["end"] for u in units) - min(u["start"] for u in units)
+    recs = [{**u, "kind": "train", "ok": True} for u in train]
+    lb_train = lower_bound(recs, p)
+    lb = max(sum(dur) / p, lb_train)
+    # state traffic: every training unit writes its state; every one but a config's first
+    # reads the previous one; an evaluation call reads the epoch's snapshot once per
+    # partition; the last training unit of an evaluated epoch writes that snapshot.
+    size: dict[int, int] = {}
+    first: dict[int, float] = {}
+    for u in train:
+        size[u["config"]] = u["state_bytes"] or 0
+        first[u["config"]] = min(first.get(u["config"], u["start"]), u["start"])
+    written = sum(u["state_bytes"] or 0 for u in train)
+    read = sum(u["state_bytes"] or 0 for u in train if u["start"] != first[u["config"]])
+    ev_calls = {(u["config"], u["epoch"], u["partition"]) for u in evals}
+    snaps = {(c, e) for c, e, _ in ev_calls}
+    read += sum(size.get(c, 0) for c, _, _ in ev_calls)
+    written += sum(size.get(c, 0) for c, _ in snaps)
+    busy = sum(dur)
+    # the load of a worker's first unit includes importing TensorFlow and the first read of
+    # its partition; the first unit of each config builds the config's initial weights
+    by_worker: dict[int, dict] = {}
+    for u in sorted(train, key=lambda u: u["start"]):
+        by_worker.setdefault(u["worker"], u)
+    worker_first = {id(u) for u in by_worker.values()}
+    config_first = {id(u) for u in train if u["start"] == first[u["config"]]} - worker_first
+    return {
+        "load_worker_first": sum(u["load"] or 0 for u in train if id(u) in worker_first),
+        "load_config_first": sum(u["load"] or 0 for u in train if id(u) in config_first),
+        "load_state": sum(u["load"] or 0 for u in train
+                          if id(u) not in worker_first and id(u) not in config_first),
+        "span": span, "lb": lb, "lb_train": lb_train, "ratio": span / lb if lb else float("nan"),
+        "wall_ratio": run["makespan"] / lb if lb else float("nan"),
+        "train": sum(u["run"] or 0 for u in train),
+        "load": sum(u["load"] or 0 for u in train),
+        "save": sum(u["save"] or 0 for u in train),
+        "eval_load": sum(u["load"] or 0 for u in evals),
+        "eval": sum(u["run"] or 0 for u in evals),
+        "idle": p * span - busy,
+        "outside": p * (run["makespan"] - span),
+        "moved_per_epoch": (written + read) / epochs,
+        "state_mean": statistics.mean(size.values()) if size else 0,
+    }
+
+
+def best_acc(curves: list[list[float]]) -> float:
+    """Best validation accuracy over configs after the last epoch."""
+    return max((c[-1] for c in curves if c), default=float("nan"))
+
+
+def mem(run: dict) -> tuple[float, float, int]:
+    """(peak total MiB, peak of the largest worker process MiB, worker processes)."""
+    m = run.get("memory") or {}
+    procs = [["worker" if label.startswith("ray::") else label, v]
+             for label, v in m.get("procs", [])]
+    kind = "main" if any(label == "main" for label, _ in procs) and not any(
+        label == "worker" for label, _ in procs) else "worker"
+    workers = [v for label, v in procs if label.startswith(kind)]
+    return (m.get("total", 0) / MB, max(workers, default=0) / MB, len(workers))
+
+
+# --------------------------------------------------------------------------- figures
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def gantt(run: dict, title: str, path: Path) -> None:
+    plt = _plt()
+    units = run["units"]
+    t0 = run.get("fit_start") or min(u["start"] for u in units)
+    cmap = plt.get_cmap("tab20")
+    workers = sorted({u["worker"] for u in units})
+    fig, ax = plt.subplots(figsize=(11, 1.2 + 0.7 * len(workers)))
+    for u in units:
+        y = workers.index(u["worker"])
+        train = u["kind"] == "train"
+        ax.barh(y, u["end"] - u["start"], left=u["start"] - t0, height=0.8 if train else 0.4,
+                color=cmap((u["config"] - 1) % 20), edgecolor="black" if train else "none",
+                linewidth=0.3, alpha=1.0 if train else 0.45)
+        if train and u["end"] - u["start"] > 0.04 * run["makespan"]:
+            ax.text((u["start"] + u["end"]) / 2 - t0, y, f"{u['config']}.{u['epoch']}",
+                    ha="center", va="center", fontsize=6)
+    ax.axvline(run["makespan"], color="red", linestyle="--", linewidth=0.8)
+    ax.set_yticks(range(len(workers)), [f"worker {w}" for w in workers])
+    ax.set_xlabel("seconds since the fit started (tall bars: training units labelled "
+                  "config.epoch; short bars: evaluation; dashed: end of the SQL call)")
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def bars(rows: list[tuple[str, dict[str, float]]], title: str, ylabel: str, path: Path,
+         stacked: bool = False) -> None:
+    plt = _plt()
+    import numpy as np
+
+    keys: list[str] = []
+    for _, d in rows:
+        keys += [k for k in d if k not in keys]
+    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(rows) + 2), 4))
+    x = np.arange(len(rows))
+    if stacked:
+        bottom = np.zeros(len(rows))
+        for k in keys:
+            v = np.array([d.get(k, 0.0) for _, d in rows])
+            ax.bar(x, v, 0.6, bottom=bottom, label=k)
+            bottom += v
+    else:
+        w = 0.8 / max(1, len(keys))
+        for i, k in enumerate(keys):
+            v = [d.get(k, float("nan")) for _, d in rows]
+            ax.bar(x - 0.4 + w * (i + 0.5), v, w, label=k)
+    ax.set_xticks(x, [n for n, _ in rows], fontsize=8)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def curves_fig(wl: dict[str, dict], path: Path) -> None:
+    plt = _plt()
+    names = [n for n, w in wl.items() if any(r for r in w["runs"].values())
+             and w["epochs"] > 0 and not n.startswith("synthetic")]
+    if not names:
+        return
+    fig, axes = plt.subplots(1, len(names), figsize=(4 * len(names), 3.4), squeeze=False)
+    for ax, n in zip(axes[0], names):
+        for system, runs in wl[n]["runs"].items():
+            cs = median_run(runs)["curves"]
+            k = max((len(c) for c in cs), default=0)
+            best = [max(c[e] for c in cs if len(c) > e) for e in range(k)]
+            ax.plot(range(1, k + 1), best, marker="o", label=NAMES.get(system, system))
+        ax.set_title(n, fontsize=9)
+        ax.set_xlabel("epoch")
+        ax.set_ylabel("best validation accuracy over configs")
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def averaging_fig(a: dict, path: Path) -> None:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    e = range(1, a["epochs"] + 1)
+    ax.plot(e, a["averaging"], marker="o", label=f"model averaging, p = {a['partitions']} "
+                                                 "(MADlib madlib_keras_fit, simulated)")
+    ax.plot(e, a["sgd"], marker="s", label="sequential SGD, plain Keras")
+    if a.get("cerebro_db_fit"):
+        ax.plot(range(1, len(a["cerebro_db_fit"]) + 1), a["cerebro_db_fit"], marker="^",
+                label="cerebro_db madlib_keras_fit (MOP sequential SGD)")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("validation accuracy")
+    ax.set_title("one configuration: model averaging vs sequential SGD", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def scale_fig(rows: list[tuple[int, dict[str, float]]], path: Path) -> None:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    systems = sorted({s for _, d in rows for s in d})
+    for s in systems:
+        pts = [(n, d[s]) for n, d in rows if s in d]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=NAMES.get(s, s))
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("training rows (synthetic)")
+    ax.set_ylabel("makespan (s)")
+    ax.set_title("synthetic wide tabular: cost against data size", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# --------------------------------------------------------------------------- report
+
+
+def fmt(v: float, d: int = 1) -> str:
+    return "n/a" if math.isnan(v) else f"{v:,.{d}f}"
+
+
+def main(path: Path | str = ROOT / "bench" / "results" / "results.json") -> None:
+    res = json.loads(Path(path).read_text())
+    FIG.mkdir(parents=True, exist_ok=True)
+    for old in FIG.glob("*.png"):  # figures of an earlier run must not linger
+        old.unlink()
+    p = res["partitions"]
+    m = res["machine"]
+    wl: dict[str, dict] = res["workloads"]
+    L: list[str] = [
+        "# cerebro_db against its peers",
+        "",
+        ("Generated by `make bench` (`bench/suite.py`, then `bench/report.py`) from "
+        f"`bench/results/results.json`; do not edit by hand. Command: `{res['command']}` "
+        f"(scale `{res['scale']}`), {res['seconds'] / 60:.1f} minutes in all."),
+        "",
+        f"Machine: {m.get('cpu', '?')}, {m['cores']} cores, {m.get('memory_gib', '?')} GiB; "
+        f"{m['platform']}; Python {m['python']}, PostgreSQL {m['postgres'].split(' on ')[0]}, "
+        f"cerebro_db {m['cerebro_db']}, TensorFlow {m['tensorflow']}, Keras {m['keras']}, "
+        f"numpy {m['numpy']}, Ray {m.get('ray')}, psutil {m.get('psutil')}. Load average "
+        f"(1, 5, 15 min) at the start {tuple(round(x, 1) for x in m.get('loadavg_start', ()))},"
+        f" at the end {tuple(round(x, 1) for x in m.get('loadavg_end', ()))}: "
+        + ("**the machine was shared with other work during this run** (load above the core "
+           "count), so absolute times are inflated and noisy; ratios between systems measured "
+           "minutes apart are affected too. Re-run on a quiet machine for numbers to quote."
+           if max(m.get("loadavg_start", (0,))[0], m.get("loadavg_end", (0,))[0]) > m["cores"]
+           else "the machine was quiet."),
+        "",
+        ("Systems, on the same arrays and configurations: "
+        "**cerebro_db (mop)** = `madlib_keras_fit_multiple_model` with the randomized MOP "
+        f"scheduler, p = {p} partitions / worker sessions, `use_caching`, validation every "
+        "epoch; **ring** = the same with MADlib's rotation (a barrier per hop); **ring, "
+        "optimizer reset per hop** = `policy_params => 'reset_optimizer_per_hop=True'`; "
+        "**sequential Keras** = one process, configs one after another on numpy arrays "
+        "(thread count chosen by measurement, below); **Ray Tune** = 2 concurrent trials on a "
+        "local Ray cluster (`num_cpus=2`, no dashboard), 1 CPU and 1 TensorFlow thread each, "
+        "data passed with `tune.with_parameters` and copied into each trial. Every system "
+        "computes training and validation metrics after every epoch."),
+        "",
+        ("Makespan: wall time of the whole training call (cerebro_db: the SQL call, including "
+        "opening the worker sessions and TensorFlow's import in them; Ray: `ray.init` plus "
+        "`Tuner.fit`; sequential: from the data in memory to the last evaluation). "
+        "Preprocessing (packing into the database) is a one-time cost shown separately. "
+        "Makespan / LB: span of the unit log (first unit start to last unit end) over the "
+        f"lower bound max(sum of all unit times / {p}, "
+        "`cerebro_db.scheduling.invariants.lower_bound` of the training units), which no "
+        "schedule of the same units can beat; the wall ratio includes start-up. Memory: peak "
+        "resident set size sampled every 0.25 s with psutil (cerebro_db: the coordinator "
+        "backend, the control session and the worker backends from `pg_stat_activity`; "
+        "PostgreSQL backends count the shared buffers they touched. Ray: the driver, raylet, "
+        "GCS and worker processes; Ray's object store lives in shared memory that each "
+        "process touching it counts). State moved per epoch: from `cerebro_db.units` "
+        "(`state_bytes` x reads and writes of the catalog, see report.py). Best accuracy: "
+        "the best configuration's validation accuracy after the last epoch. Figures with "
+        "repeats report the median run; the repeat count is in each table."),
+        "",
+    ]
+
+    # ---------------------------------------------------------------- the short answer
+    ans = ["## The short answer (computed from this run)", "",
+           ("| workload | fastest system | cerebro_db (mop) makespan / fastest | leanest system "
+           "(peak RSS total) | cerebro_db (mop) memory / leanest | mop span / LB |"),
+           "|---|---|---:|---|---:|---:|"]
+    for name, w in wl.items():
+        runs = w["runs"]
+        if "mop" not in runs or len(runs) < 2:
+            continue
+        ms = {s: med(rs) for s, rs in runs.items()}
+        mm = {s: mem(median_run(rs))[0] for s, rs in runs.items()}
+        fast, lean = min(ms, key=ms.__getitem__), min(mm, key=mm.__getitem__)
+        dm = db_metrics(median_run(runs["mop"]), p, w["epochs"])
+        ans.append(f"| {name} | {NAMES.get(fast, fast)} | {ms['mop'] / ms[fast]:.2f} | "
+                   f"{NAMES.get(lean, lean)} | {mm['mop'] / mm[lean]:.2f} | {dm['ratio']:.3f} |")
+    if len(ans) > 4:
+        L += [*ans, ""]
+
+    # ---------------------------------------------------------------- per workload tables
+    summary_rows: list[tuple[str, dict[str, float]]] = []
+    mem_rows: list[tuple[str, dict[str, float]]] = []
+    time_rows: list[tuple[str, dict[str, float]]] = []
+    for name, w in wl.items():
+        runs = w["runs"]
+        if not runs:
+            continue
+        L += [f"## {w['label']}", "",
+              (f"{w['rows']:,} training rows, {w['valid_rows']:,} validation rows, "
+              f"{w['features']} features, {len(w['configs'])} configurations, k = {w['epochs']} "
+              f"epoch(s); preprocessing into the database (training_preprocessor_dl + "
+              f"validation_preprocessor_dl, p = {p}): {fmt(w.get('preprocess_s', float('nan')))} s."),
+              ""]
+        if "sequential_threads" in w:
+            L += ["Sequential Keras thread setting (median makespan): " + ", ".join(
+                f"{t} thread(s) {fmt(s)} s" for t, s in w["sequential_threads"].items())
+                  + "; the faster one is used below and for every later workload.", ""]
+        L += [("| system | runs | makespan (s) | vs cerebro_db | makespan / LB (wall / LB) "
+              "| peak RSS total (MiB) | largest worker process (MiB) | model state moved per "
+              "epoch (MiB) | best validation accuracy |"),
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        base = med(runs["mop"]) if "mop" in runs else float("nan")
+        mem_notes: list[str] = []
+        srow: dict[str, float] = {}
+        mrow: dict[str, float] = {}
+        for system, rs in runs.items():
+            r = median_run(rs)
+            tot, wmax, nw = mem(r)
+            ms = med(rs)
+            srow[NAMES.get(system, system)] = ms / base
+            mrow[NAMES.get(system, system)] = tot
+            if system in DB:
+                dm = db_metrics(r, p, w["epochs"])
+                lbs = f"{dm['ratio']:.3f} ({dm['wall_ratio']:.3f})"
+                moved = fmt(dm["moved_per_epoch"] / MB, 2)
+            elif system == "ray":
+                lbs = "n/a"
+                moved = (f"0 (data copied into each of {len(w['configs'])} trials: "
+                         f"{r.get('data_bytes', 0) / MB:.1f} MiB each)")
+            else:
+                lbs, moved = "n/a", "0"
+            procs = defaultdict(list)
+            for label, v in (r.get("memory") or {}).get("procs", []):
+                procs["worker" if label.startswith("ray::") else label].append(v / MB)
+            mem_notes.append(f"{NAMES.get(system, system)}: " + ", ".join(
+                f"{label} {max(v):,.0f}" + (f" (x{len(v)})" if len(v) > 1 else "")
+                for label, v in sorted(procs.items())))
+            L.append(f"| {NAMES.get(system, system)} | {len(rs)} | {fmt(ms)} | "
+                     f"{ms / base:.2f} | {lbs} | {fmt(tot, 0)} | {fmt(wmax, 0)} "
+                     f"({nw} proc.) | {moved} | {fmt(best_acc(r['curves']), 4)} |")
+        L += ["", "Peak resident memory per process (MiB): " + "; ".join(mem_notes) + "."]
+        summary_rows.append((name, srow))
+        mem_rows.append((name, mrow))
+        if "ray" in runs:
+            r = median_run(runs["ray"])
+            L += ["", (f"Ray: `ray.init` took {fmt(r['init_s'])} s of its makespan "
+                      f"(Ray {r.get('ray')}).")]
+        if "mop" in runs:
+            r = median_run(runs["mop"])
+            dm = db_metrics(r, p, w["epochs"])
+            total = p * r["makespan"]
+            parts = {"training (fit, incl. state decode/encode)": dm["train"],
+                     "worker's first unit: TensorFlow import, first data read":
+                         dm["load_worker_first"],
+                     "config's first unit: initial weights": dm["load_config_first"],
+                     "state load (later units)": dm["load_state"],
+                     "state save": dm["save"], "evaluation data load": dm["eval_load"],
+                     "evaluation": dm["eval"], "idle between units": dm["idle"],
+                     "outside units (start-up, outputs)": dm["outside"]}
+            time_rows.append((name, {k: v / total * 100 for k, v in parts.items()}))
+            L += ["", f"Where cerebro_db (mop)'s time goes ({p} workers x {fmt(r['makespan'])} s "
+                      f"= {fmt(total)} worker-seconds): " + "; ".join(
+                          f"{k} {fmt(v)} s ({v / total * 100:.0f}%)" for k, v in parts.items())
+                  + f". Mean model state {dm['state_mean'] / MB:.2f} MiB."]
+            gantt(r, f"{name}: cerebro_db mop, makespan {r['makespan']:.1f} s, span/LB "
+                     f"{dm['ratio']:.3f}", FIG / f"gantt_{name}_mop.png")
+            L += ["", f"![Gantt mop](figures/gantt_{name}_mop.png)"]
+        for pol in ("ring", "ring_reset"):
+            if pol in runs:
+                r = median_run(runs[pol])
+                dm = db_metrics(r, p, w["epochs"])
+                gantt(r, f"{name}: cerebro_db {pol}, makespan {r['makespan']:.1f} s, span/LB "
+                         f"{dm['ratio']:.3f}", FIG / f"gantt_{name}_{pol}.png")
+                if pol == "ring":
+                    L += [f"![Gantt ring](figures/gantt_{name}_ring.png)"]
+        L.append("")
+
+    # ---------------------------------------------------------------- scale test
+    srows = []
+    for name, w in wl.items():
+        if name.startswith("synthetic") and w["runs"]:
+            srows.append((w["rows"], {s: med(rs) for s, rs in w["runs"].items()}))
+    if srows:
+        srows.sort()
+        scale_fig(srows, FIG / "scale.png")
+        L += ["## Scale test (synthetic, in the spirit of Criteo)", "",
+              ("Synthetic dense tabular data generated with a fixed seed (128 features, binary "
+              "label; not real data): the same 4 MLP configurations, 1 epoch, at x1, x4, x16 "
+              "rows."), "",
+              "| rows | " + " | ".join(NAMES.get(s, s) + " (s)" for s in srows[0][1])
+              + " | sequential / cerebro_db | cerebro_db microseconds per row per config |",
+              "|---:|" + "---:|" * (len(srows[0][1]) + 2)]
+        for n, d in srows:
+            ratio = d.get("sequential", float("nan")) / d.get("mop", float("nan"))
+            per = d.get("mop", float("nan")) / (n * 4) * 1e6
+            L.append(f"| {n:,} | " + " | ".join(fmt(v) for v in d.values())
+                     + f" | {ratio:.2f} | {per:.1f} |")
+        L += ["", "![scale](figures/scale.png)", ""]
+
+    # ---------------------------------------------------------------- averaging
+    for name, w in wl.items():
+        a = w.get("averaging")
+        if not a:
+            continue
+        averaging_fig(a, FIG / "averaging.png")
+        c = a["config_label"]
+        L += ["## Model averaging (MADlib's madlib_keras_fit) vs sequential SGD", "",
+              (f"One configuration ({c['arch']}, lr {c['lr']}, batch {c['batch_size']}) on "
+              f"{name}, {a['epochs']} epochs. Model averaging is simulated sequentially in one "
+              f"process: each of the p = {a['partitions']} partitions trains a copy of the "
+              "current weights for one epoch with its own persistent optimizer (MADlib keeps "
+              "the segment model between iterations), then the copies are averaged weighted by "
+              "rows; it moves 2 x p x the weights per epoch "
+              f"({2 * a['partitions'] * a['weights_bytes'] / MB:.2f} MiB) and its time is not "
+              "a parallel time. Sequential SGD: the same configuration trained by plain Keras "
+              "over all rows, and by cerebro_db's `madlib_keras_fit` (MOP with one "
+              "configuration: sequential SGD over the partitions)."), "",
+              "| epoch | model averaging | sequential SGD (Keras) | cerebro_db madlib_keras_fit |",
+              "|---:|---:|---:|---:|"]
+        for e in range(a["epochs"]):
+            cf = a.get("cerebro_db_fit") or []
+            L.append(f"| {e + 1} | {a['averaging'][e]:.4f} | {a['sgd'][e]:.4f} | "
+                     f"{cf[e]:.4f} |" if e < len(cf) else
+                     f"| {e + 1} | {a['averaging'][e]:.4f} | {a['sgd'][e]:.4f} | n/a |")
+        L += ["", f"cerebro_db `madlib_keras_fit` call: {fmt(a['cerebro_db_fit_makespan'])} s.",
+              "", "![averaging](figures/averaging.png)", ""]
+
+    # ---------------------------------------------------------------- cross-workload figures
+    if summary_rows:
+        bars(summary_rows, "makespan relative to cerebro_db (mop) (lower is faster)",
+             "makespan / cerebro_db mop", FIG / "makespan_ratio.png")
+        bars(mem_rows, "peak resident memory of all processes of each system",
+             "MiB", FIG / "memory.png")
+        curves_fig(wl, FIG / "learning_curves.png")
+        L += ["## Figures", "", "![makespan ratio](figures/makespan_ratio.png)", "",
+              "![memory](figures/memory.png)", "",
+              "![learning curves](figures/learning_curves.png)", ""]
+    if time_rows:
+        bars(time_rows, "where cerebro_db (mop)'s worker time goes (% of p x makespan)",
+             "% of worker time", FIG / "time_breakdown.png", stacked=True)
+        L += ["![time breakdown](figures/time_breakdown.png)", "",
+              ("The worker logs, per training unit, the time to load (first use of the "
+              "partition's buffers plus reading the state from the catalog), run (decoding the "
+              "state into the cached Keras model, `fit`, encoding the new state) and save "
+              "(writing the state). State decode/encode is not separated from `fit` in the "
+              "unit log, so 'training' includes it."), ""]
+
+    notes = ROOT / "bench" / "results" / "cerebro_dl.md"
+    if notes.exists():
+        L += [notes.read_text().strip(), ""]
+    OUT.write_text("\n".join(L) + "\n")
+    print(f"wrote {OUT} and {len(list(FIG.glob('*.png')))} figures in {FIG}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else ROOT / "bench" / "results" / "results.json")

@@ -1,0 +1,433 @@
+"""The benchmark suite: cerebro_db side by side with its peers, in one run on this machine.
+
+    python bench/suite.py [--scale tiny|default|large] [--only fashion-mnist,adult,...]
+                          [--skip ray,averaging,...]
+
+For each workload of the scale (bench/workloads.py) it runs, on the same arrays and the same
+configurations:
+
+  mop          cerebro_db madlib_keras_fit_multiple_model, policy 'mop' (randomized), p = 2,
+               use_caching, validation every epoch
+  ring         the same with policy 'ring' (MADlib's rotation, a barrier per hop)
+  ring_reset   'ring' with policy_params 'reset_optimizer_per_hop=True' (MADlib drops the
+               optimizer state at every hop)
+  sequential   Keras, one process, the configurations one after another on numpy arrays
+               (1 and 2 TensorFlow threads measured on the first workload, the best kept)
+  ray          Ray Tune, 2 concurrent trials, each with its own copy of the data
+
+plus model averaging (MADlib's madlib_keras_fit) against sequential SGD for one
+configuration. While a system runs, the resident memory of its processes is sampled with
+psutil (cerebro_db: the coordinator backend and the worker backends found in
+pg_stat_activity; the others: the subprocess and its children). Raw results go to
+bench/results/results.json; bench/report.py turns them into bench/RESULTS.md and the figures.
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+from common import connect
+from workloads import SCALES, Workload, workloads
+
+RESULTS = ROOT / "bench" / "results"
+P = 2  # partitions = worker sessions
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def q(conn, sql: str, args: Any = None) -> list[tuple] | None:
+    with conn.cursor() as cur:
+        cur.execute(sql, args)
+        return cur.fetchall() if cur.description else None
+
+
+# --------------------------------------------------------------------------- memory
+
+
+class Sampler(threading.Thread):
+    """Samples the resident memory of the processes ``pids()`` returns ({pid: label}) every
+    ``interval`` seconds; keeps each process's peak and the peak of their sum."""
+
+    def __init__(self, pids: Callable[[], dict[int, str]], interval: float = 0.25) -> None:
+        super().__init__(daemon=True)
+        self.pids, self.interval = pids, interval
+        self.peak: dict[int, int] = {}
+        self.label: dict[int, str] = {}
+        self.peak_total = 0
+        self.samples = 0
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        import psutil
+
+        while not self._halt.is_set():
+            try:
+                found = self.pids()
+            except Exception:  # noqa: BLE001 - a process or session went away mid-sample
+                found = {}
+            total = 0
+            for pid, label in found.items():
+                try:
+                    rss = psutil.Process(pid).memory_info().rss
+                except psutil.Error:
+                    continue
+                total += rss
+                self.peak[pid] = max(self.peak.get(pid, 0), rss)
+                self.label[pid] = label
+            self.peak_total = max(self.peak_total, total)
+            self.samples += 1
+            self._halt.wait(self.interval)
+
+    def stop(self) -> dict[str, Any]:
+        """Stop and return {'total': peak of the sum, 'procs': [[label, peak], ...]}."""
+        self._halt.set()
+        self.join()
+        procs = sorted(([self.label[p], v] for p, v in self.peak.items()), key=lambda r: r[0])
+        return {"total": self.peak_total, "procs": procs, "samples": self.samples}
+
+
+def tree_pids(root_pid: int) -> Callable[[], dict[int, str]]:
+    """{pid: label} of a process and its descendants (Ray workers labelled 'worker')."""
+    import psutil
+
+    def f() -> dict[int, str]:
+        root = psutil.Process(root_pid)
+        out = {root_pid: "main"}
+        for c in root.children(recursive=True):
+            try:
+                cmd = " ".join(c.cmdline())
+            except psutil.Error:
+                continue
+            if "default_worker.py" in cmd or cmd.startswith("ray::") or c.name().startswith(
+                    "ray::"):
+                out[c.pid] = "worker"
+            else:
+                out[c.pid] = c.name()
+        return out
+
+    return f
+
+
+# --------------------------------------------------------------------------- subprocesses
+
+
+def run_sub(args: list[str]) -> tuple[dict, dict]:
+    """Run a runner script, sampling its process tree; (its JSON output, memory)."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
+               PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "bench")]))
+    with tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen([sys.executable, *args], stdout=subprocess.PIPE, stderr=err,
+                                text=True, env=env, cwd=str(ROOT))
+        s = Sampler(tree_pids(proc.pid))
+        s.start()
+        out, _ = proc.communicate()
+        mem = s.stop()
+        if proc.returncode:
+            err.seek(0)
+            raise RuntimeError(f"{' '.join(args)} failed:\n{err.read()[-4000:]}")
+    return json.loads(out.strip().splitlines()[-1]), mem
+
+
+# --------------------------------------------------------------------------- cerebro_db
+
+
+class Db:
+    """The workload's tables in the benchmark database and the cerebro_db runs on them."""
+
+    def __init__(self, conn, w: Workload) -> None:
+        self.conn, self.w = conn, w
+        self.t = "bench_" + w.name.replace("-", "_")
+        self.backend_pid = q(conn, "SELECT pg_backend_pid()")[0][0]
+        self.fit_ids: list[int] = []
+
+    def load(self) -> float:
+        """Load the arrays, pack them (p = 2); returns the preprocessing seconds."""
+        from cerebro_db.datasets import copy_payload
+
+        t = self.t
+        q(self.conn, f"DROP TABLE IF EXISTS {t}_train, {t}_valid, {t}_p, {t}_p_summary, "
+                     f"{t}_v, {t}_v_summary, {t}_arch, {t}_mst, {t}_mst_summary")
+        for tab, x, y in ((f"{t}_train", self.w.x, self.w.y), (f"{t}_valid", self.w.vx, self.w.vy)):
+            q(self.conn, f"CREATE TABLE {tab} (id integer, y integer, x real[])")
+            with self.conn.cursor() as cur:
+                cur.copy_expert(f"COPY {tab} FROM STDIN (FORMAT binary)", io.BytesIO(
+                    copy_payload(np.arange(len(y)), y.astype(np.int32), x)))
+            q(self.conn, f"ANALYZE {tab}")
+        t0 = time.perf_counter()
+        q(self.conn, f"SELECT training_preprocessor_dl('{t}_train', '{t}_p', 'y', 'x', NULL, 1.0, "
+                     f"NULL, NULL, {P}, 1)")
+        q(self.conn, f"SELECT validation_preprocessor_dl('{t}_valid', '{t}_v', 'y', 'x', '{t}_p')")
+        pre = time.perf_counter() - t0
+        archs: list[str] = []
+        for c in self.w.configs:
+            if c["arch_json"] not in archs:
+                archs.append(c["arch_json"])
+                q(self.conn, f"SELECT load_keras_model('{t}_arch', %s)", (c["arch_json"],))
+        q(self.conn, f"CREATE TABLE {t}_mst (mst_key serial PRIMARY KEY, model_id int, "
+                     "compile_params varchar, fit_params varchar)")
+        q(self.conn, f"CREATE TABLE {t}_mst_summary AS SELECT '{t}_arch'::varchar AS "
+                     "model_arch_table, NULL::varchar AS object_table")
+        for c in self.w.configs:
+            q(self.conn, f"INSERT INTO {t}_mst (model_id, compile_params, fit_params) VALUES "
+                         "(%s, %s, %s)", (archs.index(c["arch_json"]) + 1, c["compile_params"],
+                                          c["fit_params"]))
+        return pre
+
+    def _pids(self) -> Callable[[], dict[int, str]]:
+        import psycopg2
+
+        mon = connect()
+
+        def f() -> dict[int, str]:
+            try:
+                rows = q(mon, "SELECT pid, application_name FROM pg_stat_activity "
+                              "WHERE application_name LIKE 'cerebro_db % worker %'") or []
+            except psycopg2.Error:
+                rows = []
+            out = {self.backend_pid: "coordinator"}
+            for pid, app in rows:
+                last = app.rsplit(" ", 1)[-1]
+                out[pid] = "control session" if last == "ctl" else f"worker {last}"
+            return out
+
+        f.close = mon.close  # type: ignore[attr-defined]
+        return f
+
+    def _units(self, fit_id: int) -> list[dict[str, Any]]:
+        rows = q(self.conn, """
+            SELECT mst_key, epoch, partition, worker, kind,
+                   extract(epoch FROM started_at)::float8, extract(epoch FROM ended_at)::float8,
+                   rows, loss, metrics, seconds_load, seconds_run, seconds_save, state_bytes,
+                   worker_pid
+              FROM cerebro_db.units WHERE fit_id = %s ORDER BY started_at""", (fit_id,)) or []
+        keys = ("config", "epoch", "partition", "worker", "kind", "start", "end", "rows", "loss",
+                "metrics", "load", "run", "save", "state_bytes", "pid")
+        return [dict(zip(keys, r)) for r in rows]
+
+    def fit(self, policy: str, params: str | None, epochs: int | None = None) -> dict[str, Any]:
+        """One madlib_keras_fit_multiple_model call: makespan, memory, unit log."""
+        t = self.t
+        q(self.conn, f"DROP TABLE IF EXISTS {t}_out, {t}_out_info, {t}_out_summary")
+        pids = self._pids()
+        s = Sampler(pids)
+        s.start()
+        t0 = time.perf_counter()
+        q(self.conn, f"SELECT madlib_keras_fit_multiple_model('{t}_p', '{t}_out', '{t}_mst', %s, "
+                     f"FALSE, '{t}_v', 1, FALSE, NULL, NULL, TRUE, %s, %s, 1)",
+          (epochs or self.w.epochs, policy, params))
+        wall = time.perf_counter() - t0
+        mem = s.stop()
+        pids.close()  # type: ignore[attr-defined]
+        return self._result(wall, mem)
+
+    def fit_single(self, index: int, epochs: int) -> dict[str, Any]:
+        """madlib_keras_fit of one configuration (sequential SGD over the partitions)."""
+        t = self.t
+        c = self.w.configs[index]
+        q(self.conn, f"DROP TABLE IF EXISTS {t}_one, {t}_one_summary")
+        model_id = q(self.conn, f"SELECT model_id FROM {t}_mst WHERE mst_key = %s",
+                     (index + 1,))[0][0]
+        t0 = time.perf_counter()
+        q(self.conn, f"SELECT madlib_keras_fit('{t}_p', '{t}_one', '{t}_arch', %s, %s, %s, %s, "
+                     f"FALSE, '{t}_v', 1)", (model_id, c["compile_params"], c["fit_params"],
+                                             epochs))
+        return self._result(time.perf_counter() - t0, None)
+
+    def _result(self, wall: float, mem: dict | None) -> dict[str, Any]:
+        fit_id, started, ended = q(self.conn, """
+            SELECT fit_id, extract(epoch FROM started_at)::float8,
+                   extract(epoch FROM ended_at)::float8
+              FROM cerebro_db.fits ORDER BY fit_id DESC LIMIT 1""")[0]
+        self.fit_ids.append(fit_id)
+        units = self._units(fit_id)
+        return {"makespan": wall, "fit_start": started, "fit_end": ended, "memory": mem,
+                "units": units, "curves": curves_from_units(units)}
+
+    def cleanup(self) -> None:
+        t = self.t
+        if self.fit_ids:
+            q(self.conn, "DELETE FROM cerebro_db.fits WHERE fit_id = ANY(%s)", (self.fit_ids,))
+        q(self.conn, f"DROP TABLE IF EXISTS {t}_train, {t}_valid, {t}_p, {t}_p_summary, {t}_v, "
+                     f"{t}_v_summary, {t}_arch, {t}_mst, {t}_mst_summary, {t}_out, {t}_out_info, "
+                     f"{t}_out_summary, {t}_one, {t}_one_summary")
+
+
+def curves_from_units(units: list[dict]) -> list[list[float]]:
+    """Validation accuracy per config (mst_key order) per epoch, row-weighted over the
+    partitions' eval_valid units (the first metric is accuracy)."""
+    acc: dict[tuple[int, int], list[float]] = {}
+    for u in units:
+        if u["kind"] == "eval_valid" and u["metrics"]:
+            a = acc.setdefault((u["config"], u["epoch"]), [0.0, 0.0])
+            a[0] += u["metrics"][0] * u["rows"]
+            a[1] += u["rows"]
+    out: dict[int, list[float]] = {}
+    for (c, e), (s, n) in sorted(acc.items()):
+        out.setdefault(c, []).append(s / n)
+    return [out[c] for c in sorted(out)]
+
+
+# --------------------------------------------------------------------------- driver
+
+
+def repeat(n: int, fn: Callable[[], dict]) -> list[dict]:
+    return [fn() for _ in range(n)]
+
+
+def run_workload(conn, w: Workload, work: Path, skip: set[str], threads: list[int],
+                 scale_name: str) -> dict[str, Any]:
+    data = work / f"{w.name}.npz"
+    w.save(data)
+    db = Db(conn, w)
+    res: dict[str, Any] = {
+        "label": w.label, "rows": len(w.y), "valid_rows": len(w.vy),
+        "features": int(w.x.shape[1]), "epochs": w.epochs, "repeats": w.repeats,
+        "data_bytes": int(w.x.nbytes + w.vx.nbytes),
+        "configs": [{k: c[k] for k in ("arch", "lr", "l2", "batch_size")} for c in w.configs],
+        "runs": {}}
+    try:
+        log(f"{w.name}: loading {len(w.y)} + {len(w.vy)} rows")
+        res["preprocess_s"] = db.load()
+        for system in w.systems:
+            if system in skip:
+                continue
+            t0 = time.perf_counter()
+            if system == "mop":
+                runs = repeat(w.repeats, lambda: db.fit("mop", None))
+            elif system == "ring":
+                runs = repeat(w.repeats, lambda: db.fit("ring", None))
+            elif system == "ring_reset":
+                runs = repeat(w.repeats, lambda: db.fit("ring", "reset_optimizer_per_hop=True"))
+            elif system == "sequential":
+                by_t = {}
+                for th in threads:
+                    by_t[th] = []
+                    for _ in range(w.repeats):
+                        out, mem = run_sub(["bench/keras_runner.py", "sequential", str(data),
+                                            "--threads", str(th)])
+                        by_t[th].append({**out, "memory": mem,
+                                         "curves": [c["curve"] for c in out["configs"]]})
+                best = min(by_t, key=lambda th: statistics.median(
+                    r["makespan"] for r in by_t[th]))
+                runs = by_t[best]
+                if len(by_t) > 1:
+                    res["sequential_threads"] = {
+                        str(th): statistics.median(r["makespan"] for r in rs)
+                        for th, rs in by_t.items()}
+                    threads[:] = [best]
+            elif system == "ray":
+                runs = []
+                for _ in range(w.repeats):
+                    out, mem = run_sub(["bench/ray_runner.py", str(data)])
+                    runs.append({**out, "memory": mem,
+                                 "curves": [c["curve"] for c in out["configs"]]})
+            else:
+                raise ValueError(system)
+            res["runs"][system] = runs
+            log(f"{w.name}: {system} x{len(runs)}: makespan "
+                f"{statistics.median(r['makespan'] for r in runs):.1f} s "
+                f"(wall {time.perf_counter() - t0:.0f} s)")
+        if w.name == "fashion-mnist" and "averaging" not in skip:
+            scale = SCALES[scale_name]
+            idx = next(i for i, c in enumerate(w.configs)
+                       if c["arch"] == "mlp" and c["lr"] == 0.001 and c["batch_size"] == 64
+                       and c["l2"] == 0.0)
+            out, mem = run_sub(["bench/keras_runner.py", "averaging", str(data), "--config",
+                                str(idx), "--epochs", str(scale.ma_epochs), "--partitions",
+                                str(P)])
+            one = db.fit_single(idx, scale.ma_epochs)
+            out["cerebro_db_fit"] = one["curves"][0] if one["curves"] else []
+            out["cerebro_db_fit_makespan"] = one["makespan"]
+            out["config_label"] = w.configs[idx]
+            res["averaging"] = out
+            log(f"{w.name}: model averaging vs sequential SGD done")
+    finally:
+        db.cleanup()
+    return res
+
+
+def machine(conn) -> dict[str, Any]:
+    import keras
+    import tensorflow as tf
+
+    info: dict[str, Any] = {
+        "host": platform.node(), "platform": platform.platform(),
+        "python": platform.python_version(), "cores": os.cpu_count(),
+        "numpy": np.__version__, "tensorflow": tf.__version__, "keras": keras.__version__,
+        "postgres": q(conn, "SELECT version()")[0][0],
+        "cerebro_db": q(conn, "SELECT cerebro_db_version()")[0][0],
+    }
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
+        cpu = [ln.split(":", 1)[1].strip() for ln in cpuinfo if ln.startswith("model name")]
+        info["cpu"] = cpu[0] if cpu else platform.processor()
+        meminfo = Path("/proc/meminfo").read_text().splitlines()
+        mem = [ln.split()[1] for ln in meminfo if ln.startswith("MemTotal")]
+        info["memory_gib"] = round(int(mem[0]) / 2**20, 1)
+        info["loadavg_start"] = os.getloadavg()
+    except OSError:
+        pass
+    for mod in ("ray", "psutil", "matplotlib"):
+        try:
+            info[mod] = __import__(mod).__version__
+        except ImportError:
+            info[mod] = None
+    return info
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--scale", default="default", choices=sorted(SCALES))
+    ap.add_argument("--only", default="", help="comma list of workloads (e.g. adult,hetero)")
+    ap.add_argument("--skip", default="", help="comma list of systems or parts to skip "
+                    "(mop, ring, ring_reset, sequential, ray, averaging)")
+    ap.add_argument("--out", default=str(RESULTS / "results.json"))
+    ap.add_argument("--no-report", action="store_true")
+    a = ap.parse_args()
+    scale = SCALES[a.scale]
+    only = {s for s in a.only.split(",") if s} or None
+    skip = {s for s in a.skip.split(",") if s}
+    conn = connect()
+    t0 = time.perf_counter()
+    results: dict[str, Any] = {
+        "command": "python bench/suite.py " + " ".join(shlex.quote(x) for x in sys.argv[1:]),
+        "scale": a.scale, "partitions": P, "machine": machine(conn), "workloads": {}}
+    log(f"scale {a.scale}; writing {a.out}")
+    threads = [1, 2]
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="cerebro_bench_") as tmp:
+        for w in workloads(scale, only):
+            results["workloads"][w.name] = run_workload(conn, w, Path(tmp), skip, threads,
+                                                        a.scale)
+            results["seconds"] = time.perf_counter() - t0
+            results["machine"]["loadavg_end"] = os.getloadavg()
+            out.write_text(json.dumps(results))  # after every workload: a partial run is kept
+    log(f"suite done in {results['seconds']:.0f} s")
+    if not a.no_report:
+        from report import main as report
+
+        report(out)
+
+
+if __name__ == "__main__":
+    main()

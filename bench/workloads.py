@@ -1,0 +1,289 @@
+"""The suite's workloads: data sets as numpy arrays and the configurations trained on them.
+
+Every system in the suite gets the same arrays (written once to an ``.npz`` file) and the same
+configurations (Keras JSON + compile_params + fit_params strings), so the comparison is on the
+same data and the same models. Scales (``tiny``, ``default``, ``large``) set rows, epochs and
+repeats; see ``SCALES``.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Scale:
+    """Rows, epochs and repeats of one scale of the suite."""
+
+    name: str
+    image_rows: int          # training rows of Fashion-MNIST / MNIST (a fixed-seed subset)
+    image_valid: int         # validation rows (from the test split)
+    epochs: int              # k
+    adult_rows: int | None   # None: all 32,561 (validation: the 16,281 test rows, capped)
+    adult_valid: int
+    synth_base: int          # synthetic x1 rows (x4 and x16 follow)
+    synth_valid: int
+    hetero_rows: int
+    ma_epochs: int           # model averaging vs sequential SGD
+    repeats_short: int       # repeats of the short runs (synthetic x1)
+    repeats_adult: int = 1
+    mnist_systems: tuple[str, ...] = ("mop", "ring", "ring_reset", "sequential", "ray")
+    image_datasets: tuple[str, ...] = ("fashion-mnist", "mnist")
+    synth_factors: tuple[int, ...] = (1, 4, 16)
+
+
+SCALES: dict[str, Scale] = {
+    "tiny": Scale("tiny", 400, 200, 1, 600, 300, 250, 200, 400, 2, 1),
+    # default: sized for ~25 minutes on a quiet 2-core machine; MNIST without the ring
+    # variants (they are compared on Fashion-MNIST and the heterogeneous set)
+    "default": Scale("default", 4000, 1000, 2, 10000, 4000, 4000, 2000, 4000, 5, 3,
+                     mnist_systems=("mop", "sequential", "ray")),
+    "large": Scale("large", 60000, 10000, 3, None, 16281, 80000, 10000, 30000, 10, 1,
+                   repeats_adult=3),
+}
+
+
+@dataclass
+class Workload:
+    """Arrays (float32 features, integer labels) and the configurations to train."""
+
+    name: str
+    label: str
+    x: np.ndarray
+    y: np.ndarray
+    vx: np.ndarray
+    vy: np.ndarray
+    num_classes: int
+    configs: list[dict[str, Any]]
+    epochs: int
+    repeats: int = 1
+    systems: tuple[str, ...] = ()
+    notes: list[str] = field(default_factory=list)
+
+    def save(self, path: Path) -> None:
+        """Arrays and configurations for the subprocess runners."""
+        np.savez(path, x=self.x, y=self.y, vx=self.vx, vy=self.vy)
+        path.with_suffix(".json").write_text(json.dumps(
+            {"name": self.name, "configs": self.configs, "epochs": self.epochs,
+             "num_classes": self.num_classes}))
+
+
+# --------------------------------------------------------------------------- architectures
+
+
+def _reg(l2: float) -> Any:
+    import keras
+
+    return keras.regularizers.L2(l2) if l2 else None
+
+
+def mlp(d: int, classes: int, hidden: list[int], l2: float = 0.0) -> str:
+    """Dense ReLU layers, softmax output, as Keras JSON."""
+    import keras
+
+    layers: list[Any] = [keras.Input((d,))]
+    layers += [keras.layers.Dense(h, activation="relu", kernel_regularizer=_reg(l2))
+               for h in hidden]
+    layers.append(keras.layers.Dense(classes, activation="softmax", kernel_regularizer=_reg(l2)))
+    return keras.Sequential(layers).to_json()
+
+
+def cnn(classes: int, filters: tuple[int, int] = (16, 32), dense: int = 64,
+        l2: float = 0.0) -> str:
+    """The demo's small CNN on flat 784-pixel rows (optionally wider), as Keras JSON."""
+    import keras
+
+    return keras.Sequential([
+        keras.Input((784,)),
+        keras.layers.Reshape((28, 28, 1)),
+        keras.layers.Conv2D(filters[0], 3, activation="relu", kernel_regularizer=_reg(l2)),
+        keras.layers.MaxPooling2D(2),
+        keras.layers.Conv2D(filters[1], 3, activation="relu", kernel_regularizer=_reg(l2)),
+        keras.layers.MaxPooling2D(2),
+        keras.layers.Flatten(),
+        keras.layers.Dense(dense, activation="relu", kernel_regularizer=_reg(l2)),
+        keras.layers.Dense(classes, activation="softmax", kernel_regularizer=_reg(l2)),
+    ]).to_json()
+
+
+def config(arch: str, arch_json: str, lr: float, bs: int, l2: float = 0.0) -> dict[str, Any]:
+    """One configuration in the form every runner reads."""
+    return {"arch": arch, "arch_json": arch_json, "lr": lr, "l2": l2, "batch_size": bs,
+            "compile_params": "loss='categorical_crossentropy', optimizer='Adam(learning_rate="
+                              f"{lr})', metrics=['accuracy']",
+            "fit_params": f"batch_size={bs}"}
+
+
+def grid16(classes: int) -> list[dict[str, Any]]:
+    """2 architectures (MLP, small CNN) x 2 learning rates x 2 L2 x 2 batch sizes."""
+    out = []
+    for arch in ("mlp", "cnn"):
+        for lr in (0.001, 0.003):
+            for l2 in (0.0, 1e-4):
+                for bs in (64, 256):
+                    j = mlp(784, classes, [128, 64], l2) if arch == "mlp" else cnn(classes, l2=l2)
+                    out.append(config(arch, j, lr, bs, l2))
+    return out
+
+
+def hetero(classes: int) -> list[dict[str, Any]]:
+    """Architectures of very different cost: a tiny MLP to a wide CNN, 2 learning rates."""
+    archs = [("mlp-32", mlp(784, classes, [32])),
+             ("mlp-512-256", mlp(784, classes, [512, 256])),
+             ("cnn-16-32", cnn(classes)),
+             ("cnn-32-64", cnn(classes, (32, 64), 128))]
+    return [config(a, j, lr, 128) for a, j in archs for lr in (0.001, 0.003)]
+
+
+# --------------------------------------------------------------------------- data
+
+
+def find_data(name: str) -> Path:
+    """The shared dataset folder ``name`` (the repository sees it as ../shared/datasets)."""
+    for base in (ROOT.parent / "shared" / "datasets", ROOT / "shared" / "datasets",
+                 Path("/work/shared/datasets")):
+        if (base / name).is_dir():
+            return base / name
+    raise FileNotFoundError(f"dataset {name!r} not found under ../shared/datasets")
+
+
+def images(name: str, rows: int, valid: int) -> tuple[np.ndarray, ...]:
+    """A fixed-seed subset of ``rows`` training images and the first ``valid`` test images,
+    flattened to 784 float32 pixels 0..255."""
+    from cerebro_db.datasets import load_split
+
+    d = find_data(name)
+    x, y = load_split(d, "train")
+    vx, vy = load_split(d, "t10k")
+    idx = np.random.default_rng(0).permutation(len(y))[:rows]
+    return (x[idx].reshape(len(idx), -1).astype(np.float32), y[idx].astype(np.int32),
+            vx[:valid].reshape(min(valid, len(vy)), -1).astype(np.float32),
+            vy[:valid].astype(np.int32))
+
+
+ADULT_NUMERIC = (0, 2, 4, 10, 11, 12)
+
+
+def adult(rows: int | None, valid: int) -> tuple[np.ndarray, ...]:
+    """UCI Adult: 6 numeric columns standardised with the training statistics, 8 categorical
+    columns one-hot (categories seen in training; '?' is a category), label '>50K'."""
+    d = find_data("adult")
+
+    def read(fn: str) -> list[list[str]]:
+        with gzip.open(d / fn, "rt") as f:
+            return [ln.strip().rstrip(".").split(", ") for ln in f
+                    if ln.strip() and not ln.startswith("|")]
+
+    tr, te = read("adult.data.gz"), read("adult.test.gz")
+    cats = [i for i in range(14) if i not in ADULT_NUMERIC]
+    levels = {i: sorted({r[i] for r in tr}) for i in cats}
+
+    def encode(rs: list[list[str]]) -> tuple[np.ndarray, np.ndarray]:
+        num = np.array([[float(r[i]) for i in ADULT_NUMERIC] for r in rs], dtype=np.float64)
+        parts = [num]
+        for i in cats:
+            pos = {v: k for k, v in enumerate(levels[i])}
+            oh = np.zeros((len(rs), len(pos)), dtype=np.float64)
+            for n, r in enumerate(rs):
+                if r[i] in pos:
+                    oh[n, pos[r[i]]] = 1.0
+            parts.append(oh)
+        return np.hstack(parts), np.array([r[14] == ">50K" for r in rs], dtype=np.int32)
+
+    x, y = encode(tr)
+    vx, vy = encode(te)
+    mu, sd = x[:, :6].mean(0), x[:, :6].std(0) + 1e-9
+    x[:, :6] = (x[:, :6] - mu) / sd
+    vx[:, :6] = (vx[:, :6] - mu) / sd
+    if rows is not None:
+        idx = np.random.default_rng(0).permutation(len(y))[:rows]
+        x, y = x[idx], y[idx]
+    return x.astype(np.float32), y, vx[:valid].astype(np.float32), vy[:valid]
+
+
+SYNTH_FEATURES = 128
+
+
+def synthetic(rows: int, valid: int, seed: int = 7) -> tuple[np.ndarray, ...]:
+    """Synthetic wide tabular data in the spirit of Criteo (dense, fixed seed): 128 features
+    (64 Gaussian, 64 sparse 0/1 indicators), a binary label from a fixed random two-layer
+    function plus noise. Validation rows come from the same generator."""
+    g = np.random.default_rng(seed)
+    w1 = g.normal(size=(SYNTH_FEATURES, 16)) / np.sqrt(SYNTH_FEATURES)
+    w2 = g.normal(size=16)
+
+    def draw(n: int, s: int) -> tuple[np.ndarray, np.ndarray]:
+        r = np.random.default_rng(s)
+        x = np.empty((n, SYNTH_FEATURES), dtype=np.float32)
+        x[:, :64] = r.normal(size=(n, 64))
+        x[:, 64:] = r.random((n, 64)) < 0.05
+        z = np.tanh(x @ w1) @ w2 + 0.3 * r.normal(size=n)
+        return x, (z > 0).astype(np.int32)
+
+    x, y = draw(rows, seed + 1)
+    vx, vy = draw(valid, seed + 2)
+    return x, y, vx, vy
+
+
+def tabular_configs(d: int, classes: int = 2) -> list[dict[str, Any]]:
+    """4 MLPs for the tabular workloads: 2 widths x 2 learning rates, batch 256."""
+    return [config(f"mlp-{'-'.join(map(str, h))}", mlp(d, classes, h), lr, 256)
+            for h in ([64], [256, 128]) for lr in (0.001, 0.01)]
+
+
+def adult_configs(d: int) -> list[dict[str, Any]]:
+    """8 MLPs for Adult: 2 widths x 2 learning rates x 2 batch sizes."""
+    return [config(f"mlp-{'-'.join(map(str, h))}", mlp(d, 2, h), lr, bs)
+            for h in ([64], [256, 128]) for lr in (0.001, 0.01) for bs in (64, 256)]
+
+
+def workloads(scale: Scale, only: set[str] | None = None) -> list[Workload]:
+    """Every workload of ``scale`` (or those named in ``only``), most important first (a run
+    cut short keeps the results of the workloads it finished)."""
+    out: list[Workload] = []
+
+    def want(n: str) -> bool:
+        return only is None or n in only or n.split("-x")[0] in only
+
+    def image_workload(ds: str, systems: tuple[str, ...]) -> Workload:
+        x, y, vx, vy = images(ds, scale.image_rows, scale.image_valid)
+        return Workload(ds, f"{ds}: 16 configs (MLP, CNN x 2 lr x 2 L2 x 2 batch)",
+                        x / 255.0, y, vx / 255.0, vy, 10, grid16(10), scale.epochs,
+                        systems=systems)
+
+    if "fashion-mnist" in scale.image_datasets and want("fashion-mnist"):
+        out.append(image_workload("fashion-mnist", ("mop", "ring", "ring_reset", "sequential",
+                                                    "ray")))
+    if want("hetero"):
+        x, y, vx, vy = images("fashion-mnist", scale.hetero_rows, scale.image_valid)
+        out.append(Workload("hetero", "heterogeneous: 8 configs of very different cost "
+                            "(MLP 32 .. CNN 32-64), Fashion-MNIST", x / 255.0, y, vx / 255.0, vy,
+                            10, hetero(10), scale.epochs, systems=("mop", "ring", "ring_reset")))
+    for f in scale.synth_factors:
+        name = f"synthetic-x{f}"
+        if want(name):
+            x, y, vx, vy = synthetic(scale.synth_base * f, scale.synth_valid)
+            out.append(Workload(name, f"synthetic wide tabular x{f} ({len(y):,} rows, "
+                                f"{SYNTH_FEATURES} features)", x, y, vx, vy, 2,
+                                tabular_configs(SYNTH_FEATURES), 1,
+                                repeats=scale.repeats_short if f == 1 else 1,
+                                systems=("mop", "sequential")))
+    if want("adult"):
+        x, y, vx, vy = adult(scale.adult_rows, scale.adult_valid)
+        out.append(Workload("adult", f"Adult: 8 MLP configs, {x.shape[1]} features (one-hot)",
+                            x, y, vx, vy, 2, adult_configs(x.shape[1]), scale.epochs,
+                            repeats=scale.repeats_adult,
+                            systems=("mop", "ring", "sequential", "ray")))
+    if "mnist" in scale.image_datasets and want("mnist"):
+        out.append(image_workload("mnist", scale.mnist_systems))
+    return out
