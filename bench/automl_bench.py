@@ -374,8 +374,12 @@ def mltuner_db(conn: Any, args: argparse.Namespace) -> dict[str, Any]:
     while parent.get(lineage[-1]) is not None:
         lineage.append(parent[lineage[-1]])
     points = eval_points(conn, fit_id)
+    traces: dict[int, list[float]] = {}
+    for k, loss in q(conn, "SELECT mst_key, loss FROM cerebro_db.units WHERE fit_id = %s AND "
+                           "kind = 'train' AND epoch = 1 ORDER BY started_at", (fit_id,)) or []:
+        traces.setdefault(int(k), []).append(float(loss))
     return {
-        "params": params, "lr0": lr0, "fit_id": fit_id, "wall": wall,
+        "params": params, "lr0": lr0, "traces": traces, "fit_id": fit_id, "wall": wall,
         "fit_span": ended - started, "output": output, "chosen_lr": chosen_lr,
         "trials": [(k, p, s, lr_of(c)) for k, p, s, c in trials], "lineage": lineage,
         "lineage_points": [(t, a) for k, _, t, a in points if k in lineage],
@@ -442,6 +446,7 @@ def plot_asha(db: dict[str, Any], ray_r: dict[str, Any], budget: float, path: Pa
             ax.step(xs, ys, where="post", color=color, label=label)
             ax.scatter([t for t, _ in pts], [a for _, a in pts], s=8, color=color, alpha=0.35)
     ax.axvline(budget, color="grey", ls="--", lw=1, label=f"budget {budget:g} s")
+    ax.set_xlim(left=0)
     ax.set_xlabel("wall-clock seconds since the start of the search")
     ax.set_ylabel("validation accuracy (best so far; dots: every evaluation)")
     ax.set_title("ASHA on Fashion-MNIST: cerebro_db vs Ray Tune, 2 workers")
@@ -465,11 +470,16 @@ def plot_mltuner(mlt: dict[str, Any], grid: dict[str, Any], target: float, path:
         gp = sorted(gp)
         ax.plot([t for t, _ in gp], [a for _, a in gp], "s--", color=f"C{i}", ms=4,
                 alpha=0.8, label=f"grid lr {lr:g}")
+    others = [(t, a) for k, t, a in mlt["all_points"] if k not in mlt["lineage"]]
+    if others:
+        ax.scatter([t for t, _ in others], [a for _, a in others], marker="x", s=18,
+                   color="C3", alpha=0.4, label="MLtuner branches not kept")
     ax.axhline(target, color="grey", ls=":", lw=1, label=f"target {target:.2f}")
+    ax.set_xlim(left=0)
     ax.set_xlabel("wall-clock seconds since the fit started (each call on its own clock)")
     ax.set_ylabel("validation accuracy")
     lo = min([a for _, a in pts] + [a for gp in grid["per_lr"].values() for _, a in gp]
-             + [target])
+             + [a for _, _, a in mlt["all_points"]] + [target])
     ax.set_ylim(max(0.0, lo - 0.02), 1.0)
     ax.set_title(f"MLtuner vs fixed learning-rate grid, MLP {MLT_HIDDEN}")
     ax.grid(alpha=0.3)
