@@ -620,6 +620,14 @@ def report_mltuner(mlt: dict[str, Any], grid: dict[str, Any], args: argparse.Nam
         "- MLtuner trials (mst_key, parent, status, learning rate): " + "; ".join(
             f"{k}, {p if p is not None else '-'}, {s}, {fmt(lr, '.3g')}"
             for k, p, s, lr in mlt["trials"]) + f"; output lineage {mlt['lineage'][::-1]}.",
+        ("- What MLtuner's convergence speed saw: the training loss of each training unit "
+         "(one per partition, in the order they ran) in each trial's first epoch, by learning "
+         "rate: " + "; ".join(
+             f"{fmt(lr, '.3g')}{' (chosen)' if k in mlt['lineage'] else ''}: ["
+             + ", ".join(f"{v:.3g}" for v in mlt["traces"].get(k, [])) + "]"
+             for k, _, _, lr in mlt["trials"]) + ". With 2 partitions a one-epoch branch "
+         "leaves 2 points; the speed is the least-squares slope of that trace against the "
+         "branch's training seconds."),
         "", "![MLtuner vs grid](automl_mltuner.png)", ""]
     return lines, target
 
