@@ -53,6 +53,7 @@ HIDDEN = (64, 512)
 BATCH_SIZES = (64, 128, 256)
 LR_RANGE = (1e-4, 1e-1)
 GRID_LRS = (1e-4, 1e-3, 1e-2, 1e-1)
+GRID_COLORS = ("C0", "C1", "C2", "C4")
 MLT_HIDDEN = 512
 MLT_BATCH = 128
 COMPILE_GRID = ("{'loss': ['categorical_crossentropy'], 'optimizer_params_list': "
@@ -244,16 +245,20 @@ def ray_trainable(config: dict[str, Any], data: Any = None, archs: Any = None) -
     except RuntimeError:
         pass
     import keras
+    import numpy as np
     from ray import tune as _tune
 
     x, y, vx, vy = data
+    rng = np.random.default_rng()
     model = keras.models.model_from_json(archs[config["model"]])
     model.compile(optimizer=keras.optimizers.Adam(learning_rate=config["lr"]),
                   loss="categorical_crossentropy", metrics=["accuracy"])
     for epoch in range(1, config["max_t"] + 1):
         t0 = _t.time()
         setup = t0 - entered if epoch == 1 else None
-        model.fit(x, y, batch_size=config["batch_size"], epochs=1, verbose=0, shuffle=True)
+        order = rng.permutation(len(x))
+        model.fit(x[order], y[order], batch_size=config["batch_size"], epochs=1, verbose=0,
+                  shuffle=False)
         t1 = _t.time()
         loss, acc = model.evaluate(vx, vy, batch_size=1024, verbose=0)
         _tune.report({"val_loss": float(loss), "val_accuracy": float(acc), "epoch": epoch,
@@ -261,11 +266,28 @@ def ray_trainable(config: dict[str, Any], data: Any = None, archs: Any = None) -
                       "setup_s": setup, "pid": os.getpid()})
 
 
+def ray_cpu(me: Any, driver_s: float) -> dict[str, float]:
+    """CPU seconds of Ray's processes: trial workers (``ray::`` processes) and the rest
+    (raylet, GCS, log monitor, ...) since ray.init, and the driver during Tuner.fit."""
+    import psutil
+
+    out = {"workers": 0.0, "system": 0.0, "driver": driver_s}
+    for p in me.children(recursive=True):
+        try:
+            name = " ".join(p.cmdline()[:1]) or p.name()
+            t = sum(p.cpu_times()[:2])
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        out["workers" if name.startswith("ray::") else "system"] += t
+    return out
+
+
 def asha_ray(data: tuple[np.ndarray, ...], args: argparse.Namespace) -> dict[str, Any]:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     os.environ["TF_NUM_INTRAOP_THREADS"] = "1"
     os.environ["TF_NUM_INTEROP_THREADS"] = "1"
+    import psutil
     import ray
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler
@@ -295,9 +317,12 @@ def asha_ray(data: tuple[np.ndarray, ...], args: argparse.Namespace) -> dict[str
                                             max_concurrent_trials=2,
                                             time_budget_s=args.budget, reuse_actors=True),
                 run_config=tune.RunConfig(storage_path=store, name="asha", verbose=0))
+            me = psutil.Process()
+            c0 = sum(me.cpu_times()[:2])
             t0 = time.time()
             grid = tuner.fit()
             wall = time.time() - t0
+            cpu = ray_cpu(me, sum(me.cpu_times()[:2]) - c0)
             trials = []
             for r in grid:
                 df = r.metrics_dataframe
@@ -321,7 +346,7 @@ def asha_ray(data: tuple[np.ndarray, ...], args: argparse.Namespace) -> dict[str
     best_cfg = max(started, key=lambda t: max(r["val_accuracy"] for r in t["reports"]),
                    default=None)
     return {
-        "wall": wall, "init_s": init_s, "points": points,
+        "wall": wall, "init_s": init_s, "points": points, "cpu": cpu,
         "configs": len(started), "trials_created": len(trials),
         "errors": sum(t["error"] is not None and not t["reports"] for t in trials),
         "configs_in_budget": sum(1 for t in started if t["reports"][0]["ts"] - t0 <= b),
@@ -462,13 +487,13 @@ def plot_mltuner(mlt: dict[str, Any], grid: dict[str, Any], target: float, path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    fig, ax = plt.subplots(figsize=(9, 4.2))
     pts = sorted(mlt["lineage_points"])
     ax.plot([t for t, _ in pts], [a for _, a in pts], "o-", color="C3", lw=2,
             label=f"MLtuner output lineage (lr {fmt(mlt['chosen_lr'], '.3g')})")
     for i, (lr, gp) in enumerate(sorted(grid["per_lr"].items())):
         gp = sorted(gp)
-        ax.plot([t for t, _ in gp], [a for _, a in gp], "s--", color=f"C{i}", ms=4,
+        ax.plot([t for t, _ in gp], [a for _, a in gp], "s--", color=GRID_COLORS[i % 4], ms=4,
                 alpha=0.8, label=f"grid lr {lr:g}")
     others = [(t, a) for k, t, a in mlt["all_points"] if k not in mlt["lineage"]]
     if others:
@@ -483,7 +508,7 @@ def plot_mltuner(mlt: dict[str, Any], grid: dict[str, Any], target: float, path:
     ax.set_ylim(max(0.0, lo - 0.02), 1.0)
     ax.set_title(f"MLtuner vs fixed learning-rate grid, MLP {MLT_HIDDEN}")
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -509,7 +534,9 @@ def report_asha(db: dict[str, Any], ray_r: dict[str, Any], args: argparse.Namesp
         ("- Ray Tune: `ASHAScheduler(grace_period, max_t, reduction_factor)`, `TuneConfig("
         "num_samples=max_configs, max_concurrent_trials=2, time_budget_s=budget, "
         "reuse_actors=True)`, data passed by `tune.with_parameters`; validation after every "
-        "epoch (Ray's ASHA needs a report per training_iteration)."), "",
+        "epoch (Ray's ASHA needs a report per training_iteration). Each epoch is one Keras "
+        "`fit(epochs=1, shuffle=False)` on a numpy permutation of the arrays, the call the "
+        "database worker makes on its partition."), "",
         "| | cerebro_db | Ray Tune |", "|---|---:|---:|",
         (f"| configurations explored within the budget | {db['configs_in_budget']} | "
         f"{ray_r['configs_in_budget']} |"),
@@ -557,6 +584,21 @@ def report_asha(db: dict[str, Any], ray_r: dict[str, Any], args: argparse.Namesp
         "(a trial pauses at its rung and resumes when it is among the top 1/eta). Both "
         "never wait for a full rung."), ""]
     return lines
+
+
+def trace_note(mlt: dict[str, Any]) -> str:
+    """How the chosen branch's first-epoch trace ranks among the candidates': by the drop
+    from its first to its last unit, and by its last unit's loss."""
+    tr = {k: v for k, v in mlt["traces"].items() if len(v) >= 2}
+    chosen = [k for k in tr if k in mlt["lineage"]]
+    if not chosen or len(tr) < 2:
+        return ""
+    c = chosen[0]
+    by_drop = sorted(tr, key=lambda k: tr[k][0] - tr[k][-1], reverse=True)
+    by_end = sorted(tr, key=lambda k: tr[k][-1])
+    return (f" The chosen branch ranks {by_drop.index(c) + 1} of {len(tr)} by the drop from "
+            f"its first to its last unit's loss ({tr[c][0]:.3g} to {tr[c][-1]:.3g}) and "
+            f"{by_end.index(c) + 1} of {len(tr)} by its last unit's loss (lowest first).")
 
 
 def report_mltuner(mlt: dict[str, Any], grid: dict[str, Any], args: argparse.Namespace
@@ -627,7 +669,7 @@ def report_mltuner(mlt: dict[str, Any], grid: dict[str, Any], args: argparse.Nam
              + ", ".join(f"{v:.3g}" for v in mlt["traces"].get(k, [])) + "]"
              for k, _, _, lr in mlt["trials"]) + ". With 2 partitions a one-epoch branch "
          "leaves 2 points; the speed is the least-squares slope of that trace against the "
-         "branch's training seconds."),
+         "branch's training seconds." + trace_note(mlt)),
         "", "![MLtuner vs grid](automl_mltuner.png)", ""]
     return lines, target
 
@@ -713,7 +755,12 @@ def asha_findings(db: dict[str, Any], ray_r: dict[str, Any], args: argparse.Name
          f"trial's units over the 2 partitions; each unit loads the model state, trains on "
          f"the partition ({u['epoch_run_s']:.2f} s per epoch) and saves the state back "
          f"({u['epoch_io_s']:.2f} s per epoch)) against {ray_epoch:.2f} s in a Ray trial "
-         f"(Keras `fit` on in-memory arrays): {ratio:.2f}x."),
+         f"(Keras `fit` on in-memory arrays): {ratio:.2f}x. On the 2 cores Ray's own processes "
+         f"(raylet, GCS and the other non-trial processes, since ray.init) used "
+         f"{ray_r['cpu']['system']:.1f} CPU seconds and the driver {ray_r['cpu']['driver']:.1f} "
+         f"during Tuner.fit, against {ray_r['cpu']['workers']:.1f} for the trial workers; "
+         f"the database side has no such processes (its coordinator is the SQL call's "
+         f"backend)."),
         (f"- Evaluation: cerebro_db evaluates each rung epoch on the training data as well as "
          f"on the validation data ({u.get('eval_train', 0):.1f} s and "
          f"{u.get('eval_valid', 0):.1f} s of worker time, "
