@@ -146,6 +146,18 @@ def epochs_done(conn: Any, fit_id: int) -> list[float]:
     return sorted(float(r[0]) for r in rows or [])
 
 
+def trained_at(conn: Any, fit_id: int) -> dict[tuple[int, int], float]:
+    """(mst_key, epoch) -> seconds since the fit started at which that epoch's training
+    units (all partitions) had finished."""
+    rows = q(conn, """
+        SELECT u.mst_key, u.epoch, extract(epoch FROM max(u.ended_at) - f.started_at)::float8
+          FROM cerebro_db.units u JOIN cerebro_db.fits f USING (fit_id)
+         WHERE u.fit_id = %s AND u.kind = 'train'
+         GROUP BY u.mst_key, u.epoch, f.started_at, f.num_partitions
+        HAVING count(*) = f.num_partitions""", (fit_id,))
+    return {(int(k), int(e)): float(t) for k, e, t in rows or []}
+
+
 def unit_seconds(conn: Any, fit_id: int) -> dict[str, float]:
     """Worker seconds by unit kind; per training epoch of a trial (units of all partitions,
     leaving out each worker's first unit, which imports TensorFlow and reads its
@@ -399,6 +411,7 @@ def mltuner_db(conn: Any, args: argparse.Namespace) -> dict[str, Any]:
     while parent.get(lineage[-1]) is not None:
         lineage.append(parent[lineage[-1]])
     points = eval_points(conn, fit_id)
+    done = trained_at(conn, fit_id)
     traces: dict[int, list[float]] = {}
     for k, loss in q(conn, "SELECT mst_key, loss FROM cerebro_db.units WHERE fit_id = %s AND "
                            "kind = 'train' AND epoch = 1 ORDER BY started_at", (fit_id,)) or []:
@@ -408,6 +421,8 @@ def mltuner_db(conn: Any, args: argparse.Namespace) -> dict[str, Any]:
         "fit_span": ended - started, "output": output, "chosen_lr": chosen_lr,
         "trials": [(k, p, s, lr_of(c)) for k, p, s, c in trials], "lineage": lineage,
         "lineage_points": [(t, a) for k, _, t, a in points if k in lineage],
+        "lineage_trained": [(done[(k, e)], a) for k, e, _, a in points if k in lineage],
+        "others_trained": [(done[(k, e)], a) for k, e, _, a in points if k not in lineage],
         "all_points": [(k, t, a) for k, _, t, a in points],
         "epochs": len(epochs_done(conn, fit_id)), "units": unit_seconds(conn, fit_id),
     }
@@ -436,10 +451,14 @@ def grid_db(conn: Any, args: argparse.Namespace) -> dict[str, Any]:
     started, ended = fit_times(conn, fit_id)
     keys = dict(q(conn, "SELECT mst_key, compile_params FROM bench_automl_grid_mst") or [])
     points = eval_points(conn, fit_id)
+    done = trained_at(conn, fit_id)
     per: dict[float, list[tuple[float, float]]] = {}
-    for k, _, t, a in points:
+    per_trained: dict[float, list[tuple[float, float]]] = {}
+    for k, e, t, a in points:
         per.setdefault(lr_of(keys[k]) or math.nan, []).append((t, a))
+        per_trained.setdefault(lr_of(keys[k]) or math.nan, []).append((done[(k, e)], a))
     return {"fit_id": fit_id, "wall": wall, "fit_span": ended - started, "per_lr": per,
+            "per_lr_trained": per_trained,
             "epochs": len(epochs_done(conn, fit_id)), "units": unit_seconds(conn, fit_id)}
 
 
@@ -488,20 +507,21 @@ def plot_mltuner(mlt: dict[str, Any], grid: dict[str, Any], target: float, path:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(9, 4.2))
-    pts = sorted(mlt["lineage_points"])
+    pts = sorted(mlt["lineage_trained"])
     ax.plot([t for t, _ in pts], [a for _, a in pts], "o-", color="C3", lw=2,
             label=f"MLtuner output lineage (lr {fmt(mlt['chosen_lr'], '.3g')})")
-    for i, (lr, gp) in enumerate(sorted(grid["per_lr"].items())):
+    for i, (lr, gp) in enumerate(sorted(grid["per_lr_trained"].items())):
         gp = sorted(gp)
         ax.plot([t for t, _ in gp], [a for _, a in gp], "s--", color=GRID_COLORS[i % 4], ms=4,
                 alpha=0.8, label=f"grid lr {lr:g}")
-    others = [(t, a) for k, t, a in mlt["all_points"] if k not in mlt["lineage"]]
+    others = mlt["others_trained"]
     if others:
         ax.scatter([t for t, _ in others], [a for _, a in others], marker="x", s=18,
                    color="C3", alpha=0.4, label="MLtuner branches not kept")
     ax.axhline(target, color="grey", ls=":", lw=1, label=f"target {target:.2f}")
     ax.set_xlim(left=0)
-    ax.set_xlabel("wall-clock seconds since the fit started (each call on its own clock)")
+    ax.set_xlabel("seconds since the fit started at which the epoch's training finished "
+                  "(each call on its own clock)")
     ax.set_ylabel("validation accuracy")
     lo = min([a for _, a in pts] + [a for gp in grid["per_lr"].values() for _, a in gp]
              + [a for _, _, a in mlt["all_points"]] + [target])
@@ -616,10 +636,17 @@ def report_mltuner(mlt: dict[str, Any], grid: dict[str, Any], args: argparse.Nam
                 "highest multiple of 0.01 it reached.")
         target = reachable
     t_grid = first_reach(best_pts, target)
-    t_any = min((t for t in (first_reach(gp, target) for gp in grid["per_lr"].values())
-                 if t is not None), default=None)
+    t_grid_tr = first_reach(grid["per_lr_trained"][best_lr], target)
+    t_any = min((t for t in (first_reach(gp, target) for gp in
+                             grid["per_lr_trained"].values()) if t is not None), default=None)
     t_mlt = first_reach(mlt["lineage_points"], target)
-    t_mlt_any = first_reach([(t, a) for _, t, a in mlt["all_points"]], target)
+    t_mlt_tr = first_reach(mlt["lineage_trained"], target)
+    t_mlt_any = first_reach(mlt["lineage_trained"] + mlt["others_trained"], target)
+    lag_grid = float(np.mean([e[0] - t[0] for lr in grid["per_lr"] for e, t in
+                              zip(sorted(grid["per_lr"][lr]),
+                                  sorted(grid["per_lr_trained"][lr]))]))
+    lag_mlt = float(np.mean([e[0] - t[0] for e, t in zip(sorted(mlt["lineage_points"]),
+                                                         sorted(mlt["lineage_trained"]))]))
     mu, gu = mlt["units"], grid["units"]
     lines = [
         "## 2. MLtuner against a fixed learning-rate grid", "",
@@ -633,16 +660,24 @@ def report_mltuner(mlt: dict[str, Any], grid: dict[str, Any], args: argparse.Nam
         (f"- (b) `madlib_keras_fit_multiple_model` over learning rates "
         f"{', '.join(f'{lr:g}' for lr in GRID_LRS)} ({len(GRID_LRS)} configurations trained "
         f"together by MOP), {args.epochs} epochs each."),
-        (f"- Clock: wall clock of each whole call from its fit's started_at (catalog) to the "
-        f"end of the epoch evaluation that first reaches the target. The grid trains all "
-        f"its configurations at the same time by MOP, so the best grid configuration's time "
+        (f"- Clock: wall clock of each whole call, from its fit's started_at (catalog) to the "
+        f"end of the last training unit of the first epoch whose validation accuracy "
+        f"reaches the target (the model state that reaches it exists from then on); also "
+        f"given: to the end of that epoch's evaluation. The grid trains all its "
+        f"configurations at the same time by MOP, so the best grid configuration's time "
         f"includes sharing the 2 workers with the other {len(GRID_LRS) - 1}; MLtuner's "
-        f"includes its tuning branches.{note}"), "",
+        f"includes its tuning branches. The model hopper runs evaluation units after the "
+        f"training units that are ready, so an epoch's evaluation can end well after its "
+        f"training (here on average {lag_grid:.1f} s later for the grid, {lag_mlt:.1f} s "
+        f"for MLtuner's output lineage, whose evaluations the tuner waits for).{note}"), "",
         f"Target validation accuracy: **{target:.2f}**.", "",
         "| | MLtuner | best grid configuration |", "|---|---:|---:|",
         (f"| learning rate | {fmt(mlt['chosen_lr'], '.3g')} (chosen) | {best_lr:g} (best "
         f"final validation accuracy) |"),
-        f"| time to reach {target:.2f} (s) | {fmt(t_mlt, '.1f')} | {fmt(t_grid, '.1f')} |",
+        (f"| time to reach {target:.2f}: epoch trained (s; n/a: never reached) | "
+         f"{fmt(t_mlt_tr, '.1f')} | {fmt(t_grid_tr, '.1f')} |"),
+        (f"| time to reach {target:.2f}: epoch evaluated (s) | {fmt(t_mlt, '.1f')} | "
+         f"{fmt(t_grid, '.1f')} |"),
         (f"| final validation accuracy | "
         f"{fmt(max(mlt['lineage_points'])[1] if mlt['lineage_points'] else None)} | "
         f"{finals[best_lr][1]:.4f} |"),
@@ -654,9 +689,9 @@ def report_mltuner(mlt: dict[str, Any], grid: dict[str, Any], args: argparse.Nam
         f"{mu.get('eval_train', 0) + mu.get('eval_valid', 0):.1f} | "
         f"{gu.get('train', 0):.1f} / {gu.get('eval_train', 0) + gu.get('eval_valid', 0):.1f} |"),
         "",
-        (f"- Earliest any grid configuration reached {target:.2f}: {fmt(t_any, '.1f')} s; "
-        f"earliest any MLtuner trial (including branches later freed): "
-        f"{fmt(t_mlt_any, '.1f')} s."),
+        (f"- Earliest epoch trained of any grid configuration reaching {target:.2f}: "
+         f"{fmt(t_any, '.1f')} s; of any MLtuner trial (including branches later freed): "
+         f"{fmt(t_mlt_any, '.1f')} s."),
         "- Grid, final (best) validation accuracy by learning rate: " + ", ".join(
             f"{lr:g}: {fin:.4f} ({mx:.4f})" for lr, (mx, fin) in sorted(finals.items())) + ".",
         "- MLtuner trials (mst_key, parent, status, learning rate): " + "; ".join(
@@ -726,7 +761,7 @@ def main() -> None:
         print("mltuner", json.dumps({k: v for k, v in mlt.items() if "points" not in k},
                                     default=str), flush=True)
         grid = grid_db(conn, args)
-        print("grid", json.dumps({k: v for k, v in grid.items() if k != "per_lr"},
+        print("grid", json.dumps({k: v for k, v in grid.items() if not k.startswith("per_lr")},
                                  default=str), flush=True)
         more, target = report_mltuner(mlt, grid, args)
         plot_mltuner(mlt, grid, target, RESULTS / "automl_mltuner.png")
@@ -761,6 +796,16 @@ def asha_findings(db: dict[str, Any], ray_r: dict[str, Any], args: argparse.Name
          f"during Tuner.fit, against {ray_r['cpu']['workers']:.1f} for the trial workers; "
          f"the database side has no such processes (its coordinator is the SQL call's "
          f"backend)."),
+        (f"- Where the epochs went: beyond the grace period ({args.min_r} epoch(s) for each "
+         f"configuration) cerebro_db spent "
+         f"{db['epochs_in_budget'] - args.min_r * db['configs_in_budget']} epochs within the "
+         f"budget, Ray "
+         f"{ray_r['epochs_in_budget'] - args.min_r * ray_r['configs_in_budget']} (at most; "
+         f"a configuration still in its first epoch at the budget counts as explored). "
+         f"Ray's stopping rule lets a trial continue when it is in the top 1/eta of the "
+         f"results seen so far at its rung, which early in the search means few "
+         f"competitors; cerebro_db's promotion rule needs eta results at a rung before it "
+         f"promotes one, and otherwise launches a new configuration."),
         (f"- Evaluation: cerebro_db evaluates each rung epoch on the training data as well as "
          f"on the validation data ({u.get('eval_train', 0):.1f} s and "
          f"{u.get('eval_valid', 0):.1f} s of worker time, "
