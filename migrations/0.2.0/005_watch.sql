@@ -8,7 +8,14 @@
 -- training loss of a unit. New columns at the end: best_valid_loss, best_train_loss,
 -- best_mst_key (the configuration with the best loss) and last_unit_at.
 CREATE OR REPLACE VIEW @extschema@.fit_progress AS
-SELECT f.fit_id, f.owner, f.model_output_table, f.status, f.policy, f.num_partitions,
+SELECT f.fit_id, f.owner, f.model_output_table,
+       -- a 'running' fit whose coordinator session is gone shows as 'interrupted' (003)
+       CASE WHEN f.status = 'running' AND NOT EXISTS (
+                SELECT 1 FROM pg_catalog.pg_stat_activity a
+                 WHERE a.pid = f.coordinator_pid
+                   AND a.backend_start <= coalesce(f.resumed_at, f.started_at))
+            THEN 'interrupted' ELSE f.status END AS status,
+       f.policy, f.num_partitions,
        u.done AS units_done, f.total_units,
        round(100.0 * u.done / greatest(f.total_units, 1), 1) AS percent,
        coalesce(v.best_valid_loss, u.best_train_loss) AS best_loss,

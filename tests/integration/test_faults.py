@@ -283,6 +283,9 @@ def test_coordinator_killed_then_resumed(fl, baseline, dbname, dsn, tables):
     c2 = _connect(dbname)
     c2.autocommit = True
     pid = c2.get_backend_pid()
+    # epoch-2 units wait a little, so on a fast machine the fit is still running when the
+    # test kills its coordinator (the resumed run has no hook and does not wait)
+    hook(c2, {"point": "before_train", "epoch": 2, "seconds": 4})
     errors: list[BaseException] = []
 
     def go():
