@@ -8,6 +8,7 @@ random search draws ``num_configs`` distinct points (fewer when the space holds 
 """
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -44,8 +45,9 @@ class _OneShot(Tuner):
         self.started = False
         self.num_trials = 0
 
+    @abstractmethod
     def _points(self) -> list[Point]:
-        raise NotImplementedError
+        """The points to launch (grid: all of them; random: a seeded sample)."""
 
     def start(self) -> list[Decision]:
         if self.started:

@@ -2,7 +2,6 @@
 decisions, reproducibility, and bad input leaving nothing behind."""
 from __future__ import annotations
 
-import io
 import json
 
 import numpy as np
@@ -10,7 +9,8 @@ import psycopg2
 import pytest
 
 from cerebro_db.automl.hyperband import hyperband_schedule
-from cerebro_db.datasets import copy_payload, find_dataset_dir, load_split
+
+from .mnist_rows import load_mnist_rows
 
 pytestmark = pytest.mark.db
 
@@ -36,14 +36,7 @@ def mlp_json(hidden):
 def am(session_conn):
     """600 MNIST training and 200 validation rows over 2 partitions; two MLPs."""
     conn = session_conn
-    x, y = load_split(find_dataset_dir("mnist"), "train")
-    for name, lo, hi in (("am_train", 0, 600), ("am_test", 600, 800)):
-        q(conn, f"DROP TABLE IF EXISTS {name}")
-        q(conn, f"CREATE TABLE {name} (id integer, y integer, x real[])")
-        with conn.cursor() as cur:
-            cur.copy_expert(f"COPY {name} FROM STDIN (FORMAT binary)",
-                            io.BytesIO(copy_payload(np.arange(lo, hi),
-                                                    y[lo:hi].astype(np.int32), x[lo:hi])))
+    load_mnist_rows(conn, *(("am_train", 0, 600), ("am_test", 600, 800)))
     q(conn, "DROP TABLE IF EXISTS am_p, am_p_summary, am_v, am_v_summary, am_arch")
     q(conn, "SELECT training_preprocessor_dl('am_train', 'am_p', 'y', 'x', NULL, 255.0, NULL, "
             "NULL, 2, 3)")

@@ -10,7 +10,6 @@ cerebro_db.test_hook (see cerebro_db/worker.py), so a kill lands where the test 
 """
 from __future__ import annotations
 
-import io
 import json
 import os
 import signal
@@ -19,14 +18,13 @@ import sys
 import threading
 import time
 
-import numpy as np
 import psycopg2
 import pytest
 
-from cerebro_db.datasets import copy_payload, find_dataset_dir, load_split
 from cerebro_db.scheduling import check_invariants
 
 from ..conftest import ROOT, _connect
+from .mnist_rows import load_mnist_rows
 from .test_training import COMPILES, REPLAY, mlp_json, no_worker_sessions, q, unit_log
 
 pytestmark = pytest.mark.db
@@ -42,14 +40,7 @@ TOTAL_TRAIN = CONFIGS * ITERATIONS * PARTITIONS
 def fl(session_conn):
     """800 MNIST rows over 2 partitions, 200 validation rows, 2 configurations."""
     conn = session_conn
-    x, y = load_split(find_dataset_dir("mnist"), "train")
-    for name, lo, hi in (("fl_train", 0, 800), ("fl_test", 800, 1000)):
-        q(conn, f"DROP TABLE IF EXISTS {name}")
-        q(conn, f"CREATE TABLE {name} (id integer, y integer, x real[])")
-        with conn.cursor() as cur:
-            cur.copy_expert(f"COPY {name} FROM STDIN (FORMAT binary)",
-                            io.BytesIO(copy_payload(np.arange(lo, hi),
-                                                    y[lo:hi].astype(np.int32), x[lo:hi])))
+    load_mnist_rows(conn, *(("fl_train", 0, 800), ("fl_test", 800, 1000)))
     q(conn, "DROP TABLE IF EXISTS fl_p, fl_p_summary, fl_v, fl_v_summary, fl_arch, fl_mst, "
             "fl_mst_summary")
     q(conn, "SELECT training_preprocessor_dl('fl_train', 'fl_p', 'y', 'x', NULL, 255.0, NULL, "

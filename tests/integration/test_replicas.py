@@ -12,19 +12,17 @@ random_state (the visit order and unit seeds depend on the seed only).
 """
 from __future__ import annotations
 
-import io
 import json
 import threading
 import time
 
-import numpy as np
 import psycopg2
 import pytest
 
-from cerebro_db.datasets import copy_payload, find_dataset_dir, load_split
 from cerebro_db.scheduling import check_invariants
 
 from ..conftest import _connect
+from .mnist_rows import load_mnist_rows
 from .test_faults import Killer
 from .test_training import COMPILES, mlp_json, no_worker_sessions, q, unit_log
 
@@ -41,13 +39,7 @@ TOTAL_TRAIN = CONFIGS * ITERATIONS * PARTITIONS
 def rp(session_conn):
     """600 MNIST rows over 2 partitions, 2 configurations."""
     conn = session_conn
-    x, y = load_split(find_dataset_dir("mnist"), "train")
-    q(conn, "DROP TABLE IF EXISTS rp_train")
-    q(conn, "CREATE TABLE rp_train (id integer, y integer, x real[])")
-    with conn.cursor() as cur:
-        cur.copy_expert("COPY rp_train FROM STDIN (FORMAT binary)",
-                        io.BytesIO(copy_payload(np.arange(600), y[:600].astype(np.int32),
-                                                x[:600])))
+    load_mnist_rows(conn, ("rp_train", 0, 600))
     q(conn, "DROP TABLE IF EXISTS rp_p, rp_p_summary, rp_arch, rp_mst, rp_mst_summary")
     q(conn, "SELECT training_preprocessor_dl('rp_train', 'rp_p', 'y', 'x', NULL, 255.0, NULL, "
             "NULL, %s, 3)", (PARTITIONS,))

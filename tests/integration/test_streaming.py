@@ -1,12 +1,9 @@
 """use_caching FALSE: worker units read a partition one packed buffer at a time."""
 from __future__ import annotations
 
-import io
-
-import numpy as np
 import pytest
 
-from cerebro_db.datasets import copy_payload, find_dataset_dir, load_split
+from .mnist_rows import load_mnist_rows
 
 pytestmark = pytest.mark.db
 
@@ -24,14 +21,7 @@ def packed(session_conn):
     import keras
 
     conn = session_conn
-    x, y = load_split(find_dataset_dir("mnist"), "train")
-    for name, lo, hi in (("st_train", 0, 1200), ("st_test", 1200, 1600)):
-        q(conn, f"DROP TABLE IF EXISTS {name}")
-        q(conn, f"CREATE TABLE {name} (id integer, y integer, x real[])")
-        with conn.cursor() as cur:
-            cur.copy_expert(f"COPY {name} FROM STDIN (FORMAT binary)",
-                            io.BytesIO(copy_payload(np.arange(lo, hi),
-                                                    y[lo:hi].astype(np.int32), x[lo:hi])))
+    load_mnist_rows(conn, *(("st_train", 0, 1200), ("st_test", 1200, 1600)))
     q(conn, "DROP TABLE IF EXISTS st_p1, st_p1_summary, st_p4, st_p4_summary, st_v1, "
             "st_v1_summary, st_v4, st_v4_summary, st_arch, st_mst, st_mst_summary")
     for suffix, size in (("1", None), ("4", 150)):

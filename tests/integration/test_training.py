@@ -2,7 +2,6 @@
 equivalence by replay, reproducibility, the ring policy, chunked states and failures."""
 from __future__ import annotations
 
-import io
 import json
 import subprocess
 import sys
@@ -12,10 +11,10 @@ import numpy as np
 import psycopg2
 import pytest
 
-from cerebro_db.datasets import copy_payload, find_dataset_dir, load_split
 from cerebro_db.scheduling import check_invariants
 
 from ..conftest import ROOT
+from .mnist_rows import load_mnist_rows
 
 pytestmark = pytest.mark.db
 
@@ -45,14 +44,7 @@ def mlp_json(hidden=16, inputs=784, outputs=10):
 def mnist(session_conn):
     """1,200 MNIST training and 400 test rows, packed over 2 partitions; 4 configs."""
     conn = session_conn
-    x, y = load_split(find_dataset_dir("mnist"), "train")
-    for name, lo, hi in (("mn_train", 0, 1200), ("mn_test", 1200, 1600)):
-        q(conn, f"DROP TABLE IF EXISTS {name}")
-        q(conn, f"CREATE TABLE {name} (id integer, y integer, x real[])")
-        with conn.cursor() as cur:
-            cur.copy_expert(f"COPY {name} FROM STDIN (FORMAT binary)",
-                            io.BytesIO(copy_payload(np.arange(lo, hi),
-                                                    y[lo:hi].astype(np.int32), x[lo:hi])))
+    load_mnist_rows(conn, *(("mn_train", 0, 1200), ("mn_test", 1200, 1600)))
     q(conn, "DROP TABLE IF EXISTS mn_p, mn_p_summary, mn_v, mn_v_summary, mn_arch, mn_mst, "
             "mn_mst_summary")
     q(conn, "SELECT training_preprocessor_dl('mn_train', 'mn_p', 'y', 'x', NULL, 255.0, NULL, "

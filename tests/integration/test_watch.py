@@ -1,15 +1,13 @@
 """Another session watches a running fit through fit_progress and fit_config_progress."""
 from __future__ import annotations
 
-import io
 import threading
 import time
 
-import numpy as np
 import psycopg2
 import pytest
 
-from cerebro_db.datasets import copy_payload, find_dataset_dir, load_split
+from .mnist_rows import load_mnist_rows
 
 pytestmark = pytest.mark.db
 
@@ -35,14 +33,7 @@ def mlp_json() -> str:
 def watched(session_conn):
     """2,000 MNIST training and 400 validation rows over 2 partitions; 3 configs, batch 16."""
     conn = session_conn
-    x, y = load_split(find_dataset_dir("mnist"), "train")
-    for name, lo, hi in (("w_train", 0, 2000), ("w_test", 2000, 2400)):
-        q(conn, f"DROP TABLE IF EXISTS {name}")
-        q(conn, f"CREATE TABLE {name} (id integer, y integer, x real[])")
-        with conn.cursor() as cur:
-            cur.copy_expert(f"COPY {name} FROM STDIN (FORMAT binary)",
-                            io.BytesIO(copy_payload(np.arange(lo, hi),
-                                                    y[lo:hi].astype(np.int32), x[lo:hi])))
+    load_mnist_rows(conn, *(("w_train", 0, 2000), ("w_test", 2000, 2400)))
     q(conn, "DROP TABLE IF EXISTS w_p, w_p_summary, w_v, w_v_summary, w_arch, w_mst, "
             "w_mst_summary, w_out, w_out_info, w_out_summary")
     q(conn, "SELECT training_preprocessor_dl('w_train', 'w_p', 'y', 'x', NULL, 255.0, NULL, "
