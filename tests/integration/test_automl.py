@@ -238,3 +238,17 @@ def test_output_in_a_missing_schema_is_refused_before_any_work(am) -> None:
         q(am, "SELECT hyperband_schedule('nosuchschema.sched', 9)")
     assert e.value.pgcode == "3F000", e.value.pgerror
     assert q(am, "SELECT count(*) FROM cerebro_db.fits")[0][0] == fits_before
+
+
+@pytest.mark.parametrize("source, cgrid, sqlstate", [
+    ("am_missing", CGRID, "42P01"),      # no such source table
+    ("am_train", CGRID, "42P01"),        # a raw table, not a packed one (no _summary)
+    ("am_p", None, "22004"),             # NULL grid
+])
+def test_bad_source_or_null_grid(am, source, cgrid, sqlstate) -> None:
+    before = tables(am)
+    with pytest.raises(psycopg2.Error) as e:
+        q(am, "SELECT madlib_keras_automl(%s, 'am_bad2', 'am_arch', 'am_bad2_mst', ARRAY[1], "
+              "%s, %s, 'random', 'num_configs=1, num_iterations=1')", (source, cgrid, FGRID))
+    assert e.value.pgcode == sqlstate, e.value.pgerror
+    assert tables(am) == before
