@@ -29,7 +29,7 @@ from .base import (
     UnitReport,
 )
 
-__all__ = ["MAX_IDLE_CALLS", "AutoMLError", "Sink", "TrialBook", "TrialStatus"]
+__all__ = ["MAX_IDLE_CALLS", "AutoMLError", "EvalEpochs", "Sink", "TrialBook", "TrialStatus"]
 
 MAX_IDLE_CALLS = 1000
 """Most :meth:`Tuner.on_idle` calls in one engine step (a procedure that keeps answering
@@ -68,7 +68,7 @@ class TrialStatus:
     meta: dict[str, Any] | None = None
 
 
-class _EvalEpochs(Mapping[int, frozenset[int]]):
+class EvalEpochs(Mapping[int, frozenset[int]]):
     """config -> epochs evaluated: its current target, and every ``frequency`` epochs.
 
     Read by :class:`Progress` at the moment an epoch completes, so a target changed while
@@ -100,7 +100,10 @@ class TrialBook:
         self.frequency = frequency
         self.trials: dict[int, TrialStatus] = {}
         self.seq = 0
-        self.progress = Progress({}, num_partitions, workers, _EvalEpochs(self))
+        self.progress = Progress({}, num_partitions, workers, EvalEpochs(self))
+        # what the tuner has been told: training units per trial, evaluated epochs per trial
+        self.reported_units: dict[int, int] = {}
+        self.reported_epochs: dict[int, set[int]] = {}
 
     # -- state ----------------------------------------------------------------------------
 
@@ -231,10 +234,50 @@ class TrialBook:
             raise AutoMLError(f"{self.tuner.name!r} stalled: nothing is training and it "
                               "decided nothing more, but it is not done")
 
+    # -- resume ---------------------------------------------------------------------------
+
+    def to_json(self) -> dict[str, Any]:
+        """The book's own state (JSON values): decision count, trials, targets, and what
+        the tuner has been told. Saved with the tuner's state, in one transaction, after
+        every engine step; :meth:`restore` reads it back."""
+        return {
+            "seq": self.seq,
+            "trials": [{"spec": t.spec.to_json(), "stopped": t.stopped, "freed": t.freed,
+                        "reason": t.reason, "last_epoch": t.last_epoch,
+                        "score": _json_float(t.score), "meta": t.meta or {},
+                        "target": self.progress.targets[c],
+                        "units": self.reported_units.get(c, 0),
+                        "epochs": sorted(self.reported_epochs.get(c, ()))}
+                       for c, t in sorted(self.trials.items())],
+        }
+
+    def restore(self, data: Mapping[str, Any]) -> dict[int, int]:
+        """Take back :meth:`to_json`'s state; returns trial -> target. The caller rebuilds
+        ``progress`` (from the unit log) with those targets, then reports what the log holds
+        beyond ``reported_units`` / ``reported_epochs`` as if it had just happened."""
+        from .base import TrialSpec
+
+        self.seq = int(data["seq"])
+        targets: dict[int, int] = {}
+        self.trials, self.reported_units, self.reported_epochs = {}, {}, {}
+        for d in data["trials"]:
+            spec = TrialSpec.from_json(d["spec"])
+            c = spec.trial_id
+            score = d.get("score")
+            self.trials[c] = TrialStatus(
+                spec, bool(d["stopped"]), bool(d["freed"]), d.get("reason"),
+                None if d.get("last_epoch") is None else int(d["last_epoch"]),
+                None if score is None else float(score), dict(d.get("meta") or {}))
+            targets[c] = int(d["target"])
+            self.reported_units[c] = int(d.get("units") or 0)
+            self.reported_epochs[c] = {int(e) for e in d.get("epochs") or ()}
+        return targets
+
     # -- reports --------------------------------------------------------------------------
 
     def unit_done(self, trial_id: int, epoch: int, partition: int, loss: float, rows: int,
                   seconds: float, now: float) -> None:
+        self.reported_units[trial_id] = self.reported_units.get(trial_id, 0) + 1
         if self.trials[trial_id].freed:
             return  # a freed trial's last unit ends unreported
         r = UnitReport(trial_id, epoch, partition, _float(loss), int(rows), float(seconds), now)
@@ -243,6 +286,7 @@ class TrialBook:
     def epoch_evaluated(self, trial_id: int, epoch: int, train: tuple[float, dict[str, float]],
                         valid: tuple[float, dict[str, float]] | None, now: float) -> None:
         t = self.trials[trial_id]
+        self.reported_epochs.setdefault(trial_id, set()).add(epoch)
         if t.freed:
             return
         p = self.progress
@@ -253,6 +297,12 @@ class TrialBook:
         if t.last_epoch is None or epoch >= t.last_epoch:
             t.last_epoch, t.score = epoch, r.score
         self.apply(self.tuner.on_epoch(r), now)
+
+
+def _json_float(v: float | None) -> float | str | None:
+    if v is None or math.isfinite(v):
+        return v
+    return "NaN" if math.isnan(v) else ("Infinity" if v > 0 else "-Infinity")
 
 
 def _float(v: Any) -> float:

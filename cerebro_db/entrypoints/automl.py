@@ -23,13 +23,20 @@ from .. import __version__, params
 from ..automl.base import TrialSpec, Tuner
 from ..automl.registry import get_tuner
 from ..automl.space import SearchSpace
-from ..automl.trials import TrialBook, state_for_jsonb
+from ..automl.trials import EvalEpochs, TrialBook, state_for_jsonb, state_from_jsonb
 from ..catalog import Catalog
 from ..coordinator import ConfigResult, FitOutcome, combine, run_fit
-from ..errors import NULL_VALUE_NOT_ALLOWED, UNDEFINED_OBJECT, CerebroError, invalid
-from ..executors import DblinkExecutor
+from ..errors import (
+    FEATURE_NOT_SUPPORTED,
+    NULL_VALUE_NOT_ALLOWED,
+    OBJECT_NOT_IN_PREREQUISITE_STATE,
+    UNDEFINED_OBJECT,
+    CerebroError,
+    invalid,
+)
+from ..executors import DblinkExecutor, end_sessions
 from ..names import TableName
-from ..scheduling import get_policy
+from ..scheduling import Progress, get_policy
 from . import entrypoint, require_output_schema
 from .models import require_arch_table
 from .preprocessing import resolve_seed
@@ -39,11 +46,14 @@ from .training import (
     INFO_TYPES,
     Config,
     FitRequest,
+    ResumePoint,
     _check_common,
     _check_config,
+    _claim,
     _conninfo,
     _fault_settings,
     _first,
+    _from_log,
     _mark_interrupted,
     _my_pid,
     _outputs_absent,
@@ -120,7 +130,8 @@ class _Hooks:
         self.persist()
 
     def persist(self) -> None:
-        """Trial statuses, the run's total units and the procedure's state, when changed."""
+        """Trial statuses (when changed), the run's total units, the procedure's state and
+        the book's, in one transaction: a resumed run starts from exactly this point."""
         book = self.book
         paused, training = book.paused(), book.training()
         rows = []
@@ -129,29 +140,32 @@ class _Hooks:
                 "paused" if c in paused else "training" if c in training else "paused"
             rows.append((c, status, book.progress.targets[c], t.last_epoch, t.score,
                          json.dumps(t.meta or {}, sort_keys=True, default=str)))
-        key = (book.seq, tuple(rows))
-        if key == self.saved:
-            return
-        cat, ex, fit_id = self.sink.cat, self.sink.ex, self.sink.fit_id
+        cat, fit_id = self.sink.cat, self.sink.fit_id
         lit = cat.literal
-        values = ", ".join(
-            f"({c}, {lit(s)}, {t}, {'NULL' if e is None else e}, "
-            f"{'NULL' if sc is None else _float_sql(sc)}, {lit(m)}::jsonb)"
-            for c, s, t, e, sc, m in rows)
-        if values:
-            ex.control(
+        stmts = []
+        key = (book.seq, tuple(rows))
+        if key != self.saved and rows:
+            values = ", ".join(
+                f"({c}, {lit(s)}, {t}, {'NULL' if e is None else e}, "
+                f"{'NULL' if sc is None else _float_sql(sc)}, {lit(m)}::jsonb)"
+                for c, s, t, e, sc, m in rows)
+            stmts.append(
                 f"UPDATE {cat.ext('automl_trials')} a SET status = v.s, target = v.t::int, "
                 "last_epoch = v.e::int, score = v.sc::float8, meta = v.m, "
                 "updated_at = clock_timestamp() "
                 f"FROM (VALUES {values}) v(k, s, t, e, sc, m) "
                 f"WHERE a.fit_id = {fit_id} AND a.mst_key = v.k")
-        ex.control(f"UPDATE {cat.ext('fits')} SET total_units = {book.total_units()} "
-                   f"WHERE fit_id = {fit_id}")
-        ex.control(
-            f"INSERT INTO {cat.ext('automl_state')} (fit_id, method, state) VALUES "
-            f"({fit_id}, {lit(self.method)}, {lit(state_for_jsonb(book.tuner.state_json()))}::jsonb) "
-            "ON CONFLICT (fit_id) DO UPDATE SET state = excluded.state, "
+        stmts.append(f"UPDATE {cat.ext('fits')} SET total_units = {book.total_units()} "
+                     f"WHERE fit_id = {fit_id}")
+        state = lit(state_for_jsonb(book.tuner.state_json()))
+        kept = lit(json.dumps(book.to_json(), sort_keys=True, separators=(",", ":")))
+        stmts.append(
+            f"INSERT INTO {cat.ext('automl_state')} (fit_id, method, state, book) VALUES "
+            f"({fit_id}, {lit(self.method)}, {state}::jsonb, {kept}::jsonb) "
+            "ON CONFLICT (fit_id) DO UPDATE SET state = excluded.state, book = excluded.book, "
             "updated_at = clock_timestamp()")
+        # several statements in one command run as one transaction
+        self.sink.ex.control("; ".join(stmts))
         self.saved = key
 
     def finished(self) -> bool:
@@ -353,8 +367,11 @@ def madlib_keras_automl(
                              params.parse_compile_params(p.compile_params),
                              params.parse_fit_params(p.fit_params)), src, checked)
     req = FitRequest("automl", src, val, out, [], 0, metrics_compute_frequency, "mop",
-                     {"automl_method": method, "automl_params": automl_params}, seed,
-                     src.partitions, bool(use_caching), mst, arch)
+                     {"automl_method": method, "automl_params": automl_params,
+                      "model_id_list": ids, "use_gpus": bool(use_gpus),
+                      "compile_params_grid": compile_params_grid,
+                      "fit_params_grid": fit_params_grid}, seed,
+                     src.partitions, bool(use_caching), mst, arch, False, name, description)
     fit_id, best, outcome, book = _execute(cat, req, tuner, archs, method, automl_params, seed,
                                            bool(use_gpus), name, description, mst)
     cat.notice(f"madlib_keras_automl ({method}): fit {fit_id} trained {len(book.trials)} "
@@ -366,8 +383,10 @@ def madlib_keras_automl(
 def _execute(cat: Catalog, req: FitRequest, tuner: Tuner,
              archs: Mapping[int, tuple[str, bytes | None]], method: str,
              automl_params: str | None, seed: int, use_gpus: bool, name: str | None,
-             description: str | None, mst: TableName
+             description: str | None, mst: TableName, resume: ResumePoint | None = None
              ) -> tuple[int, int, FitOutcome, TrialBook]:
+    """Run (or, with ``resume``, take over and continue) an AutoML fit and write its
+    outputs; the fit is marked done after that, failed with the message on any error."""
     p = req.source.partitions
     workers = {w: {w} for w in range(p)}
     policy = get_policy("mop", random_state=seed, prefer_lagging=True, seeded_order=True)
@@ -379,20 +398,43 @@ def _execute(cat: Catalog, req: FitRequest, tuner: Tuner,
     try:
         ex.open(forward)
         _mark_interrupted(cat, ex)
-        fit_id = _register(cat, ex, req, 0)
-        sink = _CatalogSink(cat, ex, fit_id, archs)
         eval_kinds = ["eval_train"] + (["eval_valid"] if req.validation else [])
+        results, done, spent = None, 0, 0.0
+        if resume is None:
+            fit_id = _register(cat, ex, req, 0)
+        else:
+            _claim(cat, ex, resume.fit_id)
+            fit_id = resume.fit_id
+            if resume.tag:
+                end_sessions(cat, f"cerebro_db {resume.tag} worker ")
+            t0 = float(cat.query(f"SELECT extract(epoch FROM started_at)::float8 AS t FROM "
+                                 f"{cat.ext('fits')} WHERE fit_id = $1", [fit_id],
+                                 ["int8"])[0]["t"])
+        sink = _CatalogSink(cat, ex, fit_id, archs)
         book = TrialBook(tuner, sink, p, workers, req.frequency)
         hooks = _Hooks(book, sink, method, eval_kinds, cat.notice)
-        cat.notice(f"fit {fit_id}: madlib_keras_automl ({method}) on {p} partitions, {p} "
-                   f"worker sessions; watch: SELECT * FROM {cat.schema}.automl_trials "
-                   f"WHERE fit_id = {fit_id}")
-        book.start(0.0)
+        saved = _saved_state(cat, fit_id) if resume is not None else None
+        if saved is None:
+            if resume is not None:  # stopped before its first step was saved: start over
+                _forget_trials(cat, ex, fit_id, set(), 0)
+            book.start(0.0)
+            cat.notice(f"fit {fit_id}: madlib_keras_automl ({method}) "
+                       f"{'starts over' if resume else 'starts'} on {p} partitions, {p} worker "
+                       f"sessions; watch: SELECT * FROM {cat.schema}.automl_trials "
+                       f"WHERE fit_id = {fit_id}")
+        else:
+            results, done, spent, replayed = _restore(cat, ex, book, hooks, sink, fit_id,
+                                                      saved, workers, eval_kinds)
+            cat.notice(f"fit {fit_id}: madlib_keras_automl ({method}) resumes with "
+                       f"{len(book.trials)} trials launched and {done} training units done "
+                       f"({replayed} of them reported to the procedure only now); watch: "
+                       f"SELECT * FROM {cat.schema}.automl_trials WHERE fit_id = {fit_id}")
         evals = book.progress._eval_epochs
         outcome = run_fit(policy, book.progress, _UnitExecutor(cat, ex, fit_id),
                           eval_kinds=eval_kinds, num_partitions=p,
                           snapshot_epochs=lambda c, e: e in evals[c], notice=cat.notice,
-                          max_unit_retries=retries, hooks=hooks)
+                          max_unit_retries=retries, results=results, done_units=done,
+                          elapsed_before=spent, hooks=hooks)
         hooks.persist()
         best = _write_outputs(cat, req, book, sink, fit_id, outcome, t0, mst, method,
                               automl_params, seed, use_gpus, name, description)
@@ -414,6 +456,135 @@ def _execute(cat: Catalog, req: FitRequest, tuner: Tuner,
         raise
     finally:
         ex.close()
+
+
+def resume_automl(cat: Catalog, f: Mapping[str, Any], opts: Mapping[str, Any]) -> None:
+    """``madlib_keras_fit_resume`` of an AutoML fit: the procedure and its trials come back
+    from the last saved step, the units committed since are reported to it, and the run
+    goes on to the same outputs as the original call would have written."""
+    fit_id = int(f["fit_id"])
+    pp = dict(opts.get("policy_params") or {})
+    if "model_id_list" not in pp:
+        raise CerebroError(f"fit {fit_id} was made by an older version and cannot be resumed",
+                           FEATURE_NOT_SUPPORTED)
+    method, automl_params = str(pp["automl_method"]), pp.get("automl_params")
+    src = packed_table(cat, opts.get("source_name") or f["source_table"], "source_table")
+    if src.partitions != f["num_partitions"]:
+        raise CerebroError(f'source_table "{src.table}" now has {src.partitions} partitions, '
+                           f"fit {fit_id} was started on {f['num_partitions']}",
+                           OBJECT_NOT_IN_PREREQUISITE_STATE)
+    vname = opts.get("validation_name") or f["validation_table"]
+    val = _validation(cat, vname, src) if vname else None
+    out = TableName.parse(f["model_output_table"], "model_output_table")
+    mst = TableName.parse(f["model_selection_table"], "model_selection_table")
+    _outputs_absent(cat, out, ("", "_summary", "_info"), False)
+    for sfx in ("", "_summary"):
+        t = mst.with_suffix(sfx, "model_selection_table") if sfx else mst
+        if cat.relation_oid(t) is not None:
+            raise CerebroError(f'model_selection_table "{t}" already exists', "42P07",
+                               hint="The resumed run creates it; drop it first.")
+    arch = TableName.parse(opts["arch_table"], "model_arch_table")
+    require_arch_table(cat, arch, "model_arch_table")
+    ids = [int(m) for m in pp["model_id_list"]]
+    archs = _arch_rows(cat, arch, ids)
+    seed = int(f["random_state"])
+    tuner = get_tuner(method, automl_params, model_ids=ids,
+                      compile_grid=pp["compile_params_grid"], fit_grid=pp["fit_params_grid"],
+                      num_workers=src.partitions, random_state=seed)
+    req = FitRequest("automl", src, val, out, [], 0, opts.get("frequency"), "mop", pp, seed,
+                     src.partitions, bool(opts.get("use_caching")), mst, arch, False,
+                     opts.get("name"), opts.get("description"))
+    _, best, outcome, book = _execute(cat, req, tuner, archs, method, automl_params, seed,
+                                      bool(pp.get("use_gpus")), req.name, req.description, mst,
+                                      ResumePoint(fit_id, opts.get("executor_tag")))
+    cat.notice(f"madlib_keras_fit_resume: automl fit {fit_id} ({method}) done in "
+               f"{outcome.seconds:.1f} s ({outcome.retried} unit attempts retried), "
+               f"{len(book.trials)} configurations; best mst_key {best}; results in {out}")
+
+
+def _saved_state(cat: Catalog, fit_id: int) -> tuple[str, dict[str, Any]] | None:
+    """The procedure's state and the book's, as the last step saved them."""
+    rows = cat.query(f"SELECT state::text AS state, book::text AS book FROM "
+                     f"{cat.ext('automl_state')} WHERE fit_id = $1", [fit_id], ["int8"])
+    if not rows or rows[0]["book"] is None:
+        return None
+    return state_from_jsonb(rows[0]["state"]), json.loads(rows[0]["book"])
+
+
+def _forget_trials(cat: Catalog, ex: DblinkExecutor, fit_id: int, known: set[int],
+                   seq: int) -> None:
+    """Remove what decisions made after the last saved step left in the catalog (trials
+    registered, forked states copied, decisions logged): the resumed run makes them again.
+    No unit of such a trial can exist (units are assigned only after a saved step)."""
+    keep = f"mst_key NOT IN ({', '.join(str(k) for k in sorted(known))})" if known else "TRUE"
+    for table in ("model_states", "automl_trials", "fit_configs"):
+        ex.control(f"DELETE FROM {cat.ext(table)} WHERE fit_id = {fit_id} AND {keep}")
+    ex.control(f"DELETE FROM {cat.ext('automl_decisions')} WHERE fit_id = {fit_id} AND "
+               f"seq > {int(seq)}")
+
+
+def _restore(cat: Catalog, ex: DblinkExecutor, book: TrialBook, hooks: _Hooks,
+             sink: _CatalogSink, fit_id: int, saved: tuple[str, dict[str, Any]],
+             workers: dict[int, set[int]], eval_kinds: Sequence[str]
+             ) -> tuple[dict[int, ConfigResult], int, float, int]:
+    """Bring ``book`` (and its tuner) back to the last saved step, rebuild the scheduling
+    progress and results from the unit log, then report to the procedure, in commit order,
+    the units committed after that step (the procedure decides on them as it would have).
+    Returns results, training units done, seconds spent, units reported now."""
+    state, kept = saved
+    book.tuner = Tuner.from_state_json(state)
+    targets = book.restore(kept)
+    _forget_trials(cat, ex, fit_id, set(targets), book.seq)
+    for r in cat.query(f"SELECT mst_key, model_id, compile_params, fit_params, "
+                       f"model_arch::text AS arch, init_weights FROM {cat.ext('fit_configs')} "
+                       "WHERE fit_id = $1 ORDER BY mst_key", [fit_id], ["int8"]):
+        w = bytes(r["init_weights"]) if r["init_weights"] is not None else None
+        where = f"trial {r['mst_key']}"
+        sink.configs[r["mst_key"]] = Config(
+            r["mst_key"], r["model_id"], r["compile_params"], r["fit_params"], r["arch"], w,
+            params.parse_compile_params(r["compile_params"], where),
+            params.parse_fit_params(r["fit_params"], where))
+    missing = sorted(set(targets) - set(sink.configs))
+    if missing:
+        raise CerebroError(f"fit {fit_id} cannot be resumed: trial {missing[0]} has no "
+                           "configuration row", "XX000")
+    p = book.progress.num_partitions
+    rows = cat.query(
+        f"SELECT u.mst_key, u.epoch, u.partition, u.kind, u.loss, u.rows, u.seconds_run, "
+        f"extract(epoch FROM u.ended_at - f.started_at)::float8 AS at "
+        f"FROM {cat.ext('units')} u JOIN {cat.ext('fits')} f USING (fit_id) "
+        "WHERE u.fit_id = $1 ORDER BY u.unit_id", [fit_id], ["int8"])
+    # evaluation epochs: those the current targets call for, and those already in the log
+    book.progress = Progress(targets, p, workers)
+    wanted = EvalEpochs(book)
+    logged: dict[int, set[int]] = {c: set() for c in targets}
+    for r in rows:
+        if r["kind"] != "train":
+            logged[r["mst_key"]].add(r["epoch"])
+    eval_map = {c: set(wanted[c]) | logged[c] for c in targets}
+    progress, results, done, spent = _from_log(cat, fit_id, targets, p, workers, eval_map)
+    progress._eval_epochs = EvalEpochs(book)
+    book.progress = progress
+    freed = {c for c, t in book.trials.items() if t.freed}
+    progress.pending_evals[:] = [u for u in progress.pending_evals if u.config not in freed]
+    seen_units = dict.fromkeys(targets, 0)
+    evaluated: dict[tuple[int, int], int] = {}
+    replayed = 0
+    for r in rows:
+        c, e = r["mst_key"], r["epoch"]
+        if r["kind"] == "train":
+            seen_units[c] += 1
+            if seen_units[c] > book.reported_units.get(c, 0):
+                replayed += 1
+                hooks.on_train(c, e, r["partition"], {"loss": r["loss"], "rows": r["rows"],
+                                                     "train_seconds": r["seconds_run"]},
+                               float(r["at"]))
+        elif r["kind"] == eval_kinds[0]:
+            evaluated[(c, e)] = evaluated.get((c, e), 0) + 1
+            if evaluated[(c, e)] == p and e not in book.reported_epochs.get(c, ()):
+                hooks.on_evaluated(c, e, results[c], float(r["at"]))
+    hooks.persist()
+    return results, done, spent, replayed
 
 
 @entrypoint

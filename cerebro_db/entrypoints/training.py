@@ -937,6 +937,11 @@ def madlib_keras_fit_resume(cat: Catalog, *, fit_id: int) -> None:
     if "executor_tag" not in opts:
         raise CerebroError(f"fit {fit_id} was made by an older version and cannot be resumed",
                            FEATURE_NOT_SUPPORTED)
+    if f["kind"] == "automl":
+        from .automl import resume_automl
+
+        resume_automl(cat, f, opts)
+        return
     src = packed_table(cat, opts.get("source_name") or f["source_table"], "source_table")
     if src.partitions != f["num_partitions"]:
         raise CerebroError(f'source_table "{src.table}" now has {src.partitions} partitions, '

@@ -3,6 +3,7 @@ decisions, reproducibility, and bad input leaving nothing behind."""
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import psycopg2
@@ -252,3 +253,89 @@ def test_bad_source_or_null_grid(am, source, cgrid, sqlstate) -> None:
               "%s, %s, 'random', 'num_configs=1, num_iterations=1')", (source, cgrid, FGRID))
     assert e.value.pgcode == sqlstate, e.value.pgerror
     assert tables(am) == before
+
+
+def test_killed_hyperband_run_resumes_like_a_fit(am, hb, dbname) -> None:
+    """The coordinator of a Hyperband run is terminated while a worker is mid-unit; that
+    orphaned unit still commits, after the run's last saved step. madlib_keras_fit_resume
+    restores the procedure and its trials, reports the orphaned unit to it, and finishes the
+    run: every unit exactly once, every decision once, and the same trials, decisions and
+    losses as the uninterrupted run with the same seed (``hb``)."""
+    import threading
+    import time
+
+    from ..conftest import _connect
+
+    c2 = _connect(dbname)
+    c2.autocommit = True
+    pid = c2.get_backend_pid()
+    # epoch-2 units linger, so the kill lands while a worker is inside one
+    q(c2, "SELECT set_config('cerebro_db.test_hook', %s, false)",
+      (json.dumps([{"point": "before_train", "epoch": 2, "seconds": 3}]),))
+    errors: list[BaseException] = []
+
+    def go() -> None:
+        try:
+            automl(c2, "am_res", "hyperband", "R=3, eta=3")
+        except BaseException as e:  # noqa: BLE001 - expected: the session is killed
+            errors.append(e)
+
+    n0 = q(am, "SELECT coalesce(max(fit_id), 0) FROM cerebro_db.fits")[0][0]
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    fit_id = None
+    end = time.monotonic() + 300
+    while time.monotonic() < end:
+        r = q(am, "SELECT f.fit_id, count(u.*) FILTER (WHERE u.kind = 'train' AND u.epoch = 2) "
+                  "FROM cerebro_db.fits f LEFT JOIN cerebro_db.units u USING (fit_id) "
+                  "WHERE f.fit_id > %s AND f.model_output_table = 'am_res' GROUP BY 1", (n0,))
+        busy = q(am, "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE "
+                     "'cerebro_db %%worker%%' AND state = 'active' AND query LIKE '%%, 2, %%'")
+        if r and r[0][1] >= 1 and busy[0][0] >= 1:
+            fit_id = r[0][0]
+            break
+        time.sleep(0.05)
+    assert fit_id is not None, "the run never reached a lingering epoch-2 unit"
+    before = q(am, "SELECT count(*) FROM cerebro_db.units WHERE fit_id = %s", (fit_id,))[0][0]
+    q(am, "SELECT pg_terminate_backend(%s)", (pid,))
+    t.join(60)
+    assert errors and not t.is_alive()
+    # the orphaned worker finishes (and commits) its unit, then its session ends
+    end = time.monotonic() + 60
+    while q(am, "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE "
+                "'cerebro_db %%worker%%'")[0][0]:
+        assert time.monotonic() < end
+        time.sleep(0.1)
+    orphaned = q(am, "SELECT count(*) FROM cerebro_db.units WHERE fit_id = %s",
+                 (fit_id,))[0][0] - before
+    assert orphaned >= 1
+    assert q(am, "SELECT status FROM cerebro_db.fit_progress WHERE fit_id = %s",
+             (fit_id,))[0][0] == "interrupted"
+    saved_seq = q(am, "SELECT (book->>'seq')::int FROM cerebro_db.automl_state "
+                      "WHERE fit_id = %s", (fit_id,))[0][0]
+    assert saved_seq >= 1
+    del am.notices[:]
+    q(am, "SELECT madlib_keras_fit_resume(%s)", (fit_id,))
+    said = " ".join(am.notices)
+    assert "resumes with" in said
+    m = re.search(r"\((\d+) of them reported to the procedure only now\)", said)
+    assert m and int(m.group(1)) >= 1, said
+    assert q(am, "SELECT status, resumes FROM cerebro_db.fits WHERE fit_id = %s",
+             (fit_id,)) == [("done", 1)]
+    # every unit once, every decision once
+    assert q(am, "SELECT count(*) = count(DISTINCT (mst_key, epoch, partition, kind)) FROM "
+                 "cerebro_db.units WHERE fit_id = %s", (fit_id,))[0][0]
+    seqs = [r[0] for r in q(am, "SELECT seq FROM cerebro_db.automl_decisions WHERE fit_id = %s "
+                                "ORDER BY seq", (fit_id,))]
+    assert seqs == list(range(1, len(seqs) + 1))
+    # the same run as the uninterrupted one
+    assert sorted(decisions(am, fit_id)) == sorted(decisions(am, hb))
+    got, want = info(am, "am_res"), info(am, "am_hb")
+    assert [(r["mst_key"], r["s"], r["i"], r["metrics_iters"]) for r in got] == \
+        [(r["mst_key"], r["s"], r["i"], r["metrics_iters"]) for r in want]
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a["validation_loss"], b["validation_loss"], rtol=1e-5)
+    assert q(am, "SELECT mst_key FROM am_res_mst") == q(am, "SELECT mst_key FROM am_hb_mst")
+    q(am, "DROP TABLE IF EXISTS am_res, am_res_info, am_res_summary, am_res_mst, "
+          "am_res_mst_summary")
+    c2.close()
