@@ -255,12 +255,10 @@ def test_bad_source_or_null_grid(am, source, cgrid, sqlstate) -> None:
     assert tables(am) == before
 
 
-def test_killed_hyperband_run_resumes_like_a_fit(am, hb, dbname) -> None:
-    """The coordinator of a Hyperband run is terminated while a worker is mid-unit; that
-    orphaned unit still commits, after the run's last saved step. madlib_keras_fit_resume
-    restores the procedure and its trials, reports the orphaned unit to it, and finishes the
-    run: every unit exactly once, every decision once, and the same trials, decisions and
-    losses as the uninterrupted run with the same seed (``hb``)."""
+def kill_and_resume(am, dbname, out, method, params, **kw) -> int:
+    """Run ``method`` in another session, terminate that session while a worker is inside a
+    (lingering) epoch-2 unit, let the orphaned unit commit, then madlib_keras_fit_resume.
+    Checks what every resumed run must satisfy; returns the fit_id."""
     import threading
     import time
 
@@ -276,7 +274,7 @@ def test_killed_hyperband_run_resumes_like_a_fit(am, hb, dbname) -> None:
 
     def go() -> None:
         try:
-            automl(c2, "am_res", "hyperband", "R=3, eta=3")
+            automl(c2, out, method, params, **kw)
         except BaseException as e:  # noqa: BLE001 - expected: the session is killed
             errors.append(e)
 
@@ -288,7 +286,7 @@ def test_killed_hyperband_run_resumes_like_a_fit(am, hb, dbname) -> None:
     while time.monotonic() < end:
         r = q(am, "SELECT f.fit_id, count(u.*) FILTER (WHERE u.kind = 'train' AND u.epoch = 2) "
                   "FROM cerebro_db.fits f LEFT JOIN cerebro_db.units u USING (fit_id) "
-                  "WHERE f.fit_id > %s AND f.model_output_table = 'am_res' GROUP BY 1", (n0,))
+                  "WHERE f.fit_id > %s AND f.model_output_table = %s GROUP BY 1", (n0, out))
         busy = q(am, "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE "
                      "'cerebro_db %%worker%%' AND state = 'active' AND query LIKE '%%, 2, %%'")
         if r and r[0][1] >= 1 and busy[0][0] >= 1:
@@ -306,29 +304,42 @@ def test_killed_hyperband_run_resumes_like_a_fit(am, hb, dbname) -> None:
                 "'cerebro_db %%worker%%'")[0][0]:
         assert time.monotonic() < end
         time.sleep(0.1)
-    orphaned = q(am, "SELECT count(*) FROM cerebro_db.units WHERE fit_id = %s",
-                 (fit_id,))[0][0] - before
-    assert orphaned >= 1
+    assert q(am, "SELECT count(*) FROM cerebro_db.units WHERE fit_id = %s",
+             (fit_id,))[0][0] > before
     assert q(am, "SELECT status FROM cerebro_db.fit_progress WHERE fit_id = %s",
              (fit_id,))[0][0] == "interrupted"
-    saved_seq = q(am, "SELECT (book->>'seq')::int FROM cerebro_db.automl_state "
-                      "WHERE fit_id = %s", (fit_id,))[0][0]
-    assert saved_seq >= 1
+    assert q(am, "SELECT (book->>'seq')::int FROM cerebro_db.automl_state "
+                 "WHERE fit_id = %s", (fit_id,))[0][0] >= 1
+    with pytest.raises(psycopg2.Error) as e:  # its outputs' names are taken
+        q(am, f"CREATE TABLE {out}_mst (x int); SELECT madlib_keras_fit_resume(%s)", (fit_id,))
+    assert e.value.pgcode == "42P07"
     del am.notices[:]
     q(am, "SELECT madlib_keras_fit_resume(%s)", (fit_id,))
     said = " ".join(am.notices)
-    assert "resumes with" in said
     m = re.search(r"\((\d+) of them reported to the procedure only now\)", said)
     assert m and int(m.group(1)) >= 1, said
     assert q(am, "SELECT status, resumes FROM cerebro_db.fits WHERE fit_id = %s",
              (fit_id,)) == [("done", 1)]
-    # every unit once, every decision once
+    # every unit once, every decision once, every output trial in _info
     assert q(am, "SELECT count(*) = count(DISTINCT (mst_key, epoch, partition, kind)) FROM "
                  "cerebro_db.units WHERE fit_id = %s", (fit_id,))[0][0]
     seqs = [r[0] for r in q(am, "SELECT seq FROM cerebro_db.automl_decisions WHERE fit_id = %s "
                                 "ORDER BY seq", (fit_id,))]
     assert seqs == list(range(1, len(seqs) + 1))
-    # the same run as the uninterrupted one
+    kept = q(am, "SELECT mst_key FROM cerebro_db.automl_trials WHERE fit_id = %s AND status "
+                 "<> 'freed' ORDER BY 1", (fit_id,))
+    assert q(am, f"SELECT mst_key FROM {out}_info ORDER BY 1") == kept
+    assert q(am, f"SELECT count(*) FROM {out}")[0][0] == len(kept)
+    c2.close()
+    return fit_id
+
+
+def test_killed_hyperband_run_resumes_like_a_fit(am, hb, dbname, tables) -> None:
+    """A Hyperband run killed mid-unit and resumed (an orphaned unit committed after the
+    last saved step is reported on resume) is the uninterrupted run with the same seed
+    (``hb``): the same trials, decisions and losses."""
+    tables += ["am_res", "am_res_info", "am_res_mst"]
+    fit_id = kill_and_resume(am, dbname, "am_res", "hyperband", "R=3, eta=3")
     assert sorted(decisions(am, fit_id)) == sorted(decisions(am, hb))
     got, want = info(am, "am_res"), info(am, "am_hb")
     assert [(r["mst_key"], r["s"], r["i"], r["metrics_iters"]) for r in got] == \
@@ -336,6 +347,18 @@ def test_killed_hyperband_run_resumes_like_a_fit(am, hb, dbname) -> None:
     for a, b in zip(got, want):
         np.testing.assert_allclose(a["validation_loss"], b["validation_loss"], rtol=1e-5)
     assert q(am, "SELECT mst_key FROM am_res_mst") == q(am, "SELECT mst_key FROM am_hb_mst")
-    q(am, "DROP TABLE IF EXISTS am_res, am_res_info, am_res_summary, am_res_mst, "
-          "am_res_mst_summary")
-    c2.close()
+
+
+def test_killed_mltuner_run_resumes(am, dbname, tables) -> None:
+    """MLtuner forks branches (state copies); killed and resumed, it finishes with one
+    output lineage and a consistent catalog (its decisions depend on timing, so it is not
+    compared with an uninterrupted run)."""
+    tables += ["am_mlr", "am_mlr_info", "am_mlr_mst"]
+    cgrid = ("{'loss': ['categorical_crossentropy'], 'optimizer': ['Adam(learning_rate=0.001)'], "
+             "'metrics': ['accuracy']}")
+    fit_id = kill_and_resume(am, dbname, "am_mlr", "mltuner", "num_iterations=3, "
+                             "num_branches=2, search_steps=1, max_trial_epochs=1, max_retunes=1",
+                             ids=(1,), cgrid=cgrid, fgrid="{'batch_size': [32]}")
+    assert q(am, "SELECT count(*) FROM cerebro_db.automl_decisions WHERE fit_id = %s AND "
+                 "decision = 'free'", (fit_id,))[0][0] >= 1
+    assert q(am, "SELECT count(*) FROM am_mlr_info")[0][0] >= 1

@@ -194,3 +194,26 @@ def test_state_survives_jsonb_with_nan() -> None:
     back = json.loads(state_from_jsonb(stored))
     assert math.isnan(back["a"][0]) and back["a"][1:] == [1.5, math.inf]
     assert back["b"]["c"] == -math.inf
+
+
+def test_book_round_trips_through_json_with_what_the_tuner_was_told() -> None:
+    import json
+
+    t = Scripted([Launch(spec(1), 2), Launch(spec(2), 1)])
+    book, _ = book_with(t)
+    book.start()
+    run_epoch(book, 2)
+    book.unit_done(2, 1, 0, 0.9, 10, 0.1, 1.0)
+    book.unit_done(2, 1, 1, 0.8, 10, 0.1, 1.5)
+    book.epoch_evaluated(2, 1, (0.5, {}), (math.nan, {}), 2.0)
+    book.apply([Stop(2, "done", free=True), Extend(1, 4)], 2.0)
+    text = json.dumps(book.to_json())  # plain JSON: NaN scores as strings
+    assert "NaN" in text and "nan" not in text.replace("NaN", "")
+    again, _ = book_with(Scripted())
+    targets = again.restore(json.loads(text))
+    assert targets == {1: 4, 2: 1}
+    assert again.seq == book.seq == 4
+    assert again.reported_units == {1: 0, 2: 2} and again.reported_epochs == {1: set(), 2: {1}}
+    t2 = again.trials[2]
+    assert t2.freed and t2.stopped and t2.reason == "done" and t2.last_epoch == 1
+    assert math.isnan(t2.score) and again.trials[1].spec == book.trials[1].spec
