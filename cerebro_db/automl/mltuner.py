@@ -14,21 +14,37 @@ or ``num_configs`` samples when the space has distributions), independently and 
    (``Launch`` with ``parent`` and ``tunables``): one *keep* branch with the current settings
    and ``num_branches`` new ones. Each runs for the *trial length* ``L`` epochs (1 at first).
    The loss trace of a branch is its training units' losses (``UnitReport``) against its own
-   cumulative training seconds. Convergence speed: the trace downsampled to ``5`` means,
-   least-squares slope ``b`` and its standard error ``se``; speed ``= -b - noise_penalty *
-   se``. A branch is *diverged* if a loss is NaN/inf (freed at once) or its downsampled loss
-   ends above where it began; *stable* if not diverged, its downsampled trace decreases
-   strictly and its speed is positive. When no branch is stable the trial length doubles
-   (the survivors are extended to ``2L``) while ``2L <= max_trial_epochs`` and within the
-   budget. The tunable search is ``search_steps`` batches: batch 1 stratified log-uniform
-   learning rates over ``[lr_min, lr_max]`` (at a re-tuning, ``retune_spread`` decades each
-   side of the current rate), batch 2 around the best so far within one stratum width. The
-   fastest stable branch wins; the others and the snapshot they forked from are stopped with
-   ``free=True`` (they vanish from the outputs).
+   cumulative training seconds. Convergence speed (:func:`convergence`) compares the
+   candidates of a round from their *common start*: ``(start - reached) / seconds -
+   noise_penalty * se``, where ``reached`` is the branch's training loss evaluated at the
+   end of its trial (``EpochReport.train_loss`` at epoch ``L``; the mean of its last epoch's
+   unit losses when missing), ``seconds`` is ``L`` times the median seconds per epoch of the
+   round's candidates with the same batch size (so machine noise does not rank branches that
+   cost the same), and ``se`` the standard error of the least-squares slope of the trace
+   downsampled to ``5`` means (its scatter). ``start`` is the evaluated training loss of the
+   forked state at a re-tuning; at the first tuning the branches are fresh launches (each
+   with its own seeded initial weights, all drawn alike) whose starting loss is not reported,
+   so ``start`` is the highest loss seen in the round: every branch ran ``L`` epochs, so
+   within a batch size the ranking is by the loss reached whatever the start, and the start
+   only weighs loss against time across batch sizes (and sets the speed the stall test
+   compares with). Ranking by each branch's own trace slope instead (before issue 6) made a
+   too-high rate, whose first unit reports a huge loss and then drops steeply to a worse
+   plateau, look fastest. A branch is *diverged* if a loss is NaN/inf (freed at once), its
+   downsampled loss ends above where it began, or (at a re-tuning) it reached a loss above
+   the common start; *stable* if not diverged, it has at least ``MIN_POINTS`` (3) loss
+   points, its downsampled trace decreases strictly and its speed is positive. When no
+   branch is stable (always so with 2 partitions and ``L = 1``: 2 points) the trial length
+   doubles (the survivors are extended to ``2L``) while ``2L <= max_trial_epochs`` and
+   within the budget. The tunable search is ``search_steps`` batches: batch 1 stratified
+   log-uniform learning rates over ``[lr_min, lr_max]`` (at a re-tuning, ``retune_spread``
+   decades each side of the current rate), batch 2 around the best so far within one
+   stratum width. The fastest stable branch wins; the others and the snapshot they forked
+   from are stopped with ``free=True`` (they vanish from the outputs).
 2. *Training.* The winner trains on in windows of ``L`` epochs. At the end of a window, the
-   speed over the window is compared with the speed at the last tuning: below
-   ``stall_fraction`` of it (or not decreasing), progress has stalled and the procedure
-   re-tunes from the current state.
+   speed over the window (from the evaluated training loss at its start to the one at its
+   end, per second of the window, noise penalised likewise) is compared with the speed at
+   the last tuning: below ``stall_fraction`` of it (or increasing), progress has stalled and
+   the procedure re-tunes from the current state.
 
 Bounds (the paper keeps tuning a small share of the run and re-tunes only on a plateau):
 at most ``max_retunes`` re-tunings per configuration, and a re-tuning starts (and its trial
@@ -430,7 +446,7 @@ class MLtuner(Tuner):
         """Convergence of the candidates of a tuning round, all measured from the common
         start to the loss each reached after ``L`` epochs, per second of a typical epoch of
         their batch size (see the module docstring)."""
-        start = _dec(g["start_loss"])
+        start = _dec(g.get("start_loss"))
         if start is None or not math.isfinite(start):
             seen = [y for c in cands for _, _, y in self._traces.get(c) or []]
             seen += [r for c in cands if (r := _dec(self._trials[c].get("reached")))
@@ -532,7 +548,7 @@ class MLtuner(Tuner):
         lineage = g["base"] + epoch
         remaining = self.num_iterations - lineage
         trace, secs = self._window(cur, g["window_start"])
-        m = convergence(trace, self.noise_penalty, start=_dec(g["last_loss"]),
+        m = convergence(trace, self.noise_penalty, start=_dec(g.get("last_loss")),
                         reached=loss if math.isfinite(loss) else math.nan,
                         seconds=secs, min_points=1)
         g["last_loss"] = _enc(loss)
