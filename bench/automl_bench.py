@@ -412,12 +412,18 @@ def mltuner_db(conn: Any, args: argparse.Namespace) -> dict[str, Any]:
         lineage.append(parent[lineage[-1]])
     points = eval_points(conn, fit_id)
     done = trained_at(conn, fit_id)
+    freed = [k for k, _, s, _ in trials if s == "freed"]
+    trial_epochs = q(conn, "SELECT coalesce(max(epoch), 1) FROM cerebro_db.units WHERE "
+                           "fit_id = %s AND kind = 'train' AND mst_key = ANY(%s)",
+                     (fit_id, freed))[0][0]
     traces: dict[int, list[float]] = {}
     for k, loss in q(conn, "SELECT mst_key, loss FROM cerebro_db.units WHERE fit_id = %s AND "
-                           "kind = 'train' AND epoch = 1 ORDER BY started_at", (fit_id,)) or []:
+                           "kind = 'train' AND epoch <= %s ORDER BY started_at",
+                     (fit_id, trial_epochs)) or []:
         traces.setdefault(int(k), []).append(float(loss))
     return {
-        "params": params, "lr0": lr0, "traces": traces, "fit_id": fit_id, "wall": wall,
+        "params": params, "lr0": lr0, "traces": traces, "trial_epochs": trial_epochs,
+        "fit_id": fit_id, "wall": wall,
         "fit_span": ended - started, "output": output, "chosen_lr": chosen_lr,
         "trials": [(k, p, s, lr_of(c)) for k, p, s, c in trials], "lineage": lineage,
         "lineage_points": [(t, a) for k, _, t, a in points if k in lineage],
@@ -698,13 +704,17 @@ def report_mltuner(mlt: dict[str, Any], grid: dict[str, Any], args: argparse.Nam
             f"{k}, {p if p is not None else '-'}, {s}, {fmt(lr, '.3g')}"
             for k, p, s, lr in mlt["trials"]) + f"; output lineage {mlt['lineage'][::-1]}.",
         ("- What MLtuner's convergence speed saw: the training loss of each training unit "
-         "(one per partition, in the order they ran) in each trial's first epoch, by learning "
+         "(one per partition, in the order they ran) in each trial's first "
+         f"{mlt['trial_epochs']} epoch(s) (the losing branches' trial length), by learning "
          "rate: " + "; ".join(
              f"{fmt(lr, '.3g')}{' (chosen)' if k in mlt['lineage'] else ''}: ["
              + ", ".join(f"{v:.3g}" for v in mlt["traces"].get(k, [])) + "]"
-             for k, _, _, lr in mlt["trials"]) + ". With 2 partitions a one-epoch branch "
-         "leaves 2 points; the speed is the least-squares slope of that trace against the "
-         "branch's training seconds." + trace_note(mlt)),
+             for k, _, _, lr in mlt["trials"]) + ". The branches of a tuning round are "
+         "ranked from their common start to the training loss each reached at the end of "
+         "its trial (evaluated on the training data), per second of a typical epoch of its "
+         "batch size, less a penalty for the scatter of the trace; a branch needs at least "
+         "3 loss points to count as stable, so with 2 partitions the trial length doubles "
+         "to 2 epochs." + trace_note(mlt)),
         "", "![MLtuner vs grid](automl_mltuner.png)", ""]
     return lines, target
 

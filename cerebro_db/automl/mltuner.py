@@ -14,21 +14,37 @@ or ``num_configs`` samples when the space has distributions), independently and 
    (``Launch`` with ``parent`` and ``tunables``): one *keep* branch with the current settings
    and ``num_branches`` new ones. Each runs for the *trial length* ``L`` epochs (1 at first).
    The loss trace of a branch is its training units' losses (``UnitReport``) against its own
-   cumulative training seconds. Convergence speed: the trace downsampled to ``5`` means,
-   least-squares slope ``b`` and its standard error ``se``; speed ``= -b - noise_penalty *
-   se``. A branch is *diverged* if a loss is NaN/inf (freed at once) or its downsampled loss
-   ends above where it began; *stable* if not diverged, its downsampled trace decreases
-   strictly and its speed is positive. When no branch is stable the trial length doubles
-   (the survivors are extended to ``2L``) while ``2L <= max_trial_epochs`` and within the
-   budget. The tunable search is ``search_steps`` batches: batch 1 stratified log-uniform
-   learning rates over ``[lr_min, lr_max]`` (at a re-tuning, ``retune_spread`` decades each
-   side of the current rate), batch 2 around the best so far within one stratum width. The
-   fastest stable branch wins; the others and the snapshot they forked from are stopped with
-   ``free=True`` (they vanish from the outputs).
+   cumulative training seconds. Convergence speed (:func:`convergence`) compares the
+   candidates of a round from their *common start*: ``(start - reached) / seconds -
+   noise_penalty * se``, where ``reached`` is the branch's training loss evaluated at the
+   end of its trial (``EpochReport.train_loss`` at epoch ``L``; the mean of its last epoch's
+   unit losses when missing), ``seconds`` is ``L`` times the median seconds per epoch of the
+   round's candidates with the same batch size (so machine noise does not rank branches that
+   cost the same), and ``se`` the standard error of the least-squares slope of the trace
+   downsampled to ``5`` means (its scatter). ``start`` is the evaluated training loss of the
+   forked state at a re-tuning; at the first tuning the branches are fresh launches (each
+   with its own seeded initial weights, all drawn alike) whose starting loss is not reported,
+   so ``start`` is the highest loss seen in the round: every branch ran ``L`` epochs, so
+   within a batch size the ranking is by the loss reached whatever the start, and the start
+   only weighs loss against time across batch sizes (and sets the speed the stall test
+   compares with). Ranking by each branch's own trace slope instead (before issue 6) made a
+   too-high rate, whose first unit reports a huge loss and then drops steeply to a worse
+   plateau, look fastest. A branch is *diverged* if a loss is NaN/inf (freed at once), its
+   downsampled loss ends above where it began, or (at a re-tuning) it reached a loss above
+   the common start; *stable* if not diverged, it has at least ``MIN_POINTS`` (3) loss
+   points, its downsampled trace decreases strictly and its speed is positive. When no
+   branch is stable (always so with 2 partitions and ``L = 1``: 2 points) the trial length
+   doubles (the survivors are extended to ``2L``) while ``2L <= max_trial_epochs`` and
+   within the budget. The tunable search is ``search_steps`` batches: batch 1 stratified
+   log-uniform learning rates over ``[lr_min, lr_max]`` (at a re-tuning, ``retune_spread``
+   decades each side of the current rate), batch 2 around the best so far within one
+   stratum width. The fastest stable branch wins; the others and the snapshot they forked
+   from are stopped with ``free=True`` (they vanish from the outputs).
 2. *Training.* The winner trains on in windows of ``L`` epochs. At the end of a window, the
-   speed over the window is compared with the speed at the last tuning: below
-   ``stall_fraction`` of it (or not decreasing), progress has stalled and the procedure
-   re-tunes from the current state.
+   speed over the window (from the evaluated training loss at its start to the one at its
+   end, per second of the window, noise penalised likewise) is compared with the speed at
+   the last tuning: below ``stall_fraction`` of it (or increasing), progress has stalled and
+   the procedure re-tunes from the current state.
 
 Bounds (the paper keeps tuning a small share of the run and re-tunes only on a plateau):
 at most ``max_retunes`` re-tunings per configuration, and a re-tuning starts (and its trial
@@ -64,7 +80,7 @@ from .base import (
 )
 from .space import SearchSpace
 
-__all__ = ["BATCH_SIZES", "Convergence", "MLtuner", "convergence"]
+__all__ = ["BATCH_SIZES", "MIN_POINTS", "Convergence", "MLtuner", "convergence"]
 
 BATCH_SIZES: tuple[int, ...] = (16, 32, 64, 128, 256)
 """Batch sizes the tunable search draws from."""
@@ -73,10 +89,15 @@ DOWNSAMPLE_POINTS = 5
 """Points of the downsampled loss trace."""
 
 
+MIN_POINTS = 3
+"""Loss points a branch needs before it can be called stable."""
+
+
 @dataclass(frozen=True)
 class Convergence:
-    """What a loss trace says: ``speed`` (loss decrease per second, noise penalised),
-    ``stable``, ``diverged`` (NaN/inf), ``increasing`` (ends above where it began)."""
+    """What a loss trace says: ``speed`` (loss decrease per second from the start to the
+    loss reached, noise penalised), ``stable``, ``diverged`` (NaN/inf), ``increasing`` (ends
+    above where it began)."""
 
     speed: float
     stable: bool
@@ -85,31 +106,46 @@ class Convergence:
 
 
 def convergence(trace: Sequence[tuple[float, float]], noise_penalty: float = 1.0,
-                points: int = DOWNSAMPLE_POINTS) -> Convergence:
-    """Convergence of a trace of (cumulative seconds, loss), oldest first."""
+                points: int = DOWNSAMPLE_POINTS, *, start: float | None = None,
+                reached: float | None = None, seconds: float | None = None,
+                min_points: int = MIN_POINTS) -> Convergence:
+    """Convergence of a trace of (cumulative seconds, loss), oldest first.
+
+    ``start``: the loss the trace started from (the common start of the branches compared;
+    default: the trace's first downsampled point); ``reached``: the loss at its end (default:
+    the last downsampled point); ``seconds``: the time it took (default: the trace's span
+    between those points). Speed is ``(start - reached) / seconds`` minus ``noise_penalty``
+    times the standard error of the least-squares slope of the downsampled trace (its
+    scatter). Stable: at least ``min_points`` points, not diverged, the downsampled trace
+    strictly decreasing and a positive speed; increasing: the trace ends above where it
+    began, or ``reached`` is above ``start``."""
     if not trace:
         return Convergence(math.nan, False, False, False)
     ts = np.array([t for t, _ in trace], dtype=float)
     ys = np.array([y for _, y in trace], dtype=float)
-    if not np.all(np.isfinite(ys)):
+    if not np.all(np.isfinite(ys)) or (reached is not None and not math.isfinite(reached)):
         return Convergence(-math.inf, False, True, False)
     k = min(points, len(ys))
-    if k < 2:
-        return Convergence(math.nan, False, False, False)
     idx = np.array_split(np.arange(len(ys)), k)
     tm = np.array([ts[i].mean() for i in idx])
     ym = np.array([ys[i].mean() for i in idx])
-    sxx = float(((tm - tm.mean()) ** 2).sum())
-    if sxx <= 0:
-        return Convergence(math.nan, False, False, False)
-    b = float(((tm - tm.mean()) * (ym - ym.mean())).sum()) / sxx
+    y0 = float(ym[0]) if start is None or not math.isfinite(start) else float(start)
+    y1 = float(ym[-1]) if reached is None else float(reached)
+    span = float(tm[-1] - tm[0]) if seconds is None else float(seconds)
+    increasing = bool(ym[-1] > ym[0]) or y1 > y0
+    if k < 2 and start is None:
+        return Convergence(math.nan, False, False, increasing)
+    if not span > 0:
+        return Convergence(math.nan, False, False, increasing)
     se = 0.0
-    if k > 2:
+    sxx = float(((tm - tm.mean()) ** 2).sum())
+    if k > 2 and sxx > 0:
+        b = float(((tm - tm.mean()) * (ym - ym.mean())).sum()) / sxx
         res = ym - (ym.mean() + b * (tm - tm.mean()))
         se = math.sqrt(float((res**2).sum()) / (k - 2) / sxx)
-    speed = -b - noise_penalty * se
-    increasing = bool(ym[-1] > ym[0])
-    stable = (not increasing) and bool(np.all(np.diff(ym) < 0)) and speed > 0
+    speed = (y0 - y1) / span - noise_penalty * se
+    stable = (len(ys) >= min_points and not increasing and bool(np.all(np.diff(ym) < 0))
+              and speed > 0)
     return Convergence(speed, stable, False, increasing)
 
 
@@ -266,7 +302,8 @@ class MLtuner(Tuner):
                 "config": i + 1, "phase": "tune", "checkpoint": None, "base": 0, "L": 1,
                 "step": 1, "cands": [], "waiting": [], "range": [self.lr_min, self.lr_max],
                 "current": None, "window_start": 0, "speed": None, "retunes": 0,
-                "tuning_epochs": 0, "history": [], "output": None,
+                "tuning_epochs": 0, "history": [], "output": None, "start_loss": None,
+                "last_loss": None,
             }
             self._groups.append(g)
             main = self._new_trial(g, p.model_id, p.compile_params, p.fit_params, None, {},
@@ -301,10 +338,11 @@ class MLtuner(Tuner):
             return []
         g = self._groups[self._trials[tid]["config"] - 1]
         if g["phase"] == "tune" and tid in g["waiting"] and report.epoch == g["L"]:
+            self._trials[tid]["reached"] = _enc(report.train_loss)
             g["waiting"].remove(tid)
             return self._resolve(g) if not g["waiting"] else []
         if g["phase"] == "train" and tid == g["current"]:
-            return self._window_end(g, report.epoch)
+            return self._window_end(g, report.epoch, report.train_loss)
         return []
 
     def done(self) -> bool:
@@ -396,9 +434,43 @@ class MLtuner(Tuner):
             g["output"] = None
         return Stop(tid, reason, free=True)
 
-    def _measure(self, tid: int, since_epoch: int = 0) -> Convergence:
-        tr = [(t, y) for t, e, y in self._traces.get(tid, []) if e > since_epoch]
-        return convergence(tr, self.noise_penalty)
+    def _window(self, tid: int, since_epoch: int) -> tuple[list[tuple[float, float]], float]:
+        """The trace of ``tid`` after epoch ``since_epoch`` and the seconds it took."""
+        tr = self._traces.get(tid, [])
+        before = [t for t, e, _ in tr if e <= since_epoch]
+        after = [(t, y) for t, e, y in tr if e > since_epoch]
+        t0 = before[-1] if before else 0.0
+        return after, (after[-1][0] - t0 if after else 0.0)
+
+    def _rank(self, g: dict[str, Any], cands: Sequence[int]) -> dict[int, Convergence]:
+        """Convergence of the candidates of a tuning round, all measured from the common
+        start to the loss each reached after ``L`` epochs, per second of a typical epoch of
+        their batch size (see the module docstring)."""
+        start = _dec(g.get("start_loss"))
+        if start is None or not math.isfinite(start):
+            seen = [y for c in cands for _, _, y in self._traces.get(c) or []]
+            seen += [r for c in cands if (r := _dec(self._trials[c].get("reached")))
+                     is not None]
+            seen = [y for y in seen if math.isfinite(y)]
+            start = max(seen) if seen else None
+        per_epoch: dict[int, list[float]] = {}
+        for c in cands:
+            tr = self._traces.get(c) or []
+            if tr and self._epochs(c) > 0:
+                bs = self._trials[c]["settings"]["batch_size"]
+                per_epoch.setdefault(bs, []).append(tr[-1][0] / self._epochs(c))
+        out: dict[int, Convergence] = {}
+        for c in cands:
+            trace, _ = self._window(c, 0)
+            reached = _dec(self._trials[c].get("reached"))
+            if reached is None and trace:
+                last = max(e for _, e, _ in self._traces[c])
+                reached = float(np.mean([y for _, e, y in self._traces[c] if e == last]))
+            times = per_epoch.get(self._trials[c]["settings"]["batch_size"])
+            secs = g["L"] * float(np.median(times)) if times else None
+            out[c] = convergence(trace, self.noise_penalty, start=start, reached=reached,
+                                 seconds=secs)
+        return out
 
     # -- tuning ------------------------------------------------------------------------------
 
@@ -408,8 +480,7 @@ class MLtuner(Tuner):
         alive = [c for c in g["cands"] if not self._trials[c].get("freed")
                  and c != g["output"]]
         res: dict[int, Convergence] = {}
-        for c in alive:
-            m = self._measure(c)
+        for c, m in self._rank(g, alive).items():
             if m.diverged or m.increasing:
                 out.append(self._drop(g, c, "diverged"))
             else:
@@ -459,7 +530,8 @@ class MLtuner(Tuner):
                              "batch_size": s["batch_size"], "speed": _enc(res[best].speed),
                              "stable": res[best].stable, "candidates": len(g["cands"])})
         g.update(phase="train", checkpoint=None, current=best, output=best, cands=[],
-                 waiting=[], step=1, speed=_enc(res[best].speed), window_start=g["L"])
+                 waiting=[], step=1, speed=_enc(res[best].speed), window_start=g["L"],
+                 last_loss=self._trials[best].get("reached"))
         remaining = self.num_iterations - lineage
         if remaining <= 0:
             g["phase"] = "done"
@@ -471,11 +543,15 @@ class MLtuner(Tuner):
         all the epochs of the configuration (those plus ``num_iterations``)."""
         return tuning_epochs <= self.max_tuning_share * (tuning_epochs + self.num_iterations)
 
-    def _window_end(self, g: dict[str, Any], epoch: int) -> list[Decision]:
+    def _window_end(self, g: dict[str, Any], epoch: int, loss: float) -> list[Decision]:
         cur = g["current"]
         lineage = g["base"] + epoch
         remaining = self.num_iterations - lineage
-        m = self._measure(cur, g["window_start"])
+        trace, secs = self._window(cur, g["window_start"])
+        m = convergence(trace, self.noise_penalty, start=_dec(g.get("last_loss")),
+                        reached=loss if math.isfinite(loss) else math.nan,
+                        seconds=secs, min_points=1)
+        g["last_loss"] = _enc(loss)
         if m.diverged:
             g["phase"] = "done"
             return [Stop(cur, "diverged")]
@@ -491,7 +567,7 @@ class MLtuner(Tuner):
             g["retunes"] += 1
             spec = self._spec(cur)
             g.update(phase="tune", checkpoint=cur, base=lineage, L=L, step=1, cands=[],
-                     waiting=[], current=None)
+                     waiting=[], current=None, start_loss=_enc(loss))
             keep = self._new_trial(g, spec.model_id, spec.compile_params, spec.fit_params, cur,
                                    {}, "keep")
             lr = self._trials[cur]["settings"]["learning_rate"]

@@ -304,3 +304,67 @@ def test_json_round_trip_and_reproducible() -> None:
 def test_bad_params(params: str, message: str) -> None:
     with pytest.raises(CerebroError, match=message):
         mltuner(grid(0.01), params)
+
+
+class Overshoot:
+    """Real-data shape (Fashion-MNIST, Adam): from a common start of 2.3, a learning rate
+    above ``best`` spikes in its first unit (the unit's reported loss is the mean over its
+    batches) and then drops steeply, but to a plateau that grows with the rate; below
+    ``best`` the loss falls more slowly. Evaluations are exact."""
+
+    def __init__(self, best: float = 0.003) -> None:
+        self.best = best
+
+    def _r(self, spec: TrialSpec) -> float:
+        return _settings(spec.compile_params, spec.fit_params)["learning_rate"] / self.best
+
+    def _floor(self, r: float) -> float:
+        return 0.3 * (1.0 + 0.8 * max(0.0, math.log2(r)))
+
+    def initial(self, spec: TrialSpec) -> float:
+        return 2.3
+
+    def step(self, spec: TrialSpec, level: float, epoch: int, partition: int,
+             num_partitions: int) -> tuple[float, float]:
+        r = self._r(spec)
+        floor = self._floor(r)
+        new = floor + (level - floor) * math.exp(-1.5 * min(r, 1.0) / num_partitions)
+        spike = 2.5 * max(0.0, level - floor) * max(0.0, math.log10(r))
+        return 0.5 * (level + new) + spike, new
+
+    def evaluate(self, spec: TrialSpec, level: float, epoch: int,
+                 validation: bool) -> tuple[float, float | None]:
+        return level, (1.1 * level if validation else None)
+
+
+def test_a_steep_drop_to_a_worse_plateau_loses() -> None:
+    """Issue 6: ranked by the slope of its own 2-point trace, a too-high rate whose first
+    unit starts far above the others looked fastest; ranked from the common start to the
+    loss reached (and with at least 3 points per branch) it loses."""
+    high = [(1.0, 10.3), (2.0, 1.50), (3.0, 1.47), (4.0, 1.47)]
+    good = [(1.0, 1.77), (2.0, 0.99), (3.0, 0.60), (4.0, 0.45)]
+    assert convergence(high[:2]).speed > convergence(good[:2]).speed  # the old measure
+    assert not convergence(good[:2]).stable  # two points are not enough
+    h = convergence(high, start=2.3, reached=1.47, seconds=4.0)
+    g = convergence(good, start=2.3, reached=0.40, seconds=4.0)
+    assert g.stable and g.speed > h.speed
+    # ending above the common start is a divergence even if the trace itself went down
+    assert convergence(high, start=1.0, reached=1.47, seconds=4.0).increasing
+
+    model = Overshoot(best=0.003)
+    for partitions, seed in ((2, 0), (2, 1), (4, 2)):
+        t = mltuner(grid(0.00316, optimizer="Adam"),
+                    "num_iterations=6, lr_min=0.0001, lr_max=0.1", seed=seed,
+                    workers=partitions)
+        r = simulate_tuner(t, num_partitions=partitions, num_workers=partitions,
+                           loss_model=model, unit_time=lambda s, p: 1.0)
+        check_outputs(r, t, 1)
+        first = t.history(1)[0]
+        tried = {_settings(tr.spec.compile_params, tr.spec.fit_params)["learning_rate"]
+                 for tr in r.trials.values()}
+        assert max(tried) > 0.015  # a too-high rate was among the candidates
+        assert 0.001 <= first["learning_rate"] <= 0.009, (partitions, seed, first)
+        assert first["stable"] and first["trial_epochs"] * partitions >= 3
+        out = r.outputs[0]
+        final = [e.train_loss for e in r.epoch_reports if e.trial_id == out][-1]
+        assert final < 0.7 < model._floor(0.03 / 0.003)
