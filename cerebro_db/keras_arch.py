@@ -189,6 +189,67 @@ def _to_keras3_text(text: str) -> str:
     return json.dumps(_convert_model(arch))
 
 
+def cache_key(text: ArchInput) -> str:
+    """The architecture with its layer and model names replaced by positional ones
+    (``n0``, ``n1``, ... in order of appearance), as canonical JSON.
+
+    Keras names layers from a process-wide counter (``dense``, ``dense_7``), so the same
+    architecture made twice (two rows of an architecture table, two sessions) has different
+    JSON but builds the same model, whose weights are set by position. Worker caches key
+    compiled models by this, so such configurations share one model instead of rebuilding
+    it every unit. Only names in name positions are replaced (a layer's or model's
+    ``name``, graph references ``keras_history``, ``input_layers``, ``output_layers``), so
+    two architectures that differ in anything else keep different keys.
+    """
+    return _cache_key_text(to_keras3_json(text))
+
+
+@functools.lru_cache(maxsize=64)
+def _cache_key_text(keras3_text: str) -> str:
+    arch = json.loads(keras3_text)
+    names: dict[str, str] = {}
+
+    def new(name: Any) -> Any:
+        if not isinstance(name, str):
+            return name
+        return names.setdefault(name, f"n{len(names)}")
+
+    def ref(value: Any) -> Any:
+        # [name, node, tensor], or a list of those
+        if isinstance(value, list) and len(value) == 3 and isinstance(value[0], str):
+            return [new(value[0]), *value[1:]]
+        if isinstance(value, list):
+            return [ref(v) for v in value]
+        return value
+
+    def walk(obj: Any) -> Any:
+        if isinstance(obj, list):
+            return [walk(v) for v in obj]
+        if not isinstance(obj, dict):
+            return obj
+        out = {}
+        # a layer or model entry (a dtype policy's config has a "name" too: its dtype)
+        layer = isinstance(obj.get("config"), dict) and "name" in obj["config"] and \
+            not str(obj.get("class_name", "")).endswith("DTypePolicy")
+        for k, v in obj.items():
+            if k == "config" and layer:
+                cfg = walk(v)
+                if "name" in cfg:
+                    cfg["name"] = new(v["name"])
+                out[k] = cfg
+            elif k == "name" and layer:
+                out[k] = new(v)
+            elif k == "keras_history" and isinstance(v, list) and v:
+                out[k] = [new(v[0]), *v[1:]]
+            elif k in ("input_layers", "output_layers"):
+                out[k] = ref(v)
+            else:
+                out[k] = walk(v)
+        return out
+
+    return json.dumps(walk(arch), sort_keys=True, separators=(",", ":"))
+
+
 # --------------------------------------------------------------------------- conversion
 
 

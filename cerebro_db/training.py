@@ -411,7 +411,7 @@ class ModelCache:
         callers load a state before using it.
         """
         cp = _compile_params(compile_params)
-        key = (keras_arch.to_keras3_json(arch_json), _rebuild_key(cp))
+        key = (keras_arch.cache_key(arch_json), _rebuild_key(cp))
         entry = self._entries.get(key)
         if entry is not None:
             self.hits += 1
@@ -426,7 +426,7 @@ class ModelCache:
 
     def get_for_predict(self, arch_json: Any) -> CachedModel:
         """Any cached model of this architecture (most recent first), else an uncompiled one."""
-        arch = keras_arch.to_keras3_json(arch_json)
+        arch = keras_arch.cache_key(arch_json)
         for key in reversed(self._entries):
             if key[0] == arch:
                 self.hits += 1

@@ -266,6 +266,41 @@ def test_cache_lru_bound():
         T.ModelCache(max_models=0)
 
 
+def test_same_architecture_made_twice_shares_one_cached_model(cache):
+    """Keras numbers layer names process-wide, so two JSONs of one architecture differ
+    only in names: they share a cached model (no rebuild), and training through it gives
+    the same state as through a model built from either JSON."""
+    a, b = mlp(), mlp()
+    assert a != b and keras_arch.cache_key(a) == keras_arch.cache_key(b)
+    assert keras_arch.cache_key(mlp(hidden=9)) != keras_arch.cache_key(a)
+    assert keras_arch.cache_key(mlp(activation="sigmoid")) != keras_arch.cache_key(a)
+    x, y = blobs(64, 3)
+    s0 = T.initial_state(a, CP, 5, None)
+    c = T.ModelCache()
+    c.get(a, CP)
+    s_shared, _ = T.train_unit(c, b, CP, FP, s0, x, y, 7)
+    assert c.misses == 1 and c.hits == 1
+    s_own, _ = T.train_unit(T.ModelCache(), b, CP, FP, s0, x, y, 7)
+    assert decode_state(s_shared).weights[0].tobytes() == decode_state(s_own).weights[0].tobytes()
+
+
+def test_cache_key_keeps_graph_topology():
+    i = keras.Input((4,))
+    h1 = keras.layers.Dense(3)(i)
+    h2 = keras.layers.Dense(3)(i)
+    parallel = keras.Model(i, keras.layers.Dense(2)(keras.layers.Concatenate()([h1, h2])))
+    i = keras.Input((4,))
+    h1 = keras.layers.Dense(3)(i)
+    h2 = keras.layers.Dense(3)(h1)
+    chained = keras.Model(i, keras.layers.Dense(2)(keras.layers.Concatenate()([h1, h2])))
+    assert keras_arch.cache_key(parallel.to_json()) != keras_arch.cache_key(chained.to_json())
+    i = keras.Input((4,), name="custom_name")
+    same = keras.Model(i, keras.layers.Dense(2)(keras.layers.Concatenate()(
+        [keras.layers.Dense(3)(i), keras.layers.Dense(3)(i)])))
+    assert keras_arch.cache_key(same.to_json()) == keras_arch.cache_key(parallel.to_json())
+    assert '"float32"' in keras_arch.cache_key(parallel.to_json())  # dtypes are not names
+
+
 def test_reset_optimizer_zeroes_moments_keeps_iteration(cache):
     x, y = blobs(64, 4)
     state, _ = T.train_unit(cache, ARCH, CP, FP, T.initial_state(ARCH, CP, 2), x, y, 1)
