@@ -752,10 +752,15 @@ def main() -> None:
     lines = ["# AutoML benchmark: ASHA and MLtuner in PostgreSQL", "",
              (f"Regenerate: `{cmd}` (all flags: `--help`). Fashion-MNIST, {args.rows:,} "
              f"training rows, {args.valid_rows:,} validation rows (test split), 2 partitions, "
-             f"{platform.node()}, {os.cpu_count()} cores, one run. **The machine was shared "
-             f"with other engineers during the run** (load average {load_avg[0]:.1f} on "
-             f"{os.cpu_count()} cores when it started), so absolute times are noisy; both "
-             "systems of each comparison ran one after the other on the same machine."), ""]
+             f"{platform.node()}, {os.cpu_count()} cores, one run. "
+             + (f"**The machine was shared with other work during the run** (load average "
+                f"{load_avg[0]:.1f} on {os.cpu_count()} cores when it started), so absolute "
+                "times are noisy; "
+                if load_avg[0] > 0.75 * (os.cpu_count() or 1) else
+                f"The machine was quiet (load average {load_avg[0]:.1f} on "
+                f"{os.cpu_count()} cores when it started); ")
+             + "both systems of each comparison ran one after the other on the same machine."),
+             ""]
     if "asha" in parts:
         db = asha_db(conn, args)
         print("asha db", json.dumps({k: v for k, v in db.items() if k != "points"},
@@ -791,8 +796,14 @@ def asha_findings(db: dict[str, Any], ray_r: dict[str, Any], args: argparse.Name
     busy = sum(v for k, v in u.items() if k in ("train", "eval_train", "eval_valid"))
     more = "more" if ray_r["configs_in_budget"] > db["configs_in_budget"] else \
         "fewer" if ray_r["configs_in_budget"] < db["configs_in_budget"] else "as many"
+    counts = (db["configs_in_budget"], ray_r["configs_in_budget"])
+    who = "Both" if min(counts) >= args.max_configs else "One"
+    capped = [] if max(counts) < args.max_configs else [
+        (f"- {who} of the searches used up max_configs = {args.max_configs} within the "
+         "budget, so the configuration counts are capped; compare the epochs, the wall clock "
+         "of the search and the accuracy over time.")]
     return [
-        "### Why the counts differ", "",
+        "### Why the counts differ", "", *capped,
         (f"- Ray Tune explored {more} configurations within the budget "
          f"({ray_r['configs_in_budget']} vs {db['configs_in_budget']}) and trained "
          f"{ray_r['epochs_in_budget']} vs {db['epochs_in_budget']} epochs. After warm-up, one "
