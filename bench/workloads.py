@@ -44,7 +44,8 @@ class Scale:
 
 SCALES: dict[str, Scale] = {
     "tiny": Scale("tiny", 400, 200, 1, 600, 300, 250, 200, 400, 2, 1),
-    # default: sized for ~25 minutes on a quiet 2-core machine; MNIST without the ring
+    # default: about 9 minutes on a quiet 2-core machine (25 before the worker model cache
+    # shared architectures made twice); MNIST without the ring
     # variants (they are compared on Fashion-MNIST and the heterogeneous set)
     "default": Scale("default", 4000, 1000, 2, 10000, 4000, 4000, 2000, 4000, 5, 3,
                      mnist_systems=("mop", "sequential", "ray")),
