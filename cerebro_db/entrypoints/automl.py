@@ -34,7 +34,7 @@ from ..errors import (
     CerebroError,
     invalid,
 )
-from ..executors import DblinkExecutor, end_sessions
+from ..executors import DblinkExecutor
 from ..names import TableName
 from ..scheduling import Progress, get_policy
 from . import entrypoint, require_output_schema
@@ -49,20 +49,20 @@ from .training import (
     ResumePoint,
     _check_common,
     _check_config,
-    _claim,
     _conninfo,
     _fault_settings,
     _first,
     _from_log,
     _mark_interrupted,
-    _my_pid,
     _outputs_absent,
     _register,
     _series,
     _UnitExecutor,
     _validation,
     final_weights,
+    mark_failed,
     packed_table,
+    take_over,
 )
 
 SQL_TYPES = {"integer": "int4", "double precision": "float8", "text": "text",
@@ -403,13 +403,7 @@ def _execute(cat: Catalog, req: FitRequest, tuner: Tuner,
         if resume is None:
             fit_id = _register(cat, ex, req, 0)
         else:
-            _claim(cat, ex, resume.fit_id)
-            fit_id = resume.fit_id
-            if resume.tag:
-                end_sessions(cat, f"cerebro_db {resume.tag} worker ")
-            t0 = float(cat.query(f"SELECT extract(epoch FROM started_at)::float8 AS t FROM "
-                                 f"{cat.ext('fits')} WHERE fit_id = $1", [fit_id],
-                                 ["int8"])[0]["t"])
+            fit_id, t0 = take_over(cat, ex, resume)
         sink = _CatalogSink(cat, ex, fit_id, archs)
         book = TrialBook(tuner, sink, p, workers, req.frequency)
         hooks = _Hooks(book, sink, method, eval_kinds, cat.notice)
@@ -446,13 +440,7 @@ def _execute(cat: Catalog, req: FitRequest, tuner: Tuner,
         return fit_id, best, outcome, book
     except BaseException as e:
         if fit_id is not None:
-            try:
-                msg = getattr(e, "message", None) or str(e)
-                ex.control(f"UPDATE {cat.ext('fits')} SET status = 'failed', message = "
-                           f"{cat.literal(msg[:2000])}, ended_at = clock_timestamp() "
-                           f"WHERE fit_id = {fit_id} AND coordinator_pid = {_my_pid(cat)}")
-            except Exception:  # noqa: BLE001, S110 - the original error matters more
-                pass
+            mark_failed(cat, ex, fit_id, e)
         raise
     finally:
         ex.close()

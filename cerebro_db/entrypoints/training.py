@@ -484,6 +484,29 @@ def _claim(cat: Catalog, ex: DblinkExecutor, fit_id: int) -> None:
                            "55006", hint="Only an interrupted or failed fit can be resumed.")
 
 
+def take_over(cat: Catalog, ex: DblinkExecutor, resume: ResumePoint) -> tuple[int, float]:
+    """Claim an interrupted fit for this session, end its orphaned worker sessions; returns
+    the fit_id and its original start (epoch seconds)."""
+    _claim(cat, ex, resume.fit_id)
+    if resume.tag:
+        end_sessions(cat, f"cerebro_db {resume.tag} worker ")
+    t0 = float(cat.query(f"SELECT extract(epoch FROM started_at)::float8 AS t FROM "
+                         f"{cat.ext('fits')} WHERE fit_id = $1", [resume.fit_id],
+                         ["int8"])[0]["t"])
+    return resume.fit_id, t0
+
+
+def mark_failed(cat: Catalog, ex: DblinkExecutor, fit_id: int, e: BaseException) -> None:
+    """Record a fit's failure (its message), if this session still coordinates it."""
+    try:
+        msg = getattr(e, "message", None) or str(e)
+        ex.control(f"UPDATE {cat.ext('fits')} SET status = 'failed', message = "
+                   f"{cat.literal(msg[:2000])}, ended_at = clock_timestamp() "
+                   f"WHERE fit_id = {fit_id} AND coordinator_pid = {_my_pid(cat)}")
+    except Exception:  # noqa: BLE001, S110 - the original error matters more
+        pass
+
+
 def _from_log(cat: Catalog, fit_id: int, targets: dict[int, int], p: int,
               workers: dict[int, set[int]], eval_epochs: frozenset[int]
               ) -> tuple[Progress, dict[int, ConfigResult], int, float]:
@@ -550,13 +573,7 @@ def execute_fit(cat: Catalog, req: FitRequest,
             progress = Progress(targets, p, workers, eval_epochs)
             fit_id = _register(cat, ex, req, total)
         else:
-            _claim(cat, ex, resume.fit_id)
-            fit_id = resume.fit_id
-            if resume.tag:
-                end_sessions(cat, f"cerebro_db {resume.tag} worker ")
-            t0 = float(cat.query(f"SELECT extract(epoch FROM started_at)::float8 AS t FROM "
-                                 f"{cat.ext('fits')} WHERE fit_id = $1", [fit_id],
-                                 ["int8"])[0]["t"])
+            fit_id, t0 = take_over(cat, ex, resume)
             progress, results, done, spent = _from_log(cat, fit_id, targets, p, workers,
                                                        eval_epochs)
         pool = _WorkerPool(cat, ex, fit_id, p, req.replicas)
@@ -582,13 +599,7 @@ def execute_fit(cat: Catalog, req: FitRequest,
         return fit_id, outcome
     except BaseException as e:
         if fit_id is not None:
-            try:
-                msg = getattr(e, "message", None) or str(e)
-                ex.control(f"UPDATE {cat.ext('fits')} SET status = 'failed', message = "
-                           f"{cat.literal(msg[:2000])}, ended_at = clock_timestamp() "
-                           f"WHERE fit_id = {fit_id} AND coordinator_pid = {_my_pid(cat)}")
-            except Exception:  # noqa: BLE001 - the original error matters more
-                pass
+            mark_failed(cat, ex, fit_id, e)
         raise
     finally:
         ex.close()
