@@ -29,7 +29,6 @@ from ..coordinator import ConfigResult, FitOutcome, combine, run_fit
 from ..errors import (
     FEATURE_NOT_SUPPORTED,
     NULL_VALUE_NOT_ALLOWED,
-    OBJECT_NOT_IN_PREREQUISITE_STATE,
     UNDEFINED_OBJECT,
     CerebroError,
     invalid,
@@ -46,6 +45,7 @@ from .training import (
     INFO_TYPES,
     Config,
     FitRequest,
+    PackedTable,
     ResumePoint,
     _check_common,
     _check_config,
@@ -62,6 +62,7 @@ from .training import (
     final_weights,
     mark_failed,
     packed_table,
+    stored_configs,
     take_over,
 )
 
@@ -124,6 +125,7 @@ class _Hooks:
         self.eval_kinds = list(eval_kinds)
         self.notice = notice
         self.saved: tuple[Any, ...] | None = None
+        self.saved_state: tuple[str, str] | None = None
 
     def before_assign(self, now: float) -> None:
         self.book.fill(now)
@@ -155,18 +157,20 @@ class _Hooks:
                 "updated_at = clock_timestamp() "
                 f"FROM (VALUES {values}) v(k, s, t, e, sc, m) "
                 f"WHERE a.fit_id = {fit_id} AND a.mst_key = v.k")
+        state = state_for_jsonb(book.tuner.state_json())
+        kept = json.dumps(book.to_json(), sort_keys=True, separators=(",", ":"))
+        if not stmts and (state, kept) == self.saved_state:
+            return  # nothing happened since the last step
         stmts.append(f"UPDATE {cat.ext('fits')} SET total_units = {book.total_units()} "
                      f"WHERE fit_id = {fit_id}")
-        state = lit(state_for_jsonb(book.tuner.state_json()))
-        kept = lit(json.dumps(book.to_json(), sort_keys=True, separators=(",", ":")))
         stmts.append(
             f"INSERT INTO {cat.ext('automl_state')} (fit_id, method, state, book) VALUES "
-            f"({fit_id}, {lit(self.method)}, {state}::jsonb, {kept}::jsonb) "
+            f"({fit_id}, {lit(self.method)}, {lit(state)}::jsonb, {lit(kept)}::jsonb) "
             "ON CONFLICT (fit_id) DO UPDATE SET state = excluded.state, book = excluded.book, "
             "updated_at = clock_timestamp()")
         # several statements in one command run as one transaction
         self.sink.ex.control("; ".join(stmts))
-        self.saved = key
+        self.saved, self.saved_state = key, (state, kept)
 
     def finished(self) -> bool:
         return self.book.finished()
@@ -305,6 +309,16 @@ def _write_outputs(cat: Catalog, req: FitRequest, book: TrialBook, sink: _Catalo
     return best.mst_key
 
 
+def _selection_absent(cat: Catalog, mst: TableName) -> None:
+    """The model selection table (and its _summary) must not exist: the run creates it."""
+    for sfx in ("", "_summary"):
+        t = mst.with_suffix(sfx, "model_selection_table") if sfx else mst
+        if cat.relation_oid(t) is not None:
+            raise CerebroError(f'model_selection_table "{t}" already exists', "42P07",
+                               hint="madlib_keras_automl creates it (holding the best "
+                               "configuration); drop it or choose another name.")
+
+
 def _check_model_ids(model_id_list: Sequence[int] | None) -> list[int]:
     if model_id_list is None:
         raise CerebroError("model_id_list must not be NULL", NULL_VALUE_NOT_ALLOWED)
@@ -351,12 +365,7 @@ def madlib_keras_automl(
                       fit_grid=fit_params_grid, num_workers=src.partitions, random_state=seed)
     _outputs_absent(cat, out, ("", "_summary", "_info"), False)
     require_output_schema(cat, mst, "model_selection_table")
-    for s in ("", "_summary"):
-        t = mst.with_suffix(s, "model_selection_table") if s else mst
-        if cat.relation_oid(t) is not None:
-            raise CerebroError(f'model_selection_table "{t}" already exists', "42P07",
-                               hint="madlib_keras_automl creates it (holding the best "
-                               "configuration); drop it or choose another name.")
+    _selection_absent(cat, mst)
     require_arch_table(cat, arch, "model_arch_table")
     archs = _arch_rows(cat, arch, ids)
     checked: dict[str, Any] = {}
@@ -446,7 +455,8 @@ def _execute(cat: Catalog, req: FitRequest, tuner: Tuner,
         ex.close()
 
 
-def resume_automl(cat: Catalog, f: Mapping[str, Any], opts: Mapping[str, Any]) -> None:
+def resume_automl(cat: Catalog, f: Mapping[str, Any], opts: Mapping[str, Any],
+                  src: PackedTable, val: PackedTable | None, out: TableName) -> None:
     """``madlib_keras_fit_resume`` of an AutoML fit: the procedure and its trials come back
     from the last saved step, the units committed since are reported to it, and the run
     goes on to the same outputs as the original call would have written."""
@@ -456,21 +466,9 @@ def resume_automl(cat: Catalog, f: Mapping[str, Any], opts: Mapping[str, Any]) -
         raise CerebroError(f"fit {fit_id} was made by an older version and cannot be resumed",
                            FEATURE_NOT_SUPPORTED)
     method, automl_params = str(pp["automl_method"]), pp.get("automl_params")
-    src = packed_table(cat, opts.get("source_name") or f["source_table"], "source_table")
-    if src.partitions != f["num_partitions"]:
-        raise CerebroError(f'source_table "{src.table}" now has {src.partitions} partitions, '
-                           f"fit {fit_id} was started on {f['num_partitions']}",
-                           OBJECT_NOT_IN_PREREQUISITE_STATE)
-    vname = opts.get("validation_name") or f["validation_table"]
-    val = _validation(cat, vname, src) if vname else None
-    out = TableName.parse(f["model_output_table"], "model_output_table")
     mst = TableName.parse(f["model_selection_table"], "model_selection_table")
     _outputs_absent(cat, out, ("", "_summary", "_info"), False)
-    for sfx in ("", "_summary"):
-        t = mst.with_suffix(sfx, "model_selection_table") if sfx else mst
-        if cat.relation_oid(t) is not None:
-            raise CerebroError(f'model_selection_table "{t}" already exists', "42P07",
-                               hint="The resumed run creates it; drop it first.")
+    _selection_absent(cat, mst)
     arch = TableName.parse(opts["arch_table"], "model_arch_table")
     require_arch_table(cat, arch, "model_arch_table")
     ids = [int(m) for m in pp["model_id_list"]]
@@ -523,15 +521,7 @@ def _restore(cat: Catalog, ex: DblinkExecutor, book: TrialBook, hooks: _Hooks,
     book.tuner = Tuner.from_state_json(state)
     targets = book.restore(kept)
     _forget_trials(cat, ex, fit_id, set(targets), book.seq)
-    for r in cat.query(f"SELECT mst_key, model_id, compile_params, fit_params, "
-                       f"model_arch::text AS arch, init_weights FROM {cat.ext('fit_configs')} "
-                       "WHERE fit_id = $1 ORDER BY mst_key", [fit_id], ["int8"]):
-        w = bytes(r["init_weights"]) if r["init_weights"] is not None else None
-        where = f"trial {r['mst_key']}"
-        sink.configs[r["mst_key"]] = Config(
-            r["mst_key"], r["model_id"], r["compile_params"], r["fit_params"], r["arch"], w,
-            params.parse_compile_params(r["compile_params"], where),
-            params.parse_fit_params(r["fit_params"], where))
+    sink.configs.update((c.mst_key, c) for c in stored_configs(cat, fit_id))
     missing = sorted(set(targets) - set(sink.configs))
     if missing:
         raise CerebroError(f"fit {fit_id} cannot be resumed: trial {missing[0]} has no "

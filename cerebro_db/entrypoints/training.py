@@ -923,6 +923,19 @@ def madlib_keras_fit(
                f"{outcome.seconds:.1f} s; weights in {out}")
 
 
+def stored_configs(cat: Catalog, fit_id: int) -> list[Config]:
+    """A fit's configurations as its catalog rows hold them, by mst_key."""
+    configs = []
+    for r in cat.query(f"SELECT mst_key, model_id, compile_params, fit_params, "
+                       f"model_arch::text AS arch, init_weights FROM {cat.ext('fit_configs')} "
+                       "WHERE fit_id = $1 ORDER BY mst_key", [fit_id], ["int8"]):
+        w = bytes(r["init_weights"]) if r["init_weights"] is not None else None
+        configs.append(Config(r["mst_key"], r["model_id"], r["compile_params"], r["fit_params"],
+                              r["arch"], w, params.parse_compile_params(r["compile_params"]),
+                              params.parse_fit_params(r["fit_params"])))
+    return configs
+
+
 @entrypoint
 def madlib_keras_fit_resume(cat: Catalog, *, fit_id: int) -> None:
     """Continue an interrupted (or failed) fit from the catalog: the units it committed are
@@ -948,11 +961,6 @@ def madlib_keras_fit_resume(cat: Catalog, *, fit_id: int) -> None:
     if "executor_tag" not in opts:
         raise CerebroError(f"fit {fit_id} was made by an older version and cannot be resumed",
                            FEATURE_NOT_SUPPORTED)
-    if f["kind"] == "automl":
-        from .automl import resume_automl
-
-        resume_automl(cat, f, opts)
-        return
     src = packed_table(cat, opts.get("source_name") or f["source_table"], "source_table")
     if src.partitions != f["num_partitions"]:
         raise CerebroError(f'source_table "{src.table}" now has {src.partitions} partitions, '
@@ -961,6 +969,11 @@ def madlib_keras_fit_resume(cat: Catalog, *, fit_id: int) -> None:
     vname = opts.get("validation_name") or f["validation_table"]
     val = _validation(cat, vname, src) if vname else None
     out = TableName.parse(f["model_output_table"], "model_output_table")
+    if f["kind"] == "automl":
+        from .automl import resume_automl
+
+        resume_automl(cat, f, opts, src, val, out)
+        return
     warm = bool(opts.get("warm_start"))
     suffixes = ("", "_summary", "_info") if f["kind"] == "fit_multiple" else ("", "_summary")
     if warm:  # the interrupted call had not replaced them yet
@@ -970,14 +983,7 @@ def madlib_keras_fit_resume(cat: Catalog, *, fit_id: int) -> None:
                 cat.drop_table(t)
     else:
         _outputs_absent(cat, out, suffixes, False)
-    configs = []
-    for r in cat.query(f"SELECT mst_key, model_id, compile_params, fit_params, "
-                       f"model_arch::text AS arch, init_weights FROM {cat.ext('fit_configs')} "
-                       "WHERE fit_id = $1 ORDER BY mst_key", [fit_id], ["int8"]):
-        w = bytes(r["init_weights"]) if r["init_weights"] is not None else None
-        configs.append(Config(r["mst_key"], r["model_id"], r["compile_params"], r["fit_params"],
-                              r["arch"], w, params.parse_compile_params(r["compile_params"]),
-                              params.parse_fit_params(r["fit_params"])))
+    configs = stored_configs(cat, fit_id)
     mst = TableName.parse(f["model_selection_table"], "model_selection_table") \
         if f["model_selection_table"] else None
     req = FitRequest(f["kind"], src, val, out, configs, f["num_iterations"],
