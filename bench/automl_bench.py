@@ -77,7 +77,7 @@ def arch_json(hidden: int) -> str:
 
 def arrays(rows: int, valid_rows: int) -> tuple[np.ndarray, ...]:
     """Raw Fashion-MNIST: the first ``rows`` training and ``valid_rows`` test examples."""
-    from cerebro_db.datasets import find_dataset_dir, load_split
+    from tooling.datasets import find_dataset_dir, load_split
 
     d = find_dataset_dir("fashion-mnist")
     x, y = load_split(d, "train")
@@ -88,7 +88,7 @@ def arrays(rows: int, valid_rows: int) -> tuple[np.ndarray, ...]:
 def load(conn: Any, data: tuple[np.ndarray, ...]) -> None:
     """Tables bench_automl_{train,valid} by binary COPY, packed on 2 partitions, and the
     architecture table (model_id 1, 2: the two MLP widths)."""
-    from cerebro_db.datasets import copy_payload
+    from tooling.datasets import copy_payload
 
     x, y, vx, vy = data
     for table, fx, fy in (("bench_automl_train", x, y), ("bench_automl_valid", vx, vy)):

@@ -73,7 +73,7 @@ def q(conn, sql, args=None):
 
 
 def load(conn, rows: int) -> None:
-    from cerebro_db.datasets import copy_payload, find_dataset_dir, load_split
+    from tooling.datasets import copy_payload, find_dataset_dir, load_split
 
     d = find_dataset_dir("fashion-mnist")
     for table, split, n in (("bench_fit_train", "train", rows), ("bench_fit_valid", "t10k", 10000)):
@@ -153,7 +153,7 @@ from cerebro_db import training
 training.configure_runtime({threads})
 import keras
 from cerebro_db import params
-from cerebro_db.datasets import find_dataset_dir, load_split
+from tooling.datasets import find_dataset_dir, load_split
 d = find_dataset_dir("fashion-mnist")
 x, y = load_split(d, "train"); vx, vy = load_split(d, "t10k")
 x = x[:{rows}].reshape({rows}, -1).astype("float32") / 255.0

@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 from common import connect
 
-from cerebro_db.datasets import copy_payload, find_dataset_dir, load_split
+from tooling.datasets import copy_payload, find_dataset_dir, load_split
 
 
 def timed(fn, repeats: int) -> float:

@@ -161,7 +161,7 @@ class Db:
 
     def load(self) -> float:
         """Load the arrays, pack them (p = 2); returns the preprocessing seconds."""
-        from cerebro_db.datasets import copy_payload
+        from tooling.datasets import copy_payload
 
         t = self.t
         q(self.conn, f"DROP TABLE IF EXISTS {t}_train, {t}_valid, {t}_p, {t}_p_summary, "

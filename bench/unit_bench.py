@@ -52,7 +52,7 @@ ADAM = "loss='categorical_crossentropy', optimizer='Adam(learning_rate={lr})', m
 
 
 def fashion(rows: int, offset: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    from cerebro_db.datasets import find_dataset_dir, load_split
+    from tooling.datasets import find_dataset_dir, load_split
 
     x, y = load_split(find_dataset_dir("fashion-mnist"), "train")
     x = (x[offset:offset + rows].reshape(rows, 784) / 255.0).astype(np.float32)
@@ -165,7 +165,7 @@ def q(conn: Any, sql: str, args: Any = None) -> Any:
 
 
 def setup_db(conn: Any, rows: int) -> None:
-    from cerebro_db.datasets import copy_payload, find_dataset_dir, load_split
+    from tooling.datasets import copy_payload, find_dataset_dir, load_split
 
     n = 2 * rows
     x, y = load_split(find_dataset_dir("fashion-mnist"), "train")

@@ -35,7 +35,7 @@ Contract of a :class:`Tuner` (checked by property tests over a fake engine):
 - :meth:`Tuner.done` becomes true once the procedure wants nothing more; the engine then
   finishes what is running and writes the outputs.
 
-A procedure never touches the database, an executor or TensorFlow (DESIGN.md section 3).
+A procedure never touches the database, an executor or TensorFlow (docs/architecture.md, rule 2).
 """
 from __future__ import annotations
 

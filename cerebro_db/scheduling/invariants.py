@@ -4,7 +4,7 @@ A log is a plain list of records, each a mapping or an object with ``config, epo
 partition, worker, kind, start, end, ok`` (``kind`` is ``'train'`` or ``'eval'``; epochs count
 from 1), so the same checks run on the simulator's log and on the unit table of a real fit.
 
-Invariants checked (DESIGN.md section 1):
+Invariants checked (docs/architecture.md):
 
 - worker exclusivity: the units (training and evaluation) of a worker never overlap;
 - model isolation: the training units of a config never overlap;

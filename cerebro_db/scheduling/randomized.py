@@ -7,7 +7,7 @@ that is not training anywhere and has not yet visited that worker's partition in
 epoch. What differs from the paper:
 
 - no epoch barrier: the paper schedules one epoch at a time; here a config starts its next
-  epoch as soon as its own epoch is done (DESIGN.md section 4), so fast configs never wait for
+  epoch as soon as its own epoch is done (docs/architecture.md), so fast configs never wait for
   slow ones and the tail of one epoch overlaps the head of the next;
 - replicas: a worker may hold several partitions (Cerebro's replica-aware variant); it first
   picks a config among those with an unvisited partition it holds, then one such partition,

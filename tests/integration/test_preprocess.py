@@ -5,7 +5,7 @@ import numpy as np
 import psycopg2
 import pytest
 
-from cerebro_db.datasets import find_dataset_dir, load_split
+from tooling.datasets import find_dataset_dir, load_split
 
 pytestmark = pytest.mark.db
 
@@ -237,7 +237,7 @@ def test_real_fashion_mnist_subset_round_trips(conn, tables):
     """2,000 real Fashion-MNIST images: every packed row is an original image / 255."""
     import io
 
-    from cerebro_db.datasets import copy_payload
+    from tooling.datasets import copy_payload
 
     tables += ["fm_small", "fm_packed"]
     x, y = load_split(find_dataset_dir("fashion-mnist"), "t10k")

@@ -12,7 +12,7 @@ import numpy as np
 import psycopg2
 import pytest
 
-from cerebro_db.datasets import copy_payload, find_dataset_dir, load_split
+from tooling.datasets import copy_payload, find_dataset_dir, load_split
 
 from ..conftest import _connect, create_database, drop_database, server_params
 
@@ -52,8 +52,8 @@ def worker_sessions(conn) -> int:
 
 
 def load_mnist(conn, table: str, lo: int, hi: int) -> None:
-    """Rows lo..hi of the MNIST training split as (id integer, y integer, x real[])."""
-    x, y = load_split(find_dataset_dir("mnist"), "train")
+    """Rows lo..hi of the Fashion-MNIST training split as (id integer, y integer, x real[])."""
+    x, y = load_split(find_dataset_dir("fashion-mnist"), "train")
     q(conn, f"CREATE TABLE {table} (id integer, y integer, x real[])")
     with conn.cursor() as cur:
         cur.copy_expert(f"COPY {table} FROM STDIN (FORMAT binary)",

@@ -1,4 +1,4 @@
-"""DESIGN.md layering rule 1: the package imports without a database, plpy or TensorFlow."""
+"""docs/architecture.md layering rule 1: the package imports without a database, plpy or TensorFlow."""
 from __future__ import annotations
 
 import pkgutil

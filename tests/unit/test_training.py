@@ -141,7 +141,7 @@ def test_initial_state_transfer_weights():
 
 @pytest.fixture(scope="module")
 def fashion() -> tuple[np.ndarray, np.ndarray]:
-    from cerebro_db.datasets import find_dataset_dir, load_split
+    from tooling.datasets import find_dataset_dir, load_split
 
     try:
         x, y = load_split(find_dataset_dir("fashion-mnist"), "t10k")

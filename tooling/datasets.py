@@ -41,17 +41,24 @@ def read_idx(path: str | os.PathLike[str]) -> np.ndarray:
     raise ValueError(f"{path}: not an idx file (magic {magic})")
 
 
+REPO = Path(__file__).resolve().parent.parent
+#: Small datasets committed with the repository (each folder carries its licence).
+REPO_DATA = REPO / "bench" / "data"
+
+
 def find_dataset_dir(name: str, extra: Sequence[str | os.PathLike[str]] = ()) -> Path:
-    """The first folder holding ``train-images-idx3-ubyte.gz`` for ``name``."""
-    here = Path(__file__).resolve().parent.parent
+    """The first folder holding ``train-images-idx3-ubyte.gz`` for ``name``: ``extra``, then
+    Debian's package folder (Fashion-MNIST), then ``bench/data/<name>`` in the repository.
+    Nothing outside the repository and what ``make`` installs is read."""
     cands = [Path(p) for p in extra]
     if name == "fashion-mnist":
         cands += [Path(p) for p in FASHION_MNIST_DIRS]
-    cands += [here.parent / "shared" / "datasets" / name, here / "shared" / "datasets" / name]
+    cands.append(REPO_DATA / name)
     for c in cands:
         if (c / "train-images-idx3-ubyte.gz").exists():
             return c
-    raise FileNotFoundError(f"no {name} idx files in: " + ", ".join(map(str, cands)))
+    hint = " (apt-get install dataset-fashion-mnist)" if name == "fashion-mnist" else ""
+    raise FileNotFoundError(f"no {name} idx files in: " + ", ".join(map(str, cands)) + hint)
 
 
 def load_split(directory: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
