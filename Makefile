@@ -41,8 +41,12 @@ stop:
 
 # Test tiers: unit (no database), SQL regression (psql scripts vs expected output),
 # integration (psycopg2 against the real server), upgrade (ALTER EXTENSION UPDATE).
-test: start
-	@$(PY) -m pytest -q tests
+# A server that `make test` starts is stopped when the tests end; one already running (the
+# demo's) is left running.
+test: install
+	@was_running=0; $(CEREBRO) running && was_running=1; $(CEREBRO) start; \
+	  $(PY) -m pytest -q tests; rc=$$?; \
+	  [ $$was_running = 1 ] || $(CEREBRO) stop; exit $$rc
 
 test-unit: deps
 	@$(PY) -m pytest -q tests/unit

@@ -5,6 +5,7 @@
 #   scripts/cerebro.sh install   build the extension's SQL and install it (+ the package into the venv)
 #   scripts/cerebro.sh start     init (once) and start the private cluster
 #   scripts/cerebro.sh stop      stop it
+#   scripts/cerebro.sh running   exit status 0 when the private cluster is running
 #   scripts/cerebro.sh createdb NAME   create NAME (if missing) with the extension installed
 #   scripts/cerebro.sh psql [args]     psql on the demo database
 #   scripts/cerebro.sh env       print the connection parameters
@@ -148,9 +149,10 @@ case "${1:-}" in
   install) cmd_install ;;
   start) cmd_start ;;
   stop) cmd_stop ;;
+  running) pg_running ;;
   createdb) shift; cmd_createdb "$@" ;;
   psql) shift; psql_cmd -d "$PGDATABASE" "$@" ;;
   env) cmd_env ;;
   pgdir) echo "$PGDIR" ;;
-  *) sed -n '2,12p' "$0"; exit 2 ;;
+  *) sed -n '2,13p' "$0"; exit 2 ;;
 esac
