@@ -12,6 +12,7 @@ Nothing here touches SQL, TensorFlow or an executor's internals.
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any, Callable
 
@@ -83,15 +84,18 @@ def combined(parts: list[dict[str, Any]]) -> tuple[float, dict[str, float]]:
 
 
 def run_automl(hooks: AutoMLHooks, executor: Executor, *, random_state: int,
-               notice: Callable[[str], None] = lambda m: None, **fit: Any) -> FitOutcome:
+               notice: Callable[[str], None] = lambda m: None,
+               clock: Callable[[], float] = time.monotonic, max_unit_retries: int = 3,
+               results: dict[int, ConfigResult] | None = None, done_units: int = 0,
+               elapsed_before: float = 0.0) -> FitOutcome:
     """Run the trials of ``hooks.book`` until its procedure is done (see the module).
 
-    ``fit``: the rest of :func:`~cerebro_db.coordinator.run_fit`'s keyword arguments
-    (``clock``, ``max_unit_retries``, and what a resumed run passes: ``results``,
-    ``done_units``, ``elapsed_before``)."""
+    The keyword arguments are :func:`~cerebro_db.coordinator.run_fit`'s; a resumed run
+    passes what its unit log holds (``results``, ``done_units``, ``elapsed_before``)."""
     book = hooks.book
     evals = EvalEpochs(book)
     return run_fit(automl_policy(random_state), book.progress, executor,
                    eval_kinds=hooks.eval_kinds, num_partitions=book.progress.num_partitions,
-                   snapshot_epochs=lambda c, e: e in evals[c], notice=notice, hooks=hooks,
-                   **fit)
+                   snapshot_epochs=lambda c, e: e in evals[c], notice=notice, clock=clock,
+                   max_unit_retries=max_unit_retries, results=results, done_units=done_units,
+                   elapsed_before=elapsed_before, hooks=hooks)
