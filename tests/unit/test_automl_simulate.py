@@ -348,3 +348,13 @@ def test_a_stopped_trials_last_unit_counts_but_its_epoch_is_not_evaluated() -> N
         assert not [u for u in r.units if u.config == 1 and u.kind == "eval"]
         assert r.trials[1].target == 0 and 1 in r.outputs
 
+
+
+def test_the_sql_entry_point_runs_the_same_engine() -> None:
+    """The server's hooks are the engine's, with the catalog writes added: only the step's
+    persistence differs from what these tests run."""
+    from cerebro_db.automl.engine import AutoMLHooks
+    from cerebro_db.entrypoints import automl as sql
+
+    assert issubclass(sql._Hooks, AutoMLHooks)
+    assert {n for n in vars(sql._Hooks) if not n.startswith("__")} == {"persist"}
