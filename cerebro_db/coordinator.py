@@ -59,7 +59,7 @@ class WorkerPool(Protocol):
 
 
 class FitHooks(Protocol):
-    """What an AutoML run adds to the loop (:mod:`cerebro_db.tuning`): it changes the
+    """What an AutoML run adds to the loop (:mod:`cerebro_db.automl.engine`): it changes the
     configs and targets of ``progress`` between steps; ``run_fit`` then simply runs what
     the targets say."""
 

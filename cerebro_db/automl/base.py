@@ -24,7 +24,7 @@ trial reaches its target, plus every ``metrics_compute_frequency`` epochs. The s
 procedure ranks by is :attr:`EpochReport.score`: validation loss when there is validation
 data, else training loss; lower is better and NaN is worst.
 
-Contract of a :class:`Tuner` (checked by property tests over a fake engine):
+Contract of a :class:`Tuner` (checked by property tests on the engine, :mod:`.simulate`):
 
 - decisions depend only on the constructor arguments (``random_state`` included) and the
   sequence of calls, so a seeded procedure is reproducible, and

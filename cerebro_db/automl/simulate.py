@@ -1,216 +1,71 @@
-"""A deterministic fake engine: runs an AutoML :class:`~.base.Tuner` against simulated training.
+"""The AutoML engine on a simulated clock: runs a :class:`~.base.Tuner` without a database.
 
-The real engine (model hopper parallelism over worker sessions in PostgreSQL) and this one
-follow the same contract (``automl_engine.md``); the bookkeeping and the error rules live in
-:class:`TrialBook`, which the real engine can use as is. Nothing here touches a database or
-TensorFlow: a unit's loss comes from a :class:`LossModel` (by default :class:`SyntheticLoss`,
-a learning curve per configuration that depends on the learning rate) and its duration from
-a time function.
+:func:`simulate_tuner` runs the engine the server runs (:mod:`.engine`: the fit loop
+:func:`cerebro_db.coordinator.run_fit` with the ``'mop'`` policy, a
+:class:`~.trials.TrialBook` and :class:`~.engine.AutoMLHooks`) with a fake executor,
+:class:`SimulatedExecutor`: a unit's result comes from a :class:`LossModel` (by default
+:class:`SyntheticLoss`, a learning curve per configuration that depends on the learning
+rate) and its duration from a time function; the clock jumps from one unit's end to the next.
+The rules a procedure meets (launch, extend, stop and free; paused trials; evaluated
+epochs; ``on_idle`` while workers would idle; the errors of :meth:`TrialBook.apply`) are
+therefore those of a real run, and so are the reports it gets. What the simulation adds:
 
-Semantics, in the order the loop applies them:
+- a fork starts from its parent's current loss level (the server copies the parent's
+  latest state); a unit trains from the level its trial's last unit left;
+- ``roundtrip_state``: after an engine step the procedure is rebuilt from its JSON state
+  and the book from its own, as a resumed run does; the outcome must not change;
+- everything is logged: units (:class:`~cerebro_db.scheduling.UnitRecord`), the reports and
+  decisions as the procedure saw and made them, the decisions as the book's sink got them.
 
-1. ``tuner.start()``; decisions are applied in order (:meth:`TrialBook.apply`).
-2. *Training* trials are launched, not stopped, and below their target. Scheduling is MOP:
-   each idle worker (ascending ids) takes a training trial that is not in flight and has an
-   unvisited partition the worker holds, lagging trials first (most training units left;
-   ties drawn with the engine's seeded rng), on one such partition; a worker with no such
-   trial takes the oldest queued evaluation unit on a partition it holds. Partition ``p`` is
-   held by worker ``p % num_workers`` (and by worker ``w`` with ``w % num_partitions == p``
-   when there are more workers than partitions).
-3. After each training unit: ``on_unit``; its decisions are applied at once. When the unit
-   completes epoch ``e``, the epoch is *evaluated* if ``e`` is the trial's target at that
-   moment or ``e % metrics_compute_frequency == 0``: one evaluation unit per partition
-   (reading the frozen end-of-epoch state; they never block training). When the last one
-   ends: ``on_epoch(EpochReport(at_target = e == target now))``.
-4. After every step: while ``view.free_slots > 0``, ``on_idle(view)`` and apply, until it
-   returns ``[]`` (more than 1000 calls in one step is an error).
-5. Stop: no new training units for the trial; a unit in flight finishes and is reported
-   normally (a completed epoch is evaluated by the usual rule). Stop(free=True): the trial
-   leaves the outputs; its unit in flight is discarded, its queued evaluations are dropped
-   and nothing more is reported about it. Extend never lowers a target: a target at or below
-   the current one is a no-op (meta is still merged), below the completed epochs an error.
-6. The run ends when ``done()`` is true, no trial is training and nothing is in flight or
-   queued; if ``done()`` is false at that point, "the AutoML procedure stalled".
-
-Errors (:class:`AutoMLEngineError`, SQLSTATE XX000) are the rules of :meth:`TrialBook.apply`.
+Partition ``p`` is held by worker ``p % num_workers`` (and by worker ``w`` with
+``w % num_partitions == p`` when there are more workers than partitions); the server runs
+one worker per partition.
 """
 from __future__ import annotations
 
 import functools
 import heapq
+import json
 import math
 import zlib
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 
-from ..errors import INTERNAL_ERROR, CerebroError
+from ..coordinator import FitOutcome
+from ..scheduling import TRAIN, Assignment, RunningUnit, UnitRecord
 from .base import (
     Decision,
     EngineView,
     EpochReport,
-    Extend,
-    Launch,
-    Stop,
     TrialSpec,
     Tuner,
     UnitReport,
-    score_key,
 )
+from .engine import AutoMLHooks, run_automl
+from .trials import AutoMLError, TrialBook
 
 __all__ = [
-    "MAX_IDLE_CALLS",
-    "AutoMLEngineError",
     "DecisionRecord",
+    "EpochScores",
     "LossModel",
     "SimResult",
-    "SimUnit",
+    "SimulatedExecutor",
     "SyntheticLoss",
-    "TrialBook",
-    "TrialState",
+    "TrialOutcome",
     "config_tunables",
     "default_unit_time",
+    "random_unit_time",
     "simulate_tuner",
 ]
-
-MAX_IDLE_CALLS = 1000
-"""Most ``on_idle`` calls the engine makes in one step."""
 
 EVAL_FRACTION = 1.0 / 3.0
 """Evaluation unit time as a fraction of the training unit time."""
 
 _DEFAULT_LR = {"SGD": 0.01}
 _KERAS_DEFAULT_LR = 0.001
-
-
-class AutoMLEngineError(CerebroError):
-    """An AutoML procedure broke the engine contract (a bug in the procedure)."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message, INTERNAL_ERROR)
-
-
-# --------------------------------------------------------------------------------------------
-# Bookkeeping and the error rules (shared with the real engine)
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass
-class TrialState:
-    """What the engine knows of one trial."""
-
-    spec: TrialSpec
-    target: int
-    completed: int = 0
-    visited: set[int] = field(default_factory=set)
-    in_flight: bool = False
-    stopped: bool = False
-    freed: bool = False
-    reason: str | None = None
-    last_eval: tuple[int, float] | None = None
-    """(epoch, score) of the last evaluated epoch."""
-
-    @property
-    def training(self) -> bool:
-        return not self.stopped and self.completed < self.target
-
-    @property
-    def paused(self) -> bool:
-        return not self.stopped and self.completed >= self.target
-
-
-class TrialBook:
-    """Trials, their targets and progress, and the decision rules of the engine contract.
-
-    :meth:`apply` raises :class:`AutoMLEngineError` for: a Launch with a used trial id or a
-    target below 1; a Launch whose ``parent`` is unknown, freed or training; an Extend or Stop
-    of an unknown or freed trial; an Extend of a stopped trial or below the completed epochs.
-    (Tunables without a parent are refused by :class:`~.base.TrialSpec` itself.)
-    """
-
-    def __init__(self) -> None:
-        self.trials: dict[int, TrialState] = {}
-
-    def __contains__(self, trial_id: object) -> bool:
-        return trial_id in self.trials
-
-    def __getitem__(self, trial_id: int) -> TrialState:
-        return self.trials[trial_id]
-
-    def _known(self, trial_id: int, what: str) -> TrialState:
-        t = self.trials.get(trial_id)
-        if t is None:
-            raise AutoMLEngineError(f"{what} of unknown trial {trial_id}")
-        if t.freed:
-            raise AutoMLEngineError(f"{what} of freed trial {trial_id}")
-        return t
-
-    def apply(self, d: Decision) -> TrialState:
-        """Apply one decision (see the class docstring for the errors); returns the trial."""
-        if isinstance(d, Launch):
-            spec = d.spec
-            if spec.trial_id in self.trials:
-                raise AutoMLEngineError(f"launch of trial {spec.trial_id}: trial id already used")
-            if isinstance(d.target, bool) or not isinstance(d.target, int) or d.target < 1:
-                raise AutoMLEngineError(
-                    f"launch of trial {spec.trial_id}: target must be a positive integer, "
-                    f"got {d.target!r}")
-            if spec.parent is not None:
-                p = self.trials.get(spec.parent)
-                if p is None or p.freed:
-                    state = "unknown" if p is None else "freed"
-                    raise AutoMLEngineError(
-                        f"launch of trial {spec.trial_id}: parent {spec.parent} is {state}")
-                if p.training:
-                    raise AutoMLEngineError(
-                        f"launch of trial {spec.trial_id}: parent {spec.parent} is training "
-                        "(fork only from paused or stopped trials)")
-            t = TrialState(spec, d.target)
-            self.trials[spec.trial_id] = t
-            return t
-        if isinstance(d, Extend):
-            t = self._known(d.trial_id, "extend")
-            if t.stopped:
-                raise AutoMLEngineError(f"extend of stopped trial {d.trial_id}")
-            if isinstance(d.target, bool) or not isinstance(d.target, int):
-                raise AutoMLEngineError(
-                    f"extend of trial {d.trial_id}: target must be an integer, got {d.target!r}")
-            if d.target < t.completed:
-                raise AutoMLEngineError(
-                    f"extend of trial {d.trial_id} to {d.target} epochs: it has completed "
-                    f"{t.completed}")
-            if d.meta:
-                t.spec = replace(t.spec, meta={**t.spec.meta, **d.meta})
-            t.target = max(t.target, d.target)
-            return t
-        if isinstance(d, Stop):
-            t = self._known(d.trial_id, "stop")
-            if not t.stopped or d.free:
-                t.reason = d.reason
-            t.stopped = True
-            t.freed = bool(d.free)
-            return t
-        raise AutoMLEngineError(f"unknown decision {d!r}")
-
-    def training(self) -> frozenset[int]:
-        return frozenset(k for k, t in self.trials.items() if t.training)
-
-    def paused(self) -> frozenset[int]:
-        return frozenset(k for k, t in self.trials.items() if t.paused)
-
-    def evaluated(self, trial_id: int, epoch: int, frequency: int | None) -> bool:
-        """Whether ``epoch`` (just completed) of the trial is evaluated."""
-        t = self.trials[trial_id]
-        return epoch == t.target or (frequency is not None and epoch % frequency == 0)
-
-    def ranking(self) -> list[tuple[int, float]]:
-        """(trial_id, score of its last evaluated epoch) for every trial not freed, best
-        first (NaN last, ties by trial id)."""
-        rows = [(k, t.last_eval[1] if t.last_eval else math.nan)
-                for k, t in self.trials.items() if not t.freed]
-        return sorted(rows, key=lambda r: (score_key(r[1]), r[0]))
 
 
 # --------------------------------------------------------------------------------------------
@@ -238,16 +93,16 @@ def _parsed_tunables(compile_params: str, fit_params: str) -> tuple[float, float
 def config_tunables(spec: TrialSpec) -> dict[str, Any]:
     """learning_rate, momentum (None when the optimizer has none), batch_size and optimizer
     a trial trains with, read from its compile/fit strings (imports Keras to parse them).
-    Raises :class:`AutoMLEngineError` when ``spec.tunables`` disagree with the strings."""
+    Raises :class:`~.trials.AutoMLError` when ``spec.tunables`` disagree with the strings."""
     lr, mom, bs, opt = _parsed_tunables(spec.compile_params, spec.fit_params)
     out: dict[str, Any] = {"learning_rate": lr, "momentum": mom, "batch_size": bs,
                            "optimizer": opt}
     for k, v in spec.tunables.items():
         have = out.get(k)
         if have is None or not math.isclose(float(have), float(v), rel_tol=1e-9):
-            raise AutoMLEngineError(
-                f"trial {spec.trial_id}: tunable {k}={v!r} disagrees with its "
-                f"compile/fit params ({k}={have!r})")
+            raise AutoMLError(
+                f"launched trial {spec.trial_id} with tunable {k}={v!r}, which disagrees "
+                f"with its compile/fit params ({k}={have!r})")
     return out
 
 
@@ -341,30 +196,146 @@ def default_unit_time(spec: TrialSpec, partition: int) -> float:
     return base * (0.5 + 0.5 * math.sqrt(32.0 / bs)) * (0.9 + 0.2 * _h("ptime", partition))
 
 
+@dataclass(frozen=True)
+class EpochScores:
+    """A :class:`LossModel` for properties of a procedure's decisions: every unit of epoch
+    ``e`` of a trial reports ``score(spec, e)`` and the evaluation of that epoch scores
+    ``score(spec, e)`` (training and validation alike)."""
+
+    score: Callable[[TrialSpec, int], float]
+
+    def initial(self, spec: TrialSpec) -> float:
+        return 0.0
+
+    def step(self, spec: TrialSpec, level: float, epoch: int, partition: int,
+             num_partitions: int) -> tuple[float, float]:
+        return float(self.score(spec, epoch)), level
+
+    def evaluate(self, spec: TrialSpec, level: float, epoch: int,
+                 validation: bool) -> tuple[float, float | None]:
+        s = float(self.score(spec, epoch))
+        return s, (s if validation else None)
+
+
+def random_unit_time(seed: int, low: float = 0.2, high: float = 3.0
+                     ) -> Callable[[TrialSpec, int], float]:
+    """Unit times drawn uniformly from [low, high) per (seed, trial, partition): trials end
+    their units in an order that changes with ``seed``."""
+    def unit_time(spec: TrialSpec, partition: int) -> float:
+        return low + (high - low) * _h("utime", seed, spec.trial_id, partition)
+    return unit_time
+
+
+# --------------------------------------------------------------------------------------------
+# The fake executor and the engine's side effects
+# --------------------------------------------------------------------------------------------
+
+
+class _Trials:
+    """The trials as the simulated cluster holds them: specs and current loss levels (the
+    :class:`~.trials.Sink` of the book: a launch registers the trial; a fork copies its
+    parent's level, as the server copies the parent's latest state)."""
+
+    def __init__(self, model: LossModel) -> None:
+        self.model = model
+        self.specs: dict[int, TrialSpec] = {}
+        self.level: dict[int, float] = {}
+        self.records: list[tuple[int, str, int, int | None, str | None, dict[str, Any],
+                                 float]] = []
+
+    def launch(self, spec: TrialSpec, target: int) -> None:
+        if spec.tunables:
+            config_tunables(spec)  # the strings say what the trial trains with
+        self.specs[spec.trial_id] = spec
+        self.level[spec.trial_id] = (self.model.initial(spec) if spec.parent is None
+                                     else self.level[spec.parent])
+
+    def record(self, seq: int, kind: str, trial_id: int, target: int | None,
+               reason: str | None, meta: Mapping[str, Any], now: float) -> None:
+        self.records.append((seq, kind, trial_id, target, reason, dict(meta), now))
+
+
+class SimulatedExecutor:
+    """A :class:`cerebro_db.coordinator.Executor` on a simulated clock (:meth:`clock`).
+
+    :meth:`submit` starts a unit that ends ``unit_time(spec, partition)`` seconds later
+    (evaluation: ``eval_time``); :meth:`wait` moves the clock to the next end and returns
+    that unit's result: a training unit trains its trial's level by one
+    :meth:`LossModel.step` (and keeps the end-of-epoch level when the loop asks for a
+    snapshot), an evaluation unit evaluates that snapshot. No unit loses its worker.
+    """
+
+    def __init__(self, trials: _Trials, num_partitions: int,
+                 unit_time: Callable[[TrialSpec, int], float],
+                 eval_time: Callable[[TrialSpec, int], float], rows_per_partition: int,
+                 max_steps: int) -> None:
+        self.trials, self.num_partitions = trials, num_partitions
+        self.unit_time, self.eval_time = unit_time, eval_time
+        self.rows, self.max_steps = rows_per_partition, max_steps
+        self.now = 0.0
+        self.steps = 0
+        self.log: list[UnitRecord] = []
+        self._events: list[tuple[float, int, int]] = []
+        self._seq = 0
+        self._running: dict[int, tuple[Assignment, dict[str, Any], float]] = {}
+        self._snapshots: dict[tuple[int, int], float] = {}
+
+    def clock(self) -> float:
+        return self.now
+
+    def submit(self, a: Assignment, options: dict[str, Any]) -> None:
+        spec = self.trials.specs[a.config]
+        secs = float((self.unit_time if a.kind == TRAIN else self.eval_time)(spec, a.partition))
+        if secs < 0:
+            raise ValueError(f"negative unit time {secs} for {a}")
+        self._running[a.worker] = (a, options, self.now)
+        heapq.heappush(self._events, (self.now + secs, self._seq, a.worker))
+        self._seq += 1
+
+    def wait(self, timeout: float | None = None) -> list[tuple[int, bool, dict[str, Any]]]:
+        self.steps += 1
+        if self.steps > self.max_steps:
+            raise RuntimeError(f"the simulated run did not end within {self.max_steps} steps")
+        end, _, worker = heapq.heappop(self._events)
+        self.now = end
+        a, opts, start = self._running.pop(worker)
+        spec = self.trials.specs[a.config]
+        model = self.trials.model
+        data: dict[str, Any]
+        if a.kind == TRAIN:
+            loss, level = model.step(spec, self.trials.level[a.config], a.epoch, a.partition,
+                                     self.num_partitions)
+            self.trials.level[a.config] = level
+            if opts.get("snapshot"):
+                self._snapshots[(a.config, a.epoch)] = level
+            data = {"loss": loss, "rows": self.rows, "train_seconds": end - start}
+        else:
+            kinds = list(opts["eval_kinds"])
+            train, valid = model.evaluate(spec, self._snapshots[(a.config, a.epoch)], a.epoch,
+                                          "eval_valid" in kinds)
+            losses = {"eval_train": train, "eval_valid": valid}
+            data = {"evals": {k: {"loss": losses[k], "rows": self.rows, "metrics": {}}
+                              for k in kinds}}
+        self.log.append(UnitRecord(a.config, a.epoch, a.partition, worker, a.kind, start, end,
+                                   True))
+        return [(worker, True, data)]
+
+    def recover(self, worker: int) -> bool:
+        raise RuntimeError("a simulated unit never loses its worker session")
+
+    def unit_failed(self, unit: RunningUnit, attempt: int, data: dict[str, Any]) -> None:
+        raise RuntimeError("a simulated unit never loses its worker session")
+
+
 # --------------------------------------------------------------------------------------------
 # Results
 # --------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class SimUnit:
-    """One unit run: ``kind`` 'train' or 'eval'; ``discarded`` when its trial was freed."""
-
-    trial_id: int
-    epoch: int
-    partition: int
-    worker: int
-    start: float
-    end: float
-    kind: str
-    loss: float | None = None
-    discarded: bool = False
-
-
-@dataclass(frozen=True)
 class DecisionRecord:
-    """A decision as applied: ``step`` (0 for start), ``source`` ('start', 'unit', 'epoch',
-    'idle'), ``time`` (the engine clock)."""
+    """A decision as the procedure made it: ``step`` (engine steps so far; 0 at start),
+    ``source`` ('start', 'unit', 'epoch', 'idle'), ``time`` (the engine clock)."""
 
     step: int
     source: str
@@ -372,27 +343,50 @@ class DecisionRecord:
     decision: Decision
 
 
+@dataclass(frozen=True)
+class TrialOutcome:
+    """A trial at the end of the run, as the book and the scheduling progress hold it
+    (``target`` of a stopped trial: the epochs it had completed when stopped)."""
+
+    spec: TrialSpec
+    target: int
+    completed: int
+    stopped: bool
+    freed: bool
+    reason: str | None
+    last_epoch: int | None
+    score: float | None
+    meta: dict[str, Any]
+
+
 @dataclass
 class SimResult:
     """Everything a run did.
 
-    ``log`` interleaves ``('unit', UnitReport)``, ``('epoch', EpochReport)`` and
-    ``('decision', DecisionRecord)`` in the order they happened; ``ranking``: (trial_id,
-    score) best first over the trials not freed; ``info``: ``tuner.info`` per output trial.
+    ``units``: every unit, in the order they ended; ``log`` interleaves ``('unit',
+    UnitReport)``, ``('epoch', EpochReport)`` and ``('decision', DecisionRecord)`` in the
+    order the procedure saw and made them; ``records``: the decisions as the book's sink got
+    them (what the server writes to ``automl_decisions``: seq, kind, trial, target, reason,
+    meta, time); ``ranking``: (trial_id, score) best first over the trials not freed;
+    ``info``: ``tuner.info`` per output trial; ``tuner``: the procedure at the end (rebuilt
+    from its state with ``roundtrip_state``).
     """
 
-    units: list[SimUnit]
+    units: list[UnitRecord]
     decisions: list[DecisionRecord]
     unit_reports: list[UnitReport]
     epoch_reports: list[EpochReport]
     log: list[tuple[str, Any]]
-    trials: dict[int, TrialState]
+    records: list[tuple[int, str, int, int | None, str | None, dict[str, Any], float]]
+    trials: dict[int, TrialOutcome]
     ranking: list[tuple[int, float]]
     info_columns: list[tuple[str, str]]
     info: dict[int, dict[str, Any]]
     makespan: float
     steps: int
     final_state: str
+    tuner: Tuner
+    outcome: FitOutcome
 
     @property
     def outputs(self) -> list[int]:
@@ -404,8 +398,83 @@ class SimResult:
 
 
 # --------------------------------------------------------------------------------------------
-# The loop
+# The run
 # --------------------------------------------------------------------------------------------
+
+
+class _Observed(Tuner):
+    """The procedure under simulation; logs what it is told and what it decides."""
+
+    name = "observed"
+
+    def __init__(self, inner: Tuner, clock: Callable[[], tuple[int, float]]) -> None:
+        self.inner = inner
+        self.__dict__["name"] = inner.name  # the engine's messages name the procedure
+        self.clock = clock
+        self.decisions: list[DecisionRecord] = []
+        self.units: list[UnitReport] = []
+        self.epochs: list[EpochReport] = []
+        self.log: list[tuple[str, Any]] = []
+
+    def _decided(self, source: str, decisions: list[Decision]) -> list[Decision]:
+        step, now = self.clock()
+        for d in decisions:
+            rec = DecisionRecord(step, source, now, d)
+            self.decisions.append(rec)
+            self.log.append(("decision", rec))
+        return decisions
+
+    def start(self) -> list[Decision]:
+        return self._decided("start", self.inner.start())
+
+    def on_unit(self, report: UnitReport) -> list[Decision]:
+        self.units.append(report)
+        self.log.append(("unit", report))
+        return self._decided("unit", self.inner.on_unit(report))
+
+    def on_epoch(self, report: EpochReport) -> list[Decision]:
+        self.epochs.append(report)
+        self.log.append(("epoch", report))
+        return self._decided("epoch", self.inner.on_epoch(report))
+
+    def on_idle(self, view: EngineView) -> list[Decision]:
+        return self._decided("idle", self.inner.on_idle(view))
+
+    def done(self) -> bool:
+        return self.inner.done()
+
+    def options(self) -> dict[str, Any]:
+        return self.inner.options()
+
+    def info(self, trial_id: int) -> dict[str, Any]:
+        return self.inner.info(trial_id)
+
+    def info_columns(self) -> list[tuple[str, str]]:
+        return self.inner.info_columns()
+
+    def state_json(self) -> str:
+        return self.inner.state_json()
+
+
+class _Hooks(AutoMLHooks):
+    """The engine's hooks; with ``roundtrip`` steps, a step's end rebuilds the procedure and
+    the book from their JSON state (what a resumed run starts from)."""
+
+    def __init__(self, book: TrialBook, observed: _Observed, executor: SimulatedExecutor,
+                 eval_kinds: list[str], roundtrip: bool | Collection[int]) -> None:
+        super().__init__(book, observed.name, eval_kinds)
+        self.observed, self.executor, self.roundtrip = observed, executor, roundtrip
+
+    def persist(self) -> None:
+        rt = self.roundtrip
+        if rt is True or (not isinstance(rt, bool) and self.executor.steps in rt):
+            o = self.observed
+            o.inner = Tuner.from_state_json(o.inner.state_json())
+            kept = json.loads(json.dumps(self.book.to_json()))
+            targets = self.book.restore(kept)
+            if targets != self.book.progress.targets:
+                raise AutoMLError(f"book state gave back targets {targets}, not "
+                                  f"{self.book.progress.targets}")
 
 
 def _holders(num_partitions: int, num_workers: int) -> dict[int, frozenset[int]]:
@@ -429,177 +498,44 @@ def simulate_tuner(
     validation: bool = True,
     max_steps: int = 100_000,
     seed: int = 0,
-    roundtrip_state: bool = False,
+    roundtrip_state: bool | Collection[int] = False,
     rows_per_partition: int = 1000,
 ) -> SimResult:
-    """Run ``tuner`` to the end on the fake engine (semantics in the module docstring).
+    """Run ``tuner`` to the end on the engine with a :class:`SimulatedExecutor` (see the
+    module).
 
     ``unit_time(spec, partition)``: seconds of a training unit (``eval_time`` defaults to a
-    third of it); ``seed``: the engine's tie-breaks; ``roundtrip_state``: after every step,
-    replace the tuner by ``Tuner.from_state_json(tuner.state_json())`` (what a resumed run
-    does; the outcome must not change). Raises :class:`AutoMLEngineError` when the tuner
-    breaks the contract or stalls, or after ``max_steps`` steps.
+    third of it); ``seed``: the scheduling policy's ``random_state``; ``roundtrip_state``:
+    after every engine step (``True``) or after the given steps (counted in units ended),
+    rebuild the procedure and the book from their JSON state. Raises what the engine raises
+    (:class:`~.trials.AutoMLError` when the procedure breaks the contract or stalls), and
+    ``RuntimeError`` after ``max_steps`` units.
     """
     if num_partitions < 1 or num_workers < 1:
         raise ValueError("num_partitions and num_workers must be at least 1")
     if metrics_compute_frequency is not None and metrics_compute_frequency < 1:
         raise ValueError("metrics_compute_frequency must be at least 1")
-    model = loss_model if loss_model is not None else SyntheticLoss()
+    trials = _Trials(loss_model if loss_model is not None else SyntheticLoss())
     etime = eval_time or (lambda s, p: EVAL_FRACTION * unit_time(s, p))
-    rng = np.random.default_rng(seed)
-    held = _holders(num_partitions, num_workers)
-    book = TrialBook()
-    level: dict[int, float] = {}
-    epoch_level: dict[tuple[int, int], float] = {}
-    eval_queue: list[tuple[int, int, int]] = []
-    eval_left: dict[tuple[int, int], int] = {}
-    running: dict[int, tuple[int, int, int, str, float]] = {}
-    events: list[tuple[float, int, int]] = []
-    units: list[SimUnit] = []
-    decisions: list[DecisionRecord] = []
-    unit_reports: list[UnitReport] = []
-    epoch_reports: list[EpochReport] = []
-    log: list[tuple[str, Any]] = []
-    now = 0.0
-    seq = 0
-    step = 0
-
-    def apply(ds: Iterable[Decision], source: str) -> None:
-        if not isinstance(ds, list):
-            raise AutoMLEngineError(f"{type(tuner).__name__}.{source} must return a list")
-        for d in ds:
-            book.apply(d)
-            rec = DecisionRecord(step, source, now, d)
-            decisions.append(rec)
-            log.append(("decision", rec))
-            if isinstance(d, Launch):
-                config_tunables(d.spec)
-                if d.spec.parent is None:
-                    level[d.spec.trial_id] = model.initial(d.spec)
-                else:
-                    level[d.spec.trial_id] = level[d.spec.parent]
-            elif isinstance(d, Stop) and d.free:
-                eval_queue[:] = [e for e in eval_queue if e[0] != d.trial_id]
-                for key in [k for k in eval_left if k[0] == d.trial_id]:
-                    del eval_left[key]
-
-    def view() -> EngineView:
-        return EngineView(num_workers, book.training(), book.paused(), now)
-
-    def idle_loop() -> None:
-        calls = 0
-        while view().free_slots > 0:
-            ds = tuner.on_idle(view())
-            if not ds:
-                return
-            apply(ds, "idle")
-            calls += 1
-            if calls >= MAX_IDLE_CALLS:
-                raise AutoMLEngineError(
-                    f"on_idle was called {MAX_IDLE_CALLS} times in one step without "
-                    "filling the workers")
-
-    def assign() -> None:
-        nonlocal seq
-        for w in range(num_workers):
-            if w in running:
-                continue
-            cands: list[tuple[int, list[int]]] = []
-            for k, t in book.trials.items():
-                if not t.training or t.in_flight:
-                    continue
-                parts = sorted(held[w] - t.visited)
-                if parts:
-                    cands.append((k, parts))
-            if cands:
-                def left(c: tuple[int, list[int]]) -> int:
-                    t = book[c[0]]
-                    return (t.target - t.completed) * num_partitions - len(t.visited)
-                most = max(left(c) for c in cands)
-                cands = [c for c in cands if left(c) == most]
-                k, parts = cands[int(rng.integers(len(cands)))] if len(cands) > 1 else cands[0]
-                p = parts[int(rng.integers(len(parts)))] if len(parts) > 1 else parts[0]
-                t = book[k]
-                t.in_flight = True
-                epoch = t.completed + 1
-                secs = float(unit_time(t.spec, p))
-                running[w] = (k, epoch, p, "train", now)
-                heapq.heappush(events, (now + secs, seq, w))
-                seq += 1
-                continue
-            for i, (k, e, p) in enumerate(eval_queue):
-                if p in held[w]:
-                    del eval_queue[i]
-                    running[w] = (k, e, p, "eval", now)
-                    heapq.heappush(events, (now + float(etime(book[k].spec, p)), seq, w))
-                    seq += 1
-                    break
-
-    def finish_train(w: int, k: int, epoch: int, p: int, start: float) -> None:
-        t = book[k]
-        t.in_flight = False
-        if t.freed:
-            units.append(SimUnit(k, epoch, p, w, start, now, "train", None, True))
-            return
-        loss, new = model.step(t.spec, level[k], epoch, p, num_partitions)
-        level[k] = new
-        t.visited.add(p)
-        units.append(SimUnit(k, epoch, p, w, start, now, "train", loss))
-        if len(t.visited) == num_partitions:
-            t.completed = epoch
-            t.visited = set()
-            epoch_level[(k, epoch)] = new
-            if book.evaluated(k, epoch, metrics_compute_frequency):
-                eval_left[(k, epoch)] = num_partitions
-                eval_queue.extend((k, epoch, q) for q in range(num_partitions))
-        r = UnitReport(k, epoch, p, loss, rows_per_partition, now - start, now)
-        unit_reports.append(r)
-        log.append(("unit", r))
-        apply(tuner.on_unit(r), "unit")
-
-    def finish_eval(w: int, k: int, epoch: int, p: int, start: float) -> None:
-        t = book[k]
-        units.append(SimUnit(k, epoch, p, w, start, now, "eval", None, t.freed))
-        if (k, epoch) not in eval_left:
-            return
-        eval_left[(k, epoch)] -= 1
-        if eval_left[(k, epoch)]:
-            return
-        del eval_left[(k, epoch)]
-        tl, vl = model.evaluate(t.spec, epoch_level[(k, epoch)], epoch, validation)
-        r = EpochReport(k, epoch, tl, {}, vl, {} if validation else None,
-                        epoch == t.target, now)
-        t.last_eval = (epoch, r.score)
-        epoch_reports.append(r)
-        log.append(("epoch", r))
-        apply(tuner.on_epoch(r), "epoch")
-
-    apply(tuner.start(), "start")
-    idle_loop()
-    if roundtrip_state:
-        tuner = Tuner.from_state_json(tuner.state_json())
-    while True:
-        assign()
-        if not running:
-            if book.training():
-                raise AutoMLEngineError("training trials cannot be scheduled")
-            if tuner.done():
-                break
-            raise AutoMLEngineError("the AutoML procedure stalled")
-        step += 1
-        if step > max_steps:
-            raise AutoMLEngineError(f"the run did not end within {max_steps} steps")
-        end, _, w = heapq.heappop(events)
-        now = end
-        k, epoch, p, kind, start = running.pop(w)
-        if kind == "train":
-            finish_train(w, k, epoch, p, start)
-        else:
-            finish_eval(w, k, epoch, p, start)
-        idle_loop()
-        if roundtrip_state:
-            tuner = Tuner.from_state_json(tuner.state_json())
-    info = {k: dict(tuner.info(k)) for k, t in book.trials.items() if not t.freed}
-    return SimResult(units, decisions, unit_reports, epoch_reports, log, dict(book.trials),
-                     book.ranking(), list(tuner.info_columns()), info,
-                     max((u.end for u in units), default=0.0), step, tuner.state_json())
+    ex = SimulatedExecutor(trials, num_partitions, unit_time, etime, rows_per_partition,
+                           max_steps)
+    observed = _Observed(tuner, lambda: (ex.steps, ex.now))
+    book = TrialBook(observed, trials, num_partitions, _holders(num_partitions, num_workers),
+                     metrics_compute_frequency)
+    eval_kinds = ["eval_train"] + (["eval_valid"] if validation else [])
+    hooks = _Hooks(book, observed, ex, eval_kinds, roundtrip_state)
+    book.start(0.0)
+    outcome = run_automl(hooks, ex, random_state=seed, clock=ex.clock)
+    p = book.progress
+    outcomes = {c: TrialOutcome(t.spec, p.targets[c], p.completed[c], t.stopped, t.freed,
+                                t.reason, t.last_epoch, t.score, dict(t.meta or {}))
+                for c, t in sorted(book.trials.items())}
+    ranking = [(c, math.nan if book.trials[c].score is None else float(book.trials[c].score))
+               for c in book.ranking()]
+    final = observed.inner
+    info = {c: dict(final.info(c)) for c in book.outputs()}
+    return SimResult(sorted(ex.log, key=lambda r: (r.end, r.start)), observed.decisions,
+                     observed.units, observed.epochs, observed.log, trials.records, outcomes,
+                     ranking, list(final.info_columns()), info,
+                     max((u.end for u in ex.log), default=0.0), ex.steps, final.state_json(),
+                     final, outcome)

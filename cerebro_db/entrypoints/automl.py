@@ -21,11 +21,12 @@ import numpy as np
 
 from .. import __version__, params
 from ..automl.base import TrialSpec, Tuner
+from ..automl.engine import AutoMLHooks, run_automl
 from ..automl.registry import get_tuner
 from ..automl.space import SearchSpace
 from ..automl.trials import EvalEpochs, TrialBook, state_for_jsonb, state_from_jsonb
 from ..catalog import Catalog
-from ..coordinator import ConfigResult, FitOutcome, combine, run_fit
+from ..coordinator import ConfigResult, FitOutcome
 from ..errors import (
     FEATURE_NOT_SUPPORTED,
     NULL_VALUE_NOT_ALLOWED,
@@ -35,7 +36,7 @@ from ..errors import (
 )
 from ..executors import DblinkExecutor
 from ..names import TableName
-from ..scheduling import Progress, get_policy
+from ..scheduling import Progress
 from . import entrypoint, require_output_schema
 from .models import require_arch_table
 from .preprocessing import resolve_seed
@@ -116,20 +117,15 @@ class _CatalogSink:
             f"{lit(json.dumps(dict(meta), default=str))}::jsonb, {float(now)})")
 
 
-class _Hooks:
-    """Connects a :class:`TrialBook` to the fit loop and keeps the catalog current."""
+class _Hooks(AutoMLHooks):
+    """The engine's hooks, keeping the catalog current after every step."""
 
     def __init__(self, book: TrialBook, sink: _CatalogSink, method: str,
                  eval_kinds: Sequence[str], notice: Any) -> None:
-        self.book, self.sink, self.method = book, sink, method
-        self.eval_kinds = list(eval_kinds)
-        self.notice = notice
+        super().__init__(book, method, eval_kinds, notice)
+        self.sink = sink
         self.saved: tuple[Any, ...] | None = None
         self.saved_state: tuple[str, str] | None = None
-
-    def before_assign(self, now: float) -> None:
-        self.book.fill(now)
-        self.persist()
 
     def persist(self) -> None:
         """Trial statuses (when changed), the run's total units, the procedure's state and
@@ -171,37 +167,6 @@ class _Hooks:
         # several statements in one command run as one transaction
         self.sink.ex.control("; ".join(stmts))
         self.saved, self.saved_state = key, (state, kept)
-
-    def finished(self) -> bool:
-        return self.book.finished()
-
-    def stalled(self) -> None:
-        self.book.check_stalled()
-
-    def total_units(self) -> int:
-        return self.book.total_units()
-
-    def on_train(self, config: int, epoch: int, partition: int, data: dict[str, Any],
-                 now: float) -> None:
-        self.book.unit_done(config, epoch, partition, data.get("loss"), data.get("rows", 0),
-                            data.get("train_seconds", data.get("seconds", 0.0)), now)
-
-    def on_evaluated(self, config: int, epoch: int, result: ConfigResult, now: float) -> None:
-        train = _combined(result.evals[(epoch, "eval_train")])
-        valid = _combined(result.evals[(epoch, "eval_valid")]) \
-            if "eval_valid" in self.eval_kinds else None
-        self.book.epoch_evaluated(config, epoch, train, valid, now)
-        t = self.book.trials[config]
-        shown = "NaN" if t.score is None else f"{t.score:.4g}"
-        self.notice(f"{self.method}: mst_key {config} evaluated at epoch {epoch}, "
-                    f"{'validation' if valid else 'training'} loss {shown}; "
-                    f"{len(self.book.training())} training, {len(self.book.paused())} paused, "
-                    f"{len(self.book.trials)} launched; {now:.1f} s")
-
-
-def _combined(parts: list[dict[str, Any]]) -> tuple[float, dict[str, float]]:
-    loss, metrics = combine(parts)
-    return loss, dict(zip(list(parts[0]["metrics"]), metrics))
 
 
 def _float_sql(v: float) -> str:
@@ -398,7 +363,6 @@ def _execute(cat: Catalog, req: FitRequest, tuner: Tuner,
     outputs; the fit is marked done after that, failed with the message on any error."""
     p = req.source.partitions
     workers = {w: {w} for w in range(p)}
-    policy = get_policy("mop", random_state=seed, prefer_lagging=True, seeded_order=True)
     retries, timeout, forward = _fault_settings(cat)
     ex = DblinkExecutor(cat, f"{os.getpid()}_{int(time.time() * 1000) % 10**9}", p,
                         _conninfo(cat), unit_timeout=timeout)
@@ -432,12 +396,9 @@ def _execute(cat: Catalog, req: FitRequest, tuner: Tuner,
                        f"{len(book.trials)} trials launched and {done} training units done "
                        f"({replayed} of them reported to the procedure only now); watch: "
                        f"SELECT * FROM {cat.schema}.automl_trials WHERE fit_id = {fit_id}")
-        evals = book.progress._eval_epochs
-        outcome = run_fit(policy, book.progress, _UnitExecutor(cat, ex, fit_id),
-                          eval_kinds=eval_kinds, num_partitions=p,
-                          snapshot_epochs=lambda c, e: e in evals[c], notice=cat.notice,
-                          max_unit_retries=retries, results=results, done_units=done,
-                          elapsed_before=spent, hooks=hooks)
+        outcome = run_automl(hooks, _UnitExecutor(cat, ex, fit_id), random_state=seed,
+                             notice=cat.notice, max_unit_retries=retries, results=results,
+                             done_units=done, elapsed_before=spent)
         hooks.persist()
         best = _write_outputs(cat, req, book, sink, fit_id, outcome, t0, mst, method,
                               automl_params, seed, use_gpus, name, description)

@@ -1,4 +1,4 @@
-"""ASHA on the fake engine: promotion rule (property test), rungs, budgets, state, seeds."""
+"""ASHA on the engine (simulated executor): promotion rule (property test), rungs, budgets, state, seeds."""
 from __future__ import annotations
 
 import math
@@ -15,6 +15,8 @@ from cerebro_db.automl.base import Extend, Launch, Stop, TrialSpec, Tuner, score
 from cerebro_db.automl.registry import get_tuner
 from cerebro_db.automl.simulate import SimResult, simulate_tuner
 from cerebro_db.errors import CerebroError
+
+pytest.importorskip("keras")  # the search space and the simulated loss parse the compile params
 
 CG = ("{'loss': ['mse'], 'optimizer_params_list': "
       "[{'optimizer': ['SGD'], 'learning_rate': [0.0001, 0.5, 'log']}]}")

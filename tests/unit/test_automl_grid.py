@@ -1,4 +1,5 @@
-"""Grid and random search as AutoML procedures (pure; driven by tests/unit/_automl_drive.py)."""
+"""Grid and random search as AutoML procedures (pure; run on the engine with the simulated
+executor)."""
 from __future__ import annotations
 
 import pytest
@@ -6,11 +7,12 @@ import pytest
 from cerebro_db.automl.base import Decision, Launch, TrialSpec, Tuner
 from cerebro_db.automl.grid import GridSearch, RandomSearch
 from cerebro_db.automl.registry import get_tuner
+from cerebro_db.automl.simulate import EpochScores, SimResult, random_unit_time, simulate_tuner
 from cerebro_db.automl.space import Point, SearchSpace
 from cerebro_db.errors import CerebroError
 from cerebro_db.params import parse_compile_params, parse_fit_params
 
-from ._automl_drive import run
+pytest.importorskip("keras")  # the search space parses the compile params
 
 COMPILE = ("{'loss': ['mse'], 'optimizer_params_list': [{'optimizer': ['SGD'], "
            "'lr': [0.01, 0.1]}, {'optimizer': ['Adam'], 'lr': [0.001, 0.01, 0.1]}], "
@@ -27,6 +29,12 @@ def _args(compile_grid: str = COMPILE, fit_grid: str = FIT, **kw: object) -> dic
 
 def _score(spec: TrialSpec, epoch: int) -> float:
     return 1.0 / epoch + spec.trial_id
+
+
+def run(t: Tuner, *, num_workers: int, seed: int = 0) -> SimResult:
+    return simulate_tuner(t, num_partitions=2, num_workers=num_workers,
+                          loss_model=EpochScores(_score), unit_time=random_unit_time(seed),
+                          seed=seed)
 
 
 def _launches(decisions: list[Decision]) -> list[Launch]:
@@ -52,9 +60,10 @@ def test_grid_launches_every_point_once() -> None:
 
 
 def test_grid_run_trains_every_trial_num_iterations() -> None:
-    r = run(GridSearch(**_args(), num_iterations=2), _score, num_workers=3, seed=1)
+    r = run(GridSearch(**_args(), num_iterations=2), num_workers=3, seed=1)
     assert len(r.trials) == 20
-    assert all(t.epochs == 2 and not t.stopped for t in r.trials.values())
+    assert all(t.completed == 2 and not t.stopped for t in r.trials.values())
+    assert [k for k, _ in r.ranking] == list(range(1, 21))  # by score: 0.5 + trial id
 
 
 def test_grid_rejects_distributions() -> None:
@@ -78,7 +87,7 @@ def test_random_draws_distinct_points_reproducibly() -> None:
 
 def test_random_takes_fewer_when_the_space_is_small() -> None:
     tuner = RandomSearch(**_args(), num_configs=50, num_iterations=1)
-    r = run(tuner, _score, num_workers=2)
+    r = run(tuner, num_workers=2)
     space = SearchSpace([1, 2], COMPILE, FIT)
     assert len(r.trials) == 20
     assert {space.key(Point(t.spec.model_id, t.spec.compile_params, t.spec.fit_params))

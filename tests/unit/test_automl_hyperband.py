@@ -1,9 +1,10 @@
 """Hyperband: the schedule (the paper's table, exact integer arithmetic, skip_last) and the
-diagonal execution over a test engine (survivors, epochs, reproducibility, resume)."""
+diagonal execution on the engine with the simulated executor (survivors, epochs, reproducibility, resume)."""
 from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable, Collection
 from fractions import Fraction
 
 import pytest
@@ -13,9 +14,12 @@ from hypothesis import strategies as st
 from cerebro_db.automl.base import EpochReport, Extend, Launch, Stop, TrialSpec, score_key
 from cerebro_db.automl.hyperband import Hyperband, hyperband_schedule
 from cerebro_db.automl.registry import get_tuner
+from cerebro_db.automl.simulate import EpochScores, SimResult, random_unit_time, simulate_tuner
 from cerebro_db.errors import CerebroError
 
-from ._automl_drive import Run, ScoreFn, run
+pytest.importorskip("keras")  # the search space parses the compile params
+
+ScoreFn = Callable[[TrialSpec, int], float]
 
 COMPILE = ("{'loss': ['mse'], 'optimizer_params_list': [{'optimizer': ['SGD'], "
            "'lr': [0.00001, 1.0, 'log'], 'momentum': [0.0, 0.99, 'linear']}]}")
@@ -28,6 +32,15 @@ def _tuner(R: int, eta: int, skip_last: int = 0, random_state: int | None = 1,
     return Hyperband(model_ids=list(model_ids), compile_grid=compile_grid, fit_grid=FIT,
                      num_workers=4, random_state=random_state, R=R, eta=eta,
                      skip_last=skip_last)
+
+
+def run(t: Hyperband, score: ScoreFn, *, num_workers: int, seed: int = 0,
+        frequency: int | None = None, roundtrip: bool | Collection[int] = False) -> SimResult:
+    """``t`` on the engine, scored by ``score(spec, epoch)``, one partition per worker
+    (at most two), unit times drawn from ``seed``."""
+    return simulate_tuner(t, num_partitions=min(num_workers, 2), num_workers=num_workers,
+                          metrics_compute_frequency=frequency, loss_model=EpochScores(score),
+                          unit_time=random_unit_time(seed), seed=seed, roundtrip_state=roundtrip)
 
 
 def _scorer(seed: int, nan_rate: float = 0.05, levels: int = 7) -> ScoreFn:
@@ -104,7 +117,7 @@ def test_schedule_properties(R: int, eta: int, data: st.DataObject) -> None:
 
 # -- execution ------------------------------------------------------------------------------
 
-def _check_run(r: Run, t: Hyperband, score: ScoreFn) -> None:
+def _check_run(r: SimResult, t: Hyperband, score: ScoreFn) -> None:
     sched = {(s, i): (n, ep) for s, i, n, ep in t.schedule()}
     by_bracket: dict[int, list[int]] = {}
     for k in r.trials:
@@ -127,10 +140,10 @@ def _check_run(r: Run, t: Hyperband, score: ScoreFn) -> None:
             members = survivors
         for k in ids:
             tr = r.trials[k]
-            assert tr.epochs == sched[(s, t.info(k)["i"])][1]
+            assert tr.completed == sched[(s, t.info(k)["i"])][1]
             assert tr.stopped == (t.info(k)["i"] < last)
     # diagonal: targets never decrease in decision order
-    targets = [d[-1] if d[0] == "launch" else d[2] for d in r.decisions if d[0] != "stop"]
+    targets = [d.decision.target for d in r.decisions if not isinstance(d.decision, Stop)]
     assert targets == sorted(targets)
     assert t.done()
 
@@ -140,7 +153,7 @@ def _check_run(r: Run, t: Hyperband, score: ScoreFn) -> None:
 def test_survivors_are_the_best_of_each_round(seed: int, skip: int, workers: int) -> None:
     t = _tuner(27, 3, skip, random_state=seed)
     score = _scorer(seed)
-    r = run(t, score, num_workers=workers, seed=seed, frequency=seed % 3)
+    r = run(t, score, num_workers=workers, seed=seed, frequency=seed % 3 or None)
     _check_run(r, t, score)
 
 
@@ -151,7 +164,7 @@ def test_r81_eta3_full_run() -> None:
     _check_run(r, t, score)
     assert len(r.trials) == 81 + 34 + 15 + 8 + 5
     # survivors continue from their weights: round i costs n_i * (r_i - r_{i-1}) epochs
-    assert sum(tr.epochs for tr in r.trials.values()) == sum(
+    assert sum(tr.completed for tr in r.trials.values()) == sum(
         n * (ep - (ep // 3 if i else 0)) for s, i, n, ep in hyperband_schedule(81, 3))
 
 
@@ -169,7 +182,7 @@ def test_state_round_trip_mid_run_continues_identically(points: list[int]) -> No
     score = _scorer(3)
     whole = run(_tuner(27, 3, random_state=9), score, num_workers=4, seed=6)
     resumed = run(_tuner(27, 3, random_state=9), score, num_workers=4, seed=6,
-                  roundtrip_at=set(points))
+                  roundtrip=set(points))
     assert resumed.decisions == whole.decisions
     assert {k: resumed.tuner.info(k) for k in resumed.trials} == \
         {k: whole.tuner.info(k) for k in whole.trials}
@@ -198,8 +211,8 @@ def test_a_space_smaller_than_a_bracket() -> None:
     assert {t.info(k)["s"] for k in r.trials} == {2}
     # bracket 2: 9 wanted, 3 there; keeps n_1 = 3, then n_2 = 1 (the lowest score)
     assert [k for k in r.trials if t.info(k)["i"] == 2] == [1]
-    assert r.trials[1].epochs == 9 and not r.trials[1].stopped
-    assert all(r.trials[k].stopped and r.trials[k].epochs == 3 for k in (2, 3))
+    assert r.trials[1].completed == 9 and not r.trials[1].stopped
+    assert all(r.trials[k].stopped and r.trials[k].completed == 3 for k in (2, 3))
 
 
 def test_decision_kinds_per_diagonal() -> None:
