@@ -403,7 +403,8 @@ def _execute(cat: Catalog, req: FitRequest, tuner: Tuner,
     outputs; the fit is marked done after that, failed with the message on any error."""
     p = req.source.partitions
     workers = {w: {w} for w in range(p)}
-    policy = get_policy("mop", random_state=seed, prefer_lagging=True, seeded_order=True)
+    policy = get_policy("mop", random_state=seed, prefer_lagging=True, seeded_order=True,
+                        cost_aware=True, rotated_order=True)
     retries, timeout, forward = _fault_settings(cat)
     ex = DblinkExecutor(cat, f"{os.getpid()}_{int(time.time() * 1000) % 10**9}", p,
                         _conninfo(cat), unit_timeout=timeout)

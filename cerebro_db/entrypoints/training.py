@@ -877,16 +877,20 @@ def _warm_weights(cat: Catalog, out: TableName, configs: list[Config], key: str)
 
 def _policy(scheduling_policy: str | None, policy_params: str | None,
             random_state: int | None) -> tuple[str, dict[str, Any]]:
-    """The policy name and options. For MOP the defaults are ``prefer_lagging`` (a shorter
-    tail) and, when the caller fixed ``random_state``, ``seeded_order`` (each config's visit
-    order depends on the seed only, so two runs give the same models)."""
+    """The policy name and options. For MOP the defaults are ``prefer_lagging`` and
+    ``cost_aware`` (a shorter tail), ``seeded_order`` with ``rotated_order`` (each config's
+    visit order depends on the fit's seed only, so two runs with the same ``random_state``
+    give the same models, and the orders are spread evenly over the workers; without
+    ``random_state`` the seed is drawn and recorded in ``fits.random_state``)."""
     name = (scheduling_policy or "mop").strip().lower()
     opts = params.parse_keyword_string(policy_params, "policy_params")
     if "random_state" in opts:
         raise invalid("policy_params cannot set random_state; use the random_state argument")
     if name in ("mop", "random"):
         opts.setdefault("prefer_lagging", True)
-        opts.setdefault("seeded_order", random_state is not None)
+        opts.setdefault("seeded_order", True)
+        opts.setdefault("cost_aware", True)
+        opts.setdefault("rotated_order", True)
     get_policy(name, **opts)  # validates the name and options before any work
     return name, opts
 
