@@ -52,6 +52,8 @@ from cerebro_db.scheduling import (
 POLICY_CASES: list[tuple[str, dict[str, Any]]] = [
     ("mop", {}),
     ("mop", {"prefer_lagging": True}),
+    ("mop", {"prefer_lagging": True, "seeded_order": True, "cost_aware": True,
+             "rotated_order": True}),  # what fits use
     ("random", {}),
     ("ring", {}),
     ("ring", {"layout": "slots", "reset_optimizer_per_hop": True}),
