@@ -330,13 +330,14 @@ def main(path: Path | str = ROOT / "bench" / "results" / "results.json") -> None
     # ---------------------------------------------------------------- realistic scale
     real = ["## Realistic scale: cerebro_db against one Keras process and the machine's limit",
             "",
-            ("cerebro_db (mop) with default arguments but `use_caching => TRUE` (as every "
-             f"cerebro_db run here), p = {p}; sequential Keras at its best thread count (measured "
-             "in this run); the limit: p concurrent Keras processes, each training every "
-             "configuration on 1/p of the rows (1 thread each). Coordinator: peak RSS of the "
-             "fit's calling backend (a session that runs only fits). First unit: seconds from "
-             "the call to the first unit's start, for a cold fit and for a second fit of the "
-             "same session."), "",
+            (f"cerebro_db (mop) with every argument at its default, p = {p}; sequential "
+             "Keras at its best thread count (measured in this run); the limit: p concurrent "
+             "Keras processes, each training every configuration on 1/p of the rows (1 thread "
+             "each; makespan of the slower one, measured like sequential's). Coordinator: peak "
+             "RSS of the fit's calling backend (a session that runs only fits; PostgreSQL's "
+             "shared buffers it touched count too). First unit: seconds from the call to the "
+             "first unit's start (the workers have imported TensorFlow by then), for a cold "
+             "fit and for a second fit of the same session."), "",
             ("| workload | cerebro_db (s) | sequential (s) | limit (s) | cerebro_db / sequential "
              "| cerebro_db / limit | coordinator peak RSS (MiB) | first unit, cold / second "
              "fit (s) |"),

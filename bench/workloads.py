@@ -75,6 +75,7 @@ class Workload:
     repeats: int = 1
     systems: tuple[str, ...] = ()
     notes: list[str] = field(default_factory=list)
+    use_caching: bool | None = True  # None: cerebro_db's default (the realistic workloads)
 
     def save(self, path: Path) -> None:
         """Arrays and configurations for the subprocess runners."""
@@ -290,18 +291,21 @@ def workloads(scale: Scale, only: set[str] | None = None) -> list[Workload]:
         if want("fashion-60k-mlp"):
             out.append(Workload("fashion-60k-mlp", f"Fashion-MNIST, all {len(y):,} rows: 8 MLP "
                                 "configs (2 shapes x 2 lr x 2 batch)", x / 255.0, y, vx / 255.0,
-                                vy, 10, mlp8(784, 10), scale.full_epochs, systems=REALISTIC))
+                                vy, 10, mlp8(784, 10), scale.full_epochs, systems=REALISTIC,
+                                use_caching=None))
         if want("fashion-60k-cnn"):
             out.append(Workload("fashion-60k-cnn", f"Fashion-MNIST, all {len(y):,} rows: 4 CNN "
                                 "configs (2 lr x 2 batch)", x / 255.0, y, vx / 255.0, vy, 10,
                                 cnn4(10), max(1, scale.full_epochs - 1),
-                                systems=tuple(s for s in REALISTIC if s != "mop_warm")))
+                                systems=tuple(s for s in REALISTIC if s != "mop_warm"),
+                                use_caching=None))
     if want("wide-100k"):
         x, y, vx, vy = synthetic(scale.wide_rows, scale.wide_valid, seed=11)
         out.append(Workload("wide-100k", f"synthetic wide tabular, {len(y):,} rows, "
                             f"{SYNTH_FEATURES} features: 8 MLP configs", x, y, vx, vy, 2,
                             mlp8(SYNTH_FEATURES, 2), scale.full_epochs,
-                            systems=tuple(s for s in REALISTIC if s != "mop_warm")))
+                            systems=tuple(s for s in REALISTIC if s != "mop_warm"),
+                            use_caching=None))
     if "fashion-mnist" in scale.image_datasets and want("fashion-mnist"):
         out.append(image_workload("fashion-mnist", ("mop", "ring", "ring_reset", "sequential",
                                                     "ray")))
