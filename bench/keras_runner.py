@@ -1,11 +1,13 @@
 """Plain Keras baselines of the suite, run as a subprocess (so its memory is its own).
 
-    python bench/keras_runner.py sequential DATA.npz --threads N
+    python bench/keras_runner.py sequential DATA.npz --threads N [--shard I/P]
     python bench/keras_runner.py averaging DATA.npz --config I --epochs E --partitions P
 
 ``sequential``: every configuration of DATA.json one after another in this one process, on
 the numpy arrays in memory, ``epochs`` passes each, training and validation metrics after
-every epoch (what cerebro_db computes too). ``averaging``: MADlib's single-model training
+every epoch (what cerebro_db computes too); with ``--shard I/P`` only rows I, I+P, ... of the
+training and validation arrays (p such processes side by side: the limit of data-parallel
+work on this machine). ``averaging``: MADlib's single-model training
 (``madlib_keras_fit``): each of P partitions trains a copy of the current weights for one
 epoch, the copies are averaged (weighted by rows), repeat; simulated sequentially in this
 process (one Keras model per partition, whose optimizer state persists across rounds as in
@@ -47,11 +49,14 @@ def build(cfg: dict, seed: int = 1):
     return m
 
 
-def sequential(path: str, threads: int) -> dict:
+def sequential(path: str, threads: int, shard: str | None = None) -> dict:
     from cerebro_db.training import configure_runtime
 
     configure_runtime(threads)
     meta, x, y, vx, vy = load(path)
+    if shard:
+        i, p = (int(v) for v in shard.split("/"))
+        x, y, vx, vy = x[i::p], y[i::p], vx[i::p], vy[i::p]
     import keras  # noqa: F401 - imported before the clock starts, like a warm process
 
     t0 = time.perf_counter()
@@ -69,7 +74,8 @@ def sequential(path: str, threads: int) -> dict:
             train_s += t2 - t
             curve.append(float(r["accuracy"]))
         runs.append({"curve": curve, "train_s": train_s, "eval_s": eval_s})
-    return {"makespan": time.perf_counter() - t0, "threads": threads, "configs": runs}
+    return {"makespan": time.perf_counter() - t0, "threads": threads, "configs": runs,
+            "rows": len(x), "shard": shard}
 
 
 def averaging(path: str, index: int, epochs: int, p: int) -> dict:
@@ -117,8 +123,9 @@ def main() -> None:
     ap.add_argument("--config", type=int, default=0)
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--partitions", type=int, default=2)
+    ap.add_argument("--shard", default=None, help="I/P: train on rows I, I+P, ... only")
     a = ap.parse_args()
-    out = (sequential(a.data, a.threads) if a.mode == "sequential"
+    out = (sequential(a.data, a.threads, a.shard) if a.mode == "sequential"
            else averaging(a.data, a.config, a.epochs, a.partitions))
     print(json.dumps(out), flush=True)
 

@@ -7,23 +7,32 @@ For each workload of the scale (bench/workloads.py) it runs, on the same arrays 
 configurations:
 
   mop          cerebro_db madlib_keras_fit_multiple_model, policy 'mop' (randomized), p = 2,
-               use_caching, validation every epoch
+               use_caching (left at its default, NULL, on the realistic workloads),
+               validation every epoch
   ring         the same with policy 'ring' (MADlib's rotation, a barrier per hop)
   ring_reset   'ring' with policy_params 'reset_optimizer_per_hop=True' (MADlib drops the
                optimizer state at every hop)
+  mop_warm     a second 'mop' fit in the same session right after the first: its worker
+               sessions are kept from that fit (no TensorFlow import)
   sequential   Keras, one process, the configurations one after another on numpy arrays
                (1 and 2 TensorFlow threads measured on the first workload, the best kept)
+  keras_split  p concurrent Keras processes (1 thread each), each training every
+               configuration on 1/p of the rows: the machine's limit for data-parallel work
   ray          Ray Tune, 2 concurrent trials, each with its own copy of the data
 
 plus model averaging (MADlib's madlib_keras_fit) against sequential SGD for one
 configuration. While a system runs, the resident memory of its processes is sampled with
 psutil (cerebro_db: the coordinator backend and the worker backends found in
-pg_stat_activity; the others: the subprocess and its children). Raw results go to
+pg_stat_activity; the others: the subprocess and its children). Fits run in their own
+session, which does nothing else, so the coordinator's memory is the fit's alone; every fit
+but mop_warm starts cold (``cerebro_db_close_workers()`` first), and the time from the call
+to the first unit's start is recorded (``first_unit_s``). Raw results go to
 bench/results/results.json; bench/report.py turns them into bench/RESULTS.md and the figures.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 import os
@@ -147,6 +156,45 @@ def run_sub(args: list[str]) -> tuple[dict, dict]:
     return json.loads(out.strip().splitlines()[-1]), mem
 
 
+def run_concurrent(arg_lists: list[list[str]]) -> tuple[list[dict], dict, float]:
+    """Run runner scripts side by side, sampling all their process trees; (their JSON
+    outputs, memory, wall seconds until the last one ended)."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
+               PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "bench")]))
+    with contextlib.ExitStack() as stack:
+        errs = [stack.enter_context(tempfile.TemporaryFile("w+")) for _ in arg_lists]
+        return _run_concurrent(arg_lists, env, errs)
+
+
+def _run_concurrent(arg_lists: list[list[str]], env: dict[str, str],
+                    errs: list[Any]) -> tuple[list[dict], dict, float]:
+    t0 = time.perf_counter()
+    procs = [subprocess.Popen([sys.executable, *args], stdout=subprocess.PIPE, stderr=e,
+                              text=True, env=env, cwd=str(ROOT))
+             for args, e in zip(arg_lists, errs)]
+    trees = [tree_pids(pr.pid) for pr in procs]
+
+    def all_pids() -> dict[int, str]:
+        out: dict[int, str] = {}
+        for i, f in enumerate(trees):
+            try:
+                out.update({pid: f"{label} {i}" for pid, label in f().items()})
+            except Exception:  # noqa: BLE001, S112 - that process already ended
+                continue
+        return out
+
+    s = Sampler(all_pids)
+    s.start()
+    outs = [pr.communicate()[0] for pr in procs]
+    wall = time.perf_counter() - t0
+    mem = s.stop()
+    for pr, e, args in zip(procs, errs, arg_lists):
+        if pr.returncode:
+            e.seek(0)
+            raise RuntimeError(f"{' '.join(args)} failed:\n{e.read()[-4000:]}")
+    return [json.loads(o.strip().splitlines()[-1]) for o in outs], mem, wall
+
+
 # --------------------------------------------------------------------------- cerebro_db
 
 
@@ -156,7 +204,8 @@ class Db:
     def __init__(self, conn, w: Workload) -> None:
         self.conn, self.w = conn, w
         self.t = "bench_" + w.name.replace("-", "_")
-        self.backend_pid = q(conn, "SELECT pg_backend_pid()")[0][0]
+        self.fit_conn = connect()  # fits only: its backend's memory is the coordinator's
+        self.backend_pid = q(self.fit_conn, "SELECT pg_backend_pid()")[0][0]
         self.fit_ids: list[int] = []
 
     def load(self) -> float:
@@ -223,21 +272,30 @@ class Db:
                 "metrics", "load", "run", "save", "state_bytes", "pid")
         return [dict(zip(keys, r)) for r in rows]
 
-    def fit(self, policy: str, params: str | None, epochs: int | None = None) -> dict[str, Any]:
-        """One madlib_keras_fit_multiple_model call: makespan, memory, unit log."""
-        t = self.t
-        q(self.conn, f"DROP TABLE IF EXISTS {t}_out, {t}_out_info, {t}_out_summary")
+    def fit(self, policy: str, params: str | None, epochs: int | None = None,
+            warm: bool = False) -> dict[str, Any]:
+        """One madlib_keras_fit_multiple_model call in the fit session: makespan, memory,
+        unit log, seconds from the call to the first unit. Cold (the session's kept worker
+        sessions closed first) unless ``warm``."""
+        t, c = self.t, self.fit_conn
+        q(c, f"DROP TABLE IF EXISTS {t}_out, {t}_out_info, {t}_out_summary")
+        if not warm:
+            q(c, "SELECT cerebro_db_close_workers()")
         pids = self._pids()
         s = Sampler(pids)
         s.start()
+        called = q(c, "SELECT extract(epoch FROM clock_timestamp())::float8")[0][0]
         t0 = time.perf_counter()
-        q(self.conn, f"SELECT madlib_keras_fit_multiple_model('{t}_p', '{t}_out', '{t}_mst', %s, "
-                     f"FALSE, '{t}_v', 1, FALSE, NULL, NULL, TRUE, %s, %s, 1)",
-          (epochs or self.w.epochs, policy, params))
+        q(c, f"SELECT madlib_keras_fit_multiple_model('{t}_p', '{t}_out', '{t}_mst', %s, "
+             f"FALSE, '{t}_v', 1, FALSE, NULL, NULL, %s, %s, %s, 1)",
+          (epochs or self.w.epochs, self.w.use_caching, policy, params))
         wall = time.perf_counter() - t0
         mem = s.stop()
         pids.close()  # type: ignore[attr-defined]
-        return self._result(wall, mem)
+        res = self._result(wall, mem)
+        res["warm"] = warm
+        res["first_unit_s"] = min((u["start"] for u in res["units"]), default=called) - called
+        return res
 
     def fit_single(self, index: int, epochs: int) -> dict[str, Any]:
         """madlib_keras_fit of one configuration (sequential SGD over the partitions)."""
@@ -264,6 +322,10 @@ class Db:
 
     def cleanup(self) -> None:
         t = self.t
+        try:
+            self.fit_conn.close()
+        except Exception:  # noqa: BLE001, S110 - closing anyway
+            pass
         if self.fit_ids:
             q(self.conn, "DELETE FROM cerebro_db.fits WHERE fit_id = ANY(%s)", (self.fit_ids,))
         q(self.conn, f"DROP TABLE IF EXISTS {t}_train, {t}_valid, {t}_p, {t}_p_summary, {t}_v, "
@@ -313,6 +375,20 @@ def run_workload(conn, w: Workload, work: Path, skip: set[str], threads: list[in
             t0 = time.perf_counter()
             if system == "mop":
                 runs = repeat(w.repeats, lambda: db.fit("mop", None))
+            elif system == "mop_warm":  # right after a fit of the same session
+                runs = repeat(w.repeats, lambda: db.fit("mop", None, warm=True))
+            elif system == "keras_split":
+                runs = []
+                for _ in range(w.repeats):
+                    outs, mem, wall = run_concurrent(
+                        [["bench/keras_runner.py", "sequential", str(data), "--threads", "1",
+                          "--shard", f"{i}/{P}"] for i in range(P)])
+                    # makespan as sequential's (data in memory to the last evaluation) of
+                    # the slower process; wall: with process start and TensorFlow's import
+                    runs.append({"makespan": max(o["makespan"] for o in outs), "wall": wall,
+                                 "memory": mem,
+                                 "process_makespans": [o["makespan"] for o in outs],
+                                 "curves": [c["curve"] for c in outs[0]["configs"]]})
             elif system == "ring":
                 runs = repeat(w.repeats, lambda: db.fit("ring", None))
             elif system == "ring_reset":

@@ -39,15 +39,23 @@ class Scale:
     repeats_adult: int = 1
     image_datasets: tuple[str, ...] = ("fashion-mnist",)
     synth_factors: tuple[int, ...] = (1, 4, 16)
+    full_rows: int = 60000   # realistic scale: all of Fashion-MNIST's training rows
+    full_valid: int = 10000
+    full_epochs: int = 3
+    wide_rows: int = 100000  # realistic scale: the wide synthetic tabular set
+    wide_valid: int = 10000
 
 
 SCALES: dict[str, Scale] = {
-    "tiny": Scale("tiny", 400, 200, 1, 600, 300, 250, 200, 400, 2, 1),
-    # default: about 9 minutes on a quiet 2-core machine. MNIST is not part of the suite: the
-    # repository has no copy and Debian packages none (Fashion-MNIST comes from Debian).
+    "tiny": Scale("tiny", 400, 200, 1, 600, 300, 250, 200, 400, 2, 1, full_rows=600,
+                  full_valid=200, full_epochs=1, wide_rows=1000, wide_valid=300),
+    # default: the realistic workloads first (full Fashion-MNIST with MLPs and with CNNs, a
+    # wide tabular set of 100,000 rows), then the small ones (about 9 minutes together). MNIST
+    # is not part of the suite: the repository has no copy and Debian packages none
+    # (Fashion-MNIST comes from Debian).
     "default": Scale("default", 4000, 1000, 2, 10000, 4000, 4000, 2000, 4000, 5, 3),
     "large": Scale("large", 60000, 10000, 3, None, 16281, 80000, 10000, 30000, 10, 1,
-                   repeats_adult=3),
+                   repeats_adult=3, wide_rows=400000),
 }
 
 
@@ -67,6 +75,7 @@ class Workload:
     repeats: int = 1
     systems: tuple[str, ...] = ()
     notes: list[str] = field(default_factory=list)
+    use_caching: bool | None = True  # None: cerebro_db's default (the realistic workloads)
 
     def save(self, path: Path) -> None:
         """Arrays and configurations for the subprocess runners."""
@@ -246,6 +255,23 @@ def adult_configs(d: int) -> list[dict[str, Any]]:
             for h in ([64], [256, 128]) for lr in (0.001, 0.01) for bs in (64, 256)]
 
 
+def mlp8(d: int, classes: int) -> list[dict[str, Any]]:
+    """8 MLPs of the MADlib kind: 2 shapes x 2 learning rates x 2 batch sizes."""
+    return [config(f"mlp-{'-'.join(map(str, h))}", mlp(d, classes, h), lr, bs)
+            for h in ([128], [256, 128]) for lr in (0.001, 0.003) for bs in (64, 128)]
+
+
+def cnn4(classes: int) -> list[dict[str, Any]]:
+    """4 CNNs (the demo's): 2 learning rates x 2 batch sizes."""
+    return [config("cnn", cnn(classes), lr, bs) for lr in (0.001, 0.003) for bs in (64, 128)]
+
+
+REALISTIC = ("mop", "mop_warm", "ring", "sequential", "keras_split")
+"""Systems of the realistic workloads: mop_warm is a second fit in the same session (worker
+sessions kept from the first); keras_split is p concurrent Keras processes, each training
+every configuration on 1/p of the rows (the machine's limit for data-parallel work)."""
+
+
 def workloads(scale: Scale, only: set[str] | None = None) -> list[Workload]:
     """Every workload of ``scale`` (or those named in ``only``), most important first (a run
     cut short keeps the results of the workloads it finished)."""
@@ -260,6 +286,26 @@ def workloads(scale: Scale, only: set[str] | None = None) -> list[Workload]:
                         x / 255.0, y, vx / 255.0, vy, 10, grid16(10), scale.epochs,
                         systems=systems)
 
+    if want("fashion-60k-mlp") or want("fashion-60k-cnn"):
+        x, y, vx, vy = images("fashion-mnist", scale.full_rows, scale.full_valid)
+        if want("fashion-60k-mlp"):
+            out.append(Workload("fashion-60k-mlp", f"Fashion-MNIST, all {len(y):,} rows: 8 MLP "
+                                "configs (2 shapes x 2 lr x 2 batch)", x / 255.0, y, vx / 255.0,
+                                vy, 10, mlp8(784, 10), scale.full_epochs, systems=REALISTIC,
+                                use_caching=None))
+        if want("fashion-60k-cnn"):
+            out.append(Workload("fashion-60k-cnn", f"Fashion-MNIST, all {len(y):,} rows: 4 CNN "
+                                "configs (2 lr x 2 batch)", x / 255.0, y, vx / 255.0, vy, 10,
+                                cnn4(10), max(1, scale.full_epochs - 1),
+                                systems=tuple(s for s in REALISTIC if s != "mop_warm"),
+                                use_caching=None))
+    if want("wide-100k"):
+        x, y, vx, vy = synthetic(scale.wide_rows, scale.wide_valid, seed=11)
+        out.append(Workload("wide-100k", f"synthetic wide tabular, {len(y):,} rows, "
+                            f"{SYNTH_FEATURES} features: 8 MLP configs", x, y, vx, vy, 2,
+                            mlp8(SYNTH_FEATURES, 2), scale.full_epochs,
+                            systems=tuple(s for s in REALISTIC if s != "mop_warm"),
+                            use_caching=None))
     if "fashion-mnist" in scale.image_datasets and want("fashion-mnist"):
         out.append(image_workload("fashion-mnist", ("mop", "ring", "ring_reset", "sequential",
                                                     "ray")))

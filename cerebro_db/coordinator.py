@@ -181,6 +181,8 @@ def run_fit(policy: Policy, progress: Progress, executor: Executor, *,
                     hint=data.get("hint"), detail=data.get("detail"))
             epoch_before = progress.completed[unit.config]
             progress.finish(worker, True)
+            if unit.kind == TRAIN:
+                progress.observe(unit.config, data.get("seconds"))
             if worker in elastic.retiring:
                 elastic.leave(worker, "removed")
             r = results.setdefault(unit.config, ConfigResult())

@@ -16,6 +16,15 @@ backend (pids are recorded when sessions open) and reported lost the same way.
 Elasticity. Workers can be added (:meth:`DblinkExecutor.add`, a new session) and retired
 (:meth:`DblinkExecutor.retire`, its session closed) while the fit runs.
 
+Reuse between fits. With ``keep_idle`` > 0 (``cerebro_db.worker_idle_timeout``), a fit
+that ends well leaves its idle worker sessions open in this backend's pool
+(``application_name`` ``cerebro_db_pool <coordinator pid>``, ``idle_session_timeout`` set),
+so the next fit of the same calling session skips TensorFlow's import. A pooled session is
+reused only by the same role (``current_user``, ``session_user`` and connection string as
+when it was opened), after ``RESET ALL``; one that died (idle timeout, terminated) is closed
+and a fresh one opened. The pool ends with the calling session, after the idle timeout, or
+with :func:`close_pool` (``cerebro_db_close_workers()``).
+
 All SQL text goes through :class:`cerebro_db.catalog.Catalog` or this module.
 """
 from __future__ import annotations
@@ -31,6 +40,41 @@ from .errors import CerebroError
 RETRYABLE = frozenset({"57014", "57P01", "57P02", "57P03", "40001", "40P01"})
 """SQLSTATEs of a worker's answer that say the session, not the unit, failed (query
 cancelled, server shutting down, serialization failure, deadlock): the unit is retried."""
+
+
+POOL_APPLICATION = "cerebro_db_pool"
+
+
+@dataclass
+class _Parked:
+    """An idle worker session kept open between fits (see :meth:`DblinkExecutor.close`)."""
+
+    name: str
+    pid: int
+    key: tuple[Any, ...]
+    roles: tuple[str, str]
+    since: float
+    timeout: float
+
+
+_pool: list[_Parked] = []
+"""This backend's idle worker sessions, oldest first (a PL/Python module lives as long as
+the session; so do its dblink connections)."""
+
+
+def close_pool(cat: Catalog) -> int:
+    """Close every pooled worker session of this backend; returns how many there were."""
+    n = len(_pool)
+    while _pool:
+        _quiet_disconnect(cat, _pool.pop().name)
+    return n
+
+
+def _quiet_disconnect(cat: Catalog, name: str) -> None:
+    try:
+        cat.dblink_disconnect(name)
+    except Exception:  # noqa: BLE001, S110 - already gone
+        pass
 
 
 @dataclass(frozen=True)
@@ -66,9 +110,13 @@ class DblinkExecutor:
         self.pids: dict[int | str, int] = {}
         self.settings: dict[str, str] = {}
         self._send_failed: dict[int, str] = {}
+        self.keep_idle = 0.0
+        self.reused = 0
+        self._pool_key: tuple[Any, ...] | None = None
+        self._conn: dict[int | str, str] = {}
 
     def name(self, worker: int | str) -> str:
-        return f"cerebro_{self.tag}_{worker}"
+        return self._conn.get(worker) or f"cerebro_{self.tag}_{worker}"
 
     def application_name(self, worker: int | str) -> str:
         return f"cerebro_db {self.tag} worker {worker}"
@@ -117,8 +165,9 @@ class DblinkExecutor:
             self.workers.remove(worker)
 
     def _connect(self, w: int | str) -> None:
+        if w == "ctl" or not self._reuse(w):
+            self._login(self.name(w))
         name = self.name(w)
-        self._login(name)
         if name not in self.opened:
             self.opened.append(name)
         self.cat.dblink_exec(name, "SET application_name = "
@@ -128,6 +177,66 @@ class DblinkExecutor:
                                         f"{self.cat.literal(v)}, false)")
         self.pids[w] = int(self.cat.dblink_query(name, "SELECT pg_catalog.pg_backend_pid()"
                                                        "::text")[0][0])
+
+    def pool_key(self) -> tuple[Any, ...]:
+        """Who may reuse a pooled session: this connection string and calling role."""
+        if self._pool_key is None:
+            row = self.cat.query("SELECT current_user::text AS c, session_user::text AS s, "
+                                 "current_database()::text AS d")[0]
+            self._pool_key = (self.conninfo, row["c"], row["s"], row["d"])
+        return self._pool_key
+
+    def _reuse(self, w: int | str) -> bool:
+        """Give worker ``w`` an idle session from the pool (same role, alive, its settings
+        reset); False when there is none to take."""
+        if self.keep_idle <= 0 or not _pool:
+            return False
+        key, now = self.pool_key(), time.monotonic()
+        for s in list(_pool):
+            if now - s.since > s.timeout:  # idle_session_timeout has ended it, or will
+                _pool.remove(s)
+                _quiet_disconnect(self.cat, s.name)
+        for s in list(_pool):
+            if s.key != key:
+                continue
+            _pool.remove(s)
+            try:
+                self.cat.dblink_exec(s.name, "RESET ALL")
+                row = self.cat.dblink_query(
+                    s.name, "SELECT concat_ws(',', current_user, session_user, "
+                            "pg_catalog.pg_backend_pid())")[0][0]
+            except Exception:  # noqa: BLE001 - it died while idle: open a fresh one
+                _quiet_disconnect(self.cat, s.name)
+                continue
+            if row != f"{s.roles[0]},{s.roles[1]},{s.pid}":
+                _quiet_disconnect(self.cat, s.name)
+                continue
+            self._conn[w] = s.name
+            self.reused += 1
+            return True
+        return False
+
+    def _park(self, worker: int) -> bool:
+        """Keep an idle worker's session in the pool for the next fit; False if it cannot."""
+        name, pid = self.name(worker), self.pids.get(worker)
+        if pid is None:
+            return False
+        try:
+            self.cat.dblink_exec(name, "SET application_name = " + self.cat.literal(
+                f"{POOL_APPLICATION} {self.pid_of_caller()}"))
+            self.cat.dblink_exec(name, f"SET idle_session_timeout = "
+                                       f"{max(1, int(self.keep_idle * 1000))}")
+            roles = self.cat.dblink_query(name, "SELECT concat_ws(',', current_user, "
+                                                "session_user)")[0][0].split(",")
+        except Exception:  # noqa: BLE001 - not reusable: closed with the rest
+            return False
+        _pool.append(_Parked(name, pid, self.pool_key(), (roles[0], roles[1]),
+                             time.monotonic(), self.keep_idle))
+        self.opened.remove(name)
+        return True
+
+    def pid_of_caller(self) -> int:
+        return int(self.cat.query("SELECT pg_catalog.pg_backend_pid() AS p")[0]["p"])
 
     def reopen(self, worker: int) -> bool:
         """Give ``worker`` a fresh session (after its old one was lost); False if that fails."""
@@ -152,6 +261,7 @@ class DblinkExecutor:
         if name in self.opened:
             self.opened.remove(name)
         self.pids.pop(worker, None)
+        self._conn.pop(worker, None)
 
     def terminate(self, worker: int | str) -> bool:
         """``pg_terminate_backend`` of the worker session's backend (the caller's own role
@@ -247,8 +357,15 @@ class DblinkExecutor:
             data["lost"] = True
         return WorkerResult(worker, bool(data.get("ok")), data)
 
-    def close(self) -> None:
-        """Cancel what is running and close every session (safe to call twice)."""
+    def close(self, keep: bool = False) -> None:
+        """Cancel what is running and close every session (safe to call twice); with
+        ``keep`` (a fit that ended well) and ``keep_idle`` > 0 the idle worker sessions go
+        to the pool instead, for the next fit of this calling session."""
+        if keep and self.keep_idle > 0:
+            for w in self.workers:
+                if w not in self.busy and w not in self._send_failed \
+                        and self.name(w) in self.opened:
+                    self._park(w)
         for w in list(self.busy):
             try:
                 self.cat.dblink_cancel(self.name(w))

@@ -17,6 +17,7 @@ import functools
 import inspect
 import json
 import math
+import sys
 import warnings
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
@@ -102,24 +103,36 @@ _FIT_FORBIDDEN: dict[str, str] = {
 
 _COMPILE_SPECIAL_METRICS = frozenset({"accuracy", "acc", "crossentropy", "ce"})
 
-# Used only when Keras cannot be imported: optimizer names are then checked against this list
-# and their keyword arguments are not checked until validate_compile_params / to_keras.
-_FALLBACK_OPTIMIZERS: tuple[str, ...] = (
-    "Adadelta",
-    "Adafactor",
-    "Adagrad",
-    "Adam",
-    "AdamW",
-    "Adamax",
-    "Ftrl",
-    "Lamb",
-    "Lion",
-    "Nadam",
-    "RMSprop",
-    "SGD",
-)
 # Optimizer classes that are not built from literal keyword arguments.
 _EXCLUDED_OPTIMIZERS = frozenset({"Optimizer", "LossScaleOptimizer", "MultiOptimizer"})
+# Keras 3.15"s optimizers and their constructors" keyword arguments, used when Keras is not
+# imported in this process (a fit"s coordinator never imports it); a unit test keeps this equal to
+# what Keras reports.
+_COMMON_OPTIMIZER_ARGS = (
+    "clipnorm", "clipvalue", "ema_momentum", "ema_overwrite_frequency", "global_clipnorm",
+    "gradient_accumulation_steps", "learning_rate", "loss_scale_factor", "name", "use_ema",
+    "weight_decay",
+)
+_STATIC_OPTIMIZERS: dict[str, tuple[str, ...]] = {
+    "Adadelta": ("epsilon", "rho"),
+    "Adafactor": ("beta_2_decay", "clip_threshold", "epsilon_1", "epsilon_2", "relative_step"),
+    "Adagrad": ("epsilon", "initial_accumulator_value"),
+    "Adam": ("amsgrad", "beta_1", "beta_2", "epsilon"),
+    "Adamax": ("beta_1", "beta_2", "epsilon"),
+    "AdamW": ("amsgrad", "beta_1", "beta_2", "epsilon"),
+    "Ftrl": ("beta", "initial_accumulator_value", "l1_regularization_strength",
+        "l2_regularization_strength", "l2_shrinkage_regularization_strength",
+        "learning_rate_power"),
+    "Lamb": ("beta_1", "beta_2", "epsilon"),
+    "Lion": ("beta_1", "beta_2"),
+    "Muon": ("adam_beta_1", "adam_beta_2", "adam_lr_ratio", "adam_weight_decay", "epsilon",
+        "exclude_embeddings", "exclude_layers", "momentum", "muon_a", "muon_b", "muon_c",
+        "nesterov", "ns_steps", "rms_rate"),
+    "Nadam": ("beta_1", "beta_2", "epsilon"),
+    "RMSprop": ("centered", "epsilon", "momentum", "rho"),
+    "ScheduleFreeAdamW": ("beta_1", "beta_2", "epsilon", "warmup_steps"),
+    "SGD": ("momentum", "nesterov"),
+}
 
 
 # --------------------------------------------------------------------------------------------
@@ -410,11 +423,25 @@ def _keras_or_error(what: str) -> Any:
 
 @functools.lru_cache(maxsize=1)
 def _optimizer_table() -> dict[str, tuple[str, frozenset[str] | None]]:
-    """lower-case name -> (Keras class name, accepted keyword arguments or None if unknown)."""
+    """lower-case name -> (Keras class name, accepted keyword arguments or None if unknown).
+
+    Read from Keras when this process has imported it, else from ``_STATIC_OPTIMIZERS`` (so a
+    fit's coordinator checks compile parameters without importing TensorFlow)."""
+    if "keras" not in sys.modules:
+        return _static_optimizer_table()
+    return _keras_optimizer_table()
+
+
+def _static_optimizer_table() -> dict[str, tuple[str, frozenset[str] | None]]:
+    return {n.lower(): (n, frozenset(_COMMON_OPTIMIZER_ARGS + own))
+            for n, own in _STATIC_OPTIMIZERS.items()}
+
+
+def _keras_optimizer_table() -> dict[str, tuple[str, frozenset[str] | None]]:
     try:
         keras = _import_keras()
     except ImportError:
-        return {n.lower(): (n, None) for n in _FALLBACK_OPTIMIZERS}
+        return _static_optimizer_table()
     base = keras.optimizers.Optimizer
     table: dict[str, tuple[str, frozenset[str] | None]] = {}
     for name in dir(keras.optimizers):

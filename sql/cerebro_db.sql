@@ -278,6 +278,20 @@ RETURNS TEXT LANGUAGE plpython3u IMMUTABLE AS $python$
 @usage cerebro_db_fit_workers@
 $python$;
 
+CREATE OR REPLACE FUNCTION @extschema@.cerebro_db_close_workers()
+RETURNS INTEGER LANGUAGE plpython3u VOLATILE AS $python$
+@plpython cerebro_db_close_workers@
+$python$;
+COMMENT ON FUNCTION @extschema@.cerebro_db_close_workers() IS
+'Close the worker sessions this session keeps open between fits (cerebro_db.worker_idle_timeout); returns how many were closed';
+
+-- The checks of a fit that need Keras, run by a worker session before the fit writes anything
+-- (the coordinator never imports TensorFlow); returns JSON (internal).
+CREATE OR REPLACE FUNCTION @extschema@.__check_fit(spec TEXT)
+RETURNS TEXT LANGUAGE plpython3u VOLATILE AS $python$
+@plpython __check_fit@
+$python$;
+
 -- One unit of a fit, run by a worker session the coordinator opened (internal).
 CREATE OR REPLACE FUNCTION @extschema@.__run_unit(
     fit_id BIGINT, mst_key INTEGER, epoch INTEGER, part INTEGER, worker INTEGER, kind TEXT,

@@ -27,7 +27,8 @@ def automl_policy(random_state: int) -> Policy:
     """The scheduling policy of an AutoML run: randomized MOP, lagging trials first, each
     trial's visit order per epoch drawn from ``random_state`` (a seeded run trains the same
     models whatever the timing)."""
-    return get_policy("mop", random_state=random_state, prefer_lagging=True, seeded_order=True)
+    return get_policy("mop", random_state=random_state, prefer_lagging=True, seeded_order=True,
+                      cost_aware=True, rotated_order=True)
 
 
 class AutoMLHooks:

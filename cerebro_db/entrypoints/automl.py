@@ -49,7 +49,6 @@ from .training import (
     PackedTable,
     ResumePoint,
     _check_common,
-    _check_config,
     _conninfo,
     _fault_settings,
     _first,
@@ -60,11 +59,15 @@ from .training import (
     _series,
     _UnitExecutor,
     _validation,
+    check_item,
+    check_spec,
     final_weights,
+    idle_timeout,
     mark_failed,
     packed_table,
     stored_configs,
     take_over,
+    worker_checks,
 )
 
 SQL_TYPES = {"integer": "int4", "double precision": "float8", "text": "text",
@@ -333,19 +336,21 @@ def madlib_keras_automl(
     _selection_absent(cat, mst)
     require_arch_table(cat, arch, "model_arch_table")
     archs = _arch_rows(cat, arch, ids)
-    checked: dict[str, Any] = {}
     rng = np.random.default_rng(seed)
+    checks = []
     for m in ids:
         p = space.sample(rng)
-        _check_config(Config(0, m, p.compile_params, p.fit_params, archs[m][0], archs[m][1],
-                             params.parse_compile_params(p.compile_params),
-                             params.parse_fit_params(p.fit_params)), src, checked)
+        c = Config(0, m, p.compile_params, p.fit_params, archs[m][0], archs[m][1],
+                   params.parse_compile_params(p.compile_params),
+                   params.parse_fit_params(p.fit_params))
+        checks.append(check_item(c))
     req = FitRequest("automl", src, val, out, [], 0, metrics_compute_frequency, "mop",
                      {"automl_method": method, "automl_params": automl_params,
                       "model_id_list": ids, "use_gpus": bool(use_gpus),
                       "compile_params_grid": compile_params_grid,
                       "fit_params_grid": fit_params_grid}, seed,
-                     src.partitions, bool(use_caching), mst, arch, False, name, description)
+                     src.partitions, bool(use_caching), mst, arch, False, name, description,
+                     checks=checks)
     fit_id, best, outcome, book = _execute(cat, req, tuner, archs, method, automl_params, seed,
                                            bool(use_gpus), name, description, mst)
     cat.notice(f"madlib_keras_automl ({method}): fit {fit_id} trained {len(book.trials)} "
@@ -366,10 +371,13 @@ def _execute(cat: Catalog, req: FitRequest, tuner: Tuner,
     retries, timeout, forward = _fault_settings(cat)
     ex = DblinkExecutor(cat, f"{os.getpid()}_{int(time.time() * 1000) % 10**9}", p,
                         _conninfo(cat), unit_timeout=timeout)
+    ex.keep_idle = idle_timeout(cat)
     t0 = time.time()
     fit_id = None
+    ended = False
     try:
         ex.open(forward)
+        worker_checks(ex, check_spec(req.source, req.checks or [], p))
         _mark_interrupted(cat, ex)
         eval_kinds = ["eval_train"] + (["eval_valid"] if req.validation else [])
         results, done, spent = None, 0, 0.0
@@ -407,13 +415,14 @@ def _execute(cat: Catalog, req: FitRequest, tuner: Tuner,
         freed = ", ".join(str(k) for k in book.freed())
         ex.control(f"DELETE FROM {cat.ext('model_states')} WHERE fit_id = {fit_id} AND "
                    f"(version <> 'current'{f' OR mst_key IN ({freed})' if freed else ''})")
+        ended = True
         return fit_id, best, outcome, book
     except BaseException as e:
         if fit_id is not None:
             mark_failed(cat, ex, fit_id, e)
         raise
     finally:
-        ex.close()
+        ex.close(keep=ended)
 
 
 def resume_automl(cat: Catalog, f: Mapping[str, Any], opts: Mapping[str, Any],

@@ -66,6 +66,8 @@ RETRIES_SETTING = "cerebro_db.max_unit_retries"
 TIMEOUT_SETTING = "cerebro_db.unit_timeout"
 HOOK_SETTING = "cerebro_db.test_hook"
 REPLICAS_SETTING = "cerebro_db.replicas"
+IDLE_SETTING = "cerebro_db.worker_idle_timeout"
+DEFAULT_IDLE_TIMEOUT = 300.0
 DEFAULT_MAX_UNIT_RETRIES = 3
 MAX_WORKERS = 64
 POLL_WORKERS = 0.5
@@ -165,6 +167,66 @@ def _check_config(c: Config, src: PackedTable, checked: dict[str, Any]) -> None:
                       "training data has a regression target")
 
 
+def check_item(c: Config, what: str = "compile_params") -> dict[str, Any]:
+    """One configuration as the worker-side checks (:func:`check_configs`) take it."""
+    return {"mst_key": c.mst_key, "model_id": c.model_id, "compile_params": c.compile_params,
+            "fit_params": c.fit_params, "arch": c.arch, "what": what}
+
+
+def check_spec(src: PackedTable, items: list[dict[str, Any]], num_workers: int,
+               validate_compile: bool = False) -> dict[str, Any]:
+    """What the worker sessions check before a fit writes anything (see :func:`check_configs`);
+    also their warm-up: the check imports TensorFlow with the fit's thread count."""
+    return {"configs": items, "x_size": src.x_size, "y_width": src.y_width, "kind": src.kind,
+            "validate_compile": validate_compile,
+            "worker_threads": max(1, (os.cpu_count() or 1) // max(1, num_workers))}
+
+
+def check_configs(spec: dict[str, Any]) -> None:
+    """The checks that need Keras, run in a worker session (which imports TensorFlow anyway)
+    so that the coordinator never does: each architecture builds and fits the packed data
+    (:func:`_check_config`), and with ``validate_compile`` the loss, metric and optimizer
+    names are checked against Keras. Raises the same :class:`CerebroError` as the
+    coordinator would."""
+    from types import SimpleNamespace
+
+    from .. import worker
+
+    worker._runtime(int(spec.get("worker_threads") or 0) or None)
+    src = SimpleNamespace(x_size=spec["x_size"], y_width=spec["y_width"], kind=spec["kind"])
+    checked: dict[str, Any] = {}
+    for item in spec.get("configs") or []:
+        cp = params.parse_compile_params(item["compile_params"], item["what"])
+        if spec.get("validate_compile"):
+            params.validate_compile_params(cp)
+        c = Config(item["mst_key"], item["model_id"], item["compile_params"], item["fit_params"],
+                   item["arch"], None, cp, None)  # type: ignore[arg-type]
+        _check_config(c, src, checked)  # type: ignore[arg-type]
+    if not spec.get("configs"):
+        from .. import training  # noqa: F401 - the warm-up: import TensorFlow now
+
+
+def worker_checks(ex: DblinkExecutor, spec: dict[str, Any]) -> None:
+    """Run :func:`check_configs` in every worker session at once (each imports TensorFlow in
+    parallel: a cold fit's start-up), and raise the first error one of them reports."""
+    sql = f"SELECT {ex.cat.ext('__check_fit')}({ex.cat.literal(json.dumps(spec))})"
+    for w in ex.idle():
+        ex.submit(w, sql)
+    answers: dict[int, dict[str, Any]] = {}
+    while ex.busy:
+        for r in ex.wait():
+            answers[r.worker] = r.data
+    for w in sorted(answers):
+        d = answers[w]
+        if d.get("lost"):
+            raise CerebroError(f"worker session {w} failed while checking the fit: "
+                               f"{d.get('message')}", "08006")
+        if not d.get("ok"):
+            raise CerebroError(d.get("message") or "the worker's checks failed",
+                               d.get("sqlstate") or "XX000", detail=d.get("detail"),
+                               hint=d.get("hint"))
+
+
 def _load_configs(cat: Catalog, mst: TableName) -> tuple[list[Config], TableName]:
     oid = cat.require_table(mst, "model_selection_table")
     cols = cat.columns(oid)
@@ -259,6 +321,8 @@ class FitRequest:
     name: str | None = None
     description: str | None = None
     replicas: int = 1
+    checks: list[dict[str, Any]] | None = None
+    validate_compile: bool = False
 
 
 def _bytea_literal(b: bytes | None) -> str:
@@ -421,6 +485,28 @@ def _refused_reopen(cat: Catalog) -> set[int]:
             and isinstance(h.get("worker"), int)}
 
 
+def idle_timeout(cat: Catalog) -> float:
+    """``cerebro_db.worker_idle_timeout``: seconds a fit's idle worker sessions stay open for
+    the calling session's next fit (default 300; 0: closed at the end of each fit)."""
+    raw = cat.setting(IDLE_SETTING)
+    try:
+        t = DEFAULT_IDLE_TIMEOUT if raw is None else float(raw)
+    except ValueError:
+        t = -1.0
+    if not 0 <= t < 2**31 / 1000:
+        raise invalid(f"{IDLE_SETTING} must be a number of seconds (0: close the worker "
+                      f"sessions after each fit), got {raw!r}")
+    return t
+
+
+@entrypoint
+def cerebro_db_close_workers(cat: Catalog) -> int:
+    """Close the worker sessions this session keeps open between fits; returns how many."""
+    from ..executors import close_pool
+
+    return close_pool(cat)
+
+
 def _my_pid(cat: Catalog) -> int:
     return int(cat.query("SELECT pg_catalog.pg_backend_pid() AS p")[0]["p"])
 
@@ -563,10 +649,14 @@ def execute_fit(cat: Catalog, req: FitRequest,
     ex = DblinkExecutor(cat, f"{os.getpid()}_{int(time.time() * 1000) % 10**9}",
                         len(workers), _conninfo(cat), unit_timeout=timeout)
     ex.refuse_reopen = _refused_reopen(cat)
+    ex.keep_idle = idle_timeout(cat)
     t0 = time.time()
     fit_id = None
+    ended = False
     try:
         ex.open(forward)
+        worker_checks(ex, check_spec(req.source, req.checks or [], len(workers),
+                                     req.validate_compile))
         _mark_interrupted(cat, ex)
         results, done, spent = None, 0, 0.0
         if resume is None:
@@ -596,13 +686,14 @@ def execute_fit(cat: Catalog, req: FitRequest,
                    f"WHERE fit_id = {fit_id}")
         ex.control(f"DELETE FROM {cat.ext('model_states')} WHERE fit_id = {fit_id} AND "
                    "version <> 'current'")
+        ended = True
         return fit_id, outcome
     except BaseException as e:
         if fit_id is not None:
             mark_failed(cat, ex, fit_id, e)
         raise
     finally:
-        ex.close()
+        ex.close(keep=ended)
 
 
 def final_weights(cat: Catalog, fit_id: int, mst_key: int) -> bytes:
@@ -786,16 +877,20 @@ def _warm_weights(cat: Catalog, out: TableName, configs: list[Config], key: str)
 
 def _policy(scheduling_policy: str | None, policy_params: str | None,
             random_state: int | None) -> tuple[str, dict[str, Any]]:
-    """The policy name and options. For MOP the defaults are ``prefer_lagging`` (a shorter
-    tail) and, when the caller fixed ``random_state``, ``seeded_order`` (each config's visit
-    order depends on the seed only, so two runs give the same models)."""
+    """The policy name and options. For MOP the defaults are ``prefer_lagging`` and
+    ``cost_aware`` (a shorter tail), ``seeded_order`` with ``rotated_order`` (each config's
+    visit order depends on the fit's seed only, so two runs with the same ``random_state``
+    give the same models, and the orders are spread evenly over the workers; without
+    ``random_state`` the seed is drawn and recorded in ``fits.random_state``)."""
     name = (scheduling_policy or "mop").strip().lower()
     opts = params.parse_keyword_string(policy_params, "policy_params")
     if "random_state" in opts:
         raise invalid("policy_params cannot set random_state; use the random_state argument")
     if name in ("mop", "random"):
         opts.setdefault("prefer_lagging", True)
-        opts.setdefault("seeded_order", random_state is not None)
+        opts.setdefault("seeded_order", True)
+        opts.setdefault("cost_aware", True)
+        opts.setdefault("rotated_order", True)
     get_policy(name, **opts)  # validates the name and options before any work
     return name, opts
 
@@ -836,15 +931,13 @@ def madlib_keras_fit_multiple_model(
     val = _validation(cat, validation_table, src)
     _outputs_absent(cat, out, ("", "_summary", "_info"), warm)
     configs, arch = _load_configs(cat, mst)
-    checked: dict[str, Any] = {}
-    for c in configs:
-        _check_config(c, src, checked)
     if warm:
         _warm_weights(cat, out, configs, "mst_key")
     req = FitRequest("fit_multiple", src, val, out, configs, num_iterations,
                      metrics_compute_frequency, pname, popts, seed, src.partitions,
                      _bool(use_caching, False), mst, arch, warm, name, description,
-                     _replicas(cat))
+                     _replicas(cat),
+                     [check_item(c, f"compile_params of mst_key {c.mst_key}") for c in configs])
     fit_id, outcome = execute_fit(
         cat, req, lambda f, o, t0: write_outputs(cat, req, f, o, t0, warm, name, description))
     cat.notice(f"madlib_keras_fit_multiple_model: fit {fit_id} trained {len(configs)} "
@@ -895,7 +988,6 @@ def madlib_keras_fit(
         if v is None:
             raise CerebroError(f"{label} must not be NULL", NULL_VALUE_NOT_ALLOWED)
     cp = params.parse_compile_params(compile_params)
-    params.validate_compile_params(cp)
     fp = check_fit_bounds(params.parse_fit_params(fit_params))
     warm = _bool(warm_start, False)
     seed = resolve_seed(random_state)
@@ -910,12 +1002,11 @@ def madlib_keras_fit(
         raise CerebroError(f'model_id {model_id} does not exist in "{arch_t}"', "42704")
     cfg = Config(1, model_id, compile_params, fit_params, rows[0]["a"],
                  bytes(rows[0]["w"]) if rows[0]["w"] is not None else None, cp, fp)
-    _check_config(cfg, src, {})
     if warm:
         _warm_weights(cat, out, [cfg], "mst_key")
     req = FitRequest("fit", src, val, out, [cfg], num_iterations, metrics_compute_frequency,
                      pname, popts, seed, 1, True, None, arch_t, warm, name, description,
-                     _replicas(cat))
+                     _replicas(cat), [check_item(cfg)], validate_compile=True)
     fit_id, outcome = execute_fit(
         cat, req, lambda f, o, t0: _write_fit_outputs(cat, req, f, o, t0, warm, name,
                                                       description))

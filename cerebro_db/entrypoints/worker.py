@@ -15,3 +15,24 @@ def run_unit(plpy: Any, schema: str, *, fit_id: int, mst_key: int, epoch: int, p
     res = w.run_unit(Catalog(plpy, schema), fit_id, mst_key, epoch, partition, worker, kind,
                      json.loads(options or "{}"))
     return json.dumps(res)
+
+
+def check_fit(plpy: Any, schema: str, *, spec: str) -> str:
+    """The checks of a fit that need Keras (``entrypoints.training.check_configs``), run in a
+    worker session before the fit writes anything; the JSON answer says ok or carries the
+    error (message, SQLSTATE, hint, detail) for the coordinator to raise."""
+    import traceback
+
+    from ..errors import INTERNAL_ERROR, CerebroError
+    from .training import check_configs
+
+    try:
+        check_configs(json.loads(spec or "{}"))
+    except CerebroError as e:
+        return json.dumps({"ok": False, "message": e.message, "sqlstate": e.sqlstate,
+                           "hint": e.hint, "detail": e.detail})
+    except Exception as e:  # noqa: BLE001 - reported to the coordinator as an internal error
+        return json.dumps({"ok": False, "message": f"checking the fit failed: "
+                           f"{type(e).__name__}: {e}", "sqlstate": INTERNAL_ERROR,
+                           "detail": traceback.format_exc()})
+    return json.dumps({"ok": True})

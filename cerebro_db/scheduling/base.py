@@ -101,7 +101,9 @@ class Snapshot:
     - ``workers``: every live worker -> the partitions it holds;
     - ``idle_workers``: live workers running nothing, ascending;
     - ``pending_evals``: evaluation units neither done nor running, oldest first;
-    - ``now``: monotone clock in seconds, for policies that care.
+    - ``now``: monotone clock in seconds, for policies that care;
+    - ``unit_seconds``: config -> mean measured seconds of its successful training units so
+      far (configs not measured yet are absent), for cost-aware policies.
     """
 
     num_partitions: int
@@ -113,6 +115,7 @@ class Snapshot:
     idle_workers: tuple[int, ...]
     pending_evals: tuple[EvalUnit, ...] = ()
     now: float = 0.0
+    unit_seconds: Mapping[int, float] = field(default_factory=dict)
     _training: Mapping[int, RunningUnit] = field(init=False, repr=False, compare=False)
     _configs: tuple[int, ...] = field(init=False, repr=False, compare=False)
     _partitions: frozenset[int] = field(init=False, repr=False, compare=False)
@@ -129,6 +132,7 @@ class Snapshot:
         object.__setattr__(self, "running", tuple(self.running))
         object.__setattr__(self, "idle_workers", tuple(sorted(self.idle_workers)))
         object.__setattr__(self, "pending_evals", tuple(self.pending_evals))
+        object.__setattr__(self, "unit_seconds", _frozen_map(self.unit_seconds))
         training = {u.config: u for u in self.running if u.kind == TRAIN}
         object.__setattr__(self, "_training", MappingProxyType(training))
         object.__setattr__(self, "_configs", tuple(sorted(self.target_epochs)))

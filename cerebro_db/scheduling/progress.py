@@ -52,6 +52,7 @@ class Progress:
         self.running: dict[int, RunningUnit] = {}
         self.pending_evals: list[EvalUnit] = []
         self._eval_epochs = eval_epochs
+        self._seconds: dict[int, tuple[float, int]] = {}
 
     # -- what the policy sees -------------------------------------------------------------
 
@@ -67,7 +68,16 @@ class Progress:
             idle_workers=tuple(w for w in sorted(self.workers) if w not in self.running),
             pending_evals=tuple(self.pending_evals),
             now=now,
+            unit_seconds={c: t / n for c, (t, n) in self._seconds.items()},
         )
+
+    def observe(self, config: int, seconds: float | None) -> None:
+        """A successful training unit of ``config`` took ``seconds`` (its measured cost, seen
+        by cost-aware policies as a running mean)."""
+        if seconds is None or not seconds >= 0 or config not in self.targets:
+            return
+        t, n = self._seconds.get(config, (0.0, 0))
+        self._seconds[config] = (t + float(seconds), n + 1)
 
     def all_done(self) -> bool:
         """Every config at its target, every evaluation done, nothing in flight."""

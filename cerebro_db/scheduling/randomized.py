@@ -19,10 +19,23 @@ epoch. What differs from the paper:
   draws only among the eligible configs with the most training units left, an LPT-like
   tie-break that keeps configs in step and removes most of the tail where few configs remain
   and workers idle (see the measured ratios in ``tests/unit/test_scheduling.py``);
+- ``cost_aware=True`` (what fits use) breaks ties among the most lagging configs by their
+  measured mean training unit time (``Snapshot.unit_seconds``; a config not measured yet
+  counts as the mean of the measured ones): the most expensive first, as in longest
+  processing time first list scheduling, so the long units do not end up in the tail. It
+  decides only which config a worker takes next, never a config's visit order under
+  ``seeded_order``, so models stay reproducible. (Ranking by remaining work, units left x unit
+  time, without ``prefer_lagging``'s lock-step was measured too and gave longer tails: see
+  ``tests/unit/test_scheduling.py``);
 - ``seeded_order=True`` fixes each config's visit order per epoch as a permutation drawn from
   (random_state, config, epoch) alone, so a config trains on the same sequence of partitions
   whatever the timing of the workers: two runs with the same seed give the same models.
   Which config a worker takes among those whose next partition it holds stays random;
+- ``rotated_order=True`` (with ``seeded_order``; what fits with a ``random_state`` use) draws
+  one permutation of the partitions per epoch from the seed and has config ``c`` visit it as a
+  rotation starting at offset ``c + shift``: consecutive configs start on different
+  partitions, so at every moment about as many configs wait for each worker (independent
+  random orders pile several configs onto one partition and leave other workers idle);
 - the random stream is Python's Mersenne Twister seeded by ``random_state``; its state is
   part of :meth:`state_json`, so a resumed fit makes the decisions the original would have.
 """
@@ -30,7 +43,7 @@ from __future__ import annotations
 
 import operator
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..errors import invalid
@@ -50,12 +63,16 @@ class RandomizedMOP(Policy):
     """
 
     name = "mop"
-    option_names = ("random_state", "prefer_lagging", "seeded_order")
+    option_names = ("random_state", "prefer_lagging", "seeded_order", "cost_aware",
+                    "rotated_order")
 
     def __init__(self, random_state: int | None = None, prefer_lagging: bool = False,
-                 seeded_order: bool = False) -> None:
+                 seeded_order: bool = False, cost_aware: bool = False,
+                 rotated_order: bool = False) -> None:
         self.prefer_lagging = _check_bool("prefer_lagging", prefer_lagging)
         self.seeded_order = _check_bool("seeded_order", seeded_order)
+        self.cost_aware = _check_bool("cost_aware", cost_aware)
+        self.rotated_order = _check_bool("rotated_order", rotated_order)
         if random_state is None:
             random_state = random.SystemRandom().randrange(2**32)
         if isinstance(random_state, bool):
@@ -72,12 +89,19 @@ class RandomizedMOP(Policy):
         self._rng = random.Random(seed)
 
     def options(self) -> dict[str, Any]:
-        """``{"random_state": seed, "prefer_lagging": bool, "seeded_order": bool}``."""
+        """``{"random_state": seed, "prefer_lagging": bool, "seeded_order": bool,
+        "cost_aware": bool, "rotated_order": bool}``."""
         return {"random_state": self.random_state, "prefer_lagging": self.prefer_lagging,
-                "seeded_order": self.seeded_order}
+                "seeded_order": self.seeded_order, "cost_aware": self.cost_aware,
+                "rotated_order": self.rotated_order}
 
     def visit_order(self, config: int, epoch: int, num_partitions: int) -> list[int]:
         """The partitions ``config`` visits in ``epoch``, in order, under ``seeded_order``."""
+        if self.rotated_order:
+            rng = random.Random(f"{self.random_state}:rotation:{epoch}")
+            perm = rng.sample(range(num_partitions), num_partitions)
+            shift = rng.randrange(num_partitions)
+            return [perm[(config + shift + i) % num_partitions] for i in range(num_partitions)]
         return random.Random(f"{self.random_state}:{config}:{epoch}").sample(
             range(num_partitions), num_partitions)
 
@@ -97,6 +121,7 @@ class RandomizedMOP(Policy):
         taken = {c for c in snapshot.configs if snapshot.is_training(c)}
         out: list[Assignment] = []
         leftover: list[int] = []
+        cost = _unit_cost(snapshot)
         for w in idle:
             held = snapshot.workers[w]
             candidates = []
@@ -117,6 +142,9 @@ class RandomizedMOP(Policy):
             if self.prefer_lagging:
                 most = max(_units_left(snapshot, c) for c, _ in candidates)
                 candidates = [x for x in candidates if _units_left(snapshot, x[0]) == most]
+            if self.cost_aware and len(candidates) > 1:
+                dearest = max(cost(c) for c, _ in candidates)
+                candidates = [x for x in candidates if cost(x[0]) >= dearest * (1 - 1e-9)]
             c, parts = candidates[self._rng.randrange(len(candidates))]
             ordered = sorted(parts)
             q = ordered[0] if len(ordered) == 1 else ordered[self._rng.randrange(len(ordered))]
@@ -129,3 +157,11 @@ class RandomizedMOP(Policy):
 def _units_left(snapshot: Snapshot, config: int) -> int:
     left = snapshot.target_epochs[config] - snapshot.completed(config)
     return left * snapshot.num_partitions - len(snapshot.visited.get(config, ()))
+
+
+def _unit_cost(snapshot: Snapshot) -> Callable[[int], float]:
+    """config -> estimated seconds per training unit: measured, else the mean of the measured
+    configs (1.0 when none is measured yet)."""
+    known = snapshot.unit_seconds
+    default = sum(known.values()) / len(known) if known else 1.0
+    return lambda c: known.get(c, default)

@@ -237,8 +237,11 @@ def simulate(
                 if lost is not None:
                     record(now, False, lost)
             elif payload in in_flight and in_flight[payload][0] == token:
-                ok = in_flight[payload][3]
-                record(now, ok, progress.finish(payload, ok))
+                ok, began = in_flight[payload][3], in_flight[payload][1]
+                done = progress.finish(payload, ok)
+                if ok and done.kind != EVAL:
+                    progress.observe(done.config, now - began)
+                record(now, ok, done)
                 if payload in retiring:
                     leave(payload)
             # else: the worker left meanwhile; its unit was already failed

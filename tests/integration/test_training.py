@@ -101,7 +101,10 @@ def test_outputs_metrics_and_unit_log(mnist):
     for r in info:
         assert r[1] == 1 and r[2] == "madlib_keras" and r[4] == "categorical_crossentropy"
         assert r[5] == 2 and r[6] == 2 and r[10] == [1, 2]
-        assert 0.5 < r[7] <= 1.0 and 0.4 < r[8] <= 1.0 and r[9] > 0
+        # well above chance (0.1); SGD(lr=0.1, momentum=0.9) at batch 32 on 1,200 rows is
+        # noisy: training accuracy 0.43 .. 0.72 over seeds 5 .. 9 (0.49 .. 0.65 with the
+        # earlier independent visit orders)
+        assert 0.35 < r[7] <= 1.0 and 0.35 < r[8] <= 1.0 and r[9] > 0
     assert info[2][3] == ["accuracy", "top_k_categorical_accuracy"]
     assert len(info[2][11]) == 2 and len(info[2][11][0]) == 2  # iterations x metrics
     out = q(conn, "SELECT mst_key, length(model_weights) FROM mn_out ORDER BY 1")

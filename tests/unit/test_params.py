@@ -341,12 +341,18 @@ def test_optimizer_fallback_without_keras(monkeypatch):
     params._optimizer_table.cache_clear()
     monkeypatch.setattr(params, "_import_keras", no_keras)
     try:
-        assert parse_optimizer_spec("adamw(anything=1)").name == "AdamW"
+        assert parse_optimizer_spec("adamw(weight_decay=0.1)").name == "AdamW"
+        assert err(parse_optimizer_spec, "adamw(anything=1)").sqlstate == "22023"
         assert err(parse_optimizer_spec, "Adam(decay=0.1)").sqlstate == "22023"
         cp = parse_compile_params("optimizer='adam', loss='mse'")
         assert err(validate_compile_params, cp).sqlstate == "0A000"
     finally:
         params._optimizer_table.cache_clear()
+
+
+def test_static_optimizer_table_is_what_keras_reports():
+    """The table a coordinator uses without importing Keras equals Keras' own."""
+    assert params._static_optimizer_table() == params._keras_optimizer_table()
 
 
 # ------------------------------------------------------------------------------------------

@@ -52,6 +52,8 @@ from cerebro_db.scheduling import (
 POLICY_CASES: list[tuple[str, dict[str, Any]]] = [
     ("mop", {}),
     ("mop", {"prefer_lagging": True}),
+    ("mop", {"prefer_lagging": True, "seeded_order": True, "cost_aware": True,
+             "rotated_order": True}),  # what fits use
     ("random", {}),
     ("ring", {}),
     ("ring", {"layout": "slots", "reset_optimizer_per_hop": True}),
@@ -343,6 +345,83 @@ def test_ring_pays_for_its_barrier_under_heterogeneous_times():
                 rings.append(simulate(get_policy("ring"), list(range(n)), p, 3, tt).ratio)
     assert statistics.mean(mops) <= 1.10, mops  # observed ~1.06
     assert statistics.mean(rings) >= statistics.mean(mops) + 0.08, (rings, mops)
+
+
+HETERO_SHAPES = [(p, n, 3) for p in (2, 3, 4, 6) for n in (2 * p, 3 * p, 4 * p)]
+FIT_DEFAULTS = {"prefer_lagging": True, "seeded_order": True, "cost_aware": True,
+                "rotated_order": True}
+"""What fits use (``entrypoints.training._policy``)."""
+BEFORE = {"prefer_lagging": True, "seeded_order": True}
+"""What fits with a random_state used before: independent seeded orders, no costs."""
+
+
+def ratios_vs_ring(opts, kind, eval_every_epoch=False):
+    """(makespan / lower bound, makespan / ring's makespan) over HETERO_SHAPES x 4 seeds."""
+    bound, ring = [], []
+    for p, n, k in HETERO_SHAPES:
+        for seed in range(4):
+            tt = table_times(seed, kind, 1.0, 4.0)
+            ev = range(1, k + 1) if eval_every_epoch else ()
+            cf = list(range(1, n + 1))
+            mop = simulate(get_policy("mop", random_state=seed, **opts), cf, p, k, tt,
+                           eval_epochs=ev)
+            check_invariants(mop.log, num_partitions=p, epochs=k)
+            r = simulate(get_policy("ring"), cf, p, k, tt, eval_epochs=ev)
+            bound.append(mop.ratio)
+            ring.append(mop.makespan / r.makespan)
+    return bound, ring
+
+
+def test_mop_as_fits_use_it_beats_the_ring_and_stays_near_the_bound():
+    """Heterogeneous per-config unit times (uniform 1..4), p in {2, 3, 4, 6}, |S| in
+    {2p, 3p, 4p}, 3 epochs, 4 seeds. Measured (makespan / lower bound; MOP / ring):
+
+    - before (independent seeded orders, prefer_lagging): mean 1.084, max 1.259; up to
+      1.075x the ring's makespan (homogeneous times: max 1.167, up to 1.167x the ring);
+    - after (rotated seeded orders, prefer_lagging, cost-aware ties): mean 1.002, max 1.044,
+      never slower than the ring (max 0.992x); homogeneous: exactly the bound;
+    - ranking by remaining work (units left x measured unit time) instead of lock-step with
+      rotated orders: mean 1.020, max 1.093 (rejected);
+    - with an evaluation every epoch (a third of a training unit) MOP stays <= the ring
+      (max 0.998x; before: up to 1.055x).
+    """
+    before, before_ring = ratios_vs_ring(BEFORE, "per_config")
+    after, after_ring = ratios_vs_ring(FIT_DEFAULTS, "per_config")
+    assert statistics.mean(before) >= 1.05 and max(before_ring) > 1.0  # the problem
+    assert max(after) <= 1.05 and statistics.mean(after) <= 1.01, after
+    assert max(after_ring) <= 1.0, after_ring
+    hom, hom_ring = ratios_vs_ring(FIT_DEFAULTS, "homogeneous")
+    assert max(hom) == pytest.approx(1.0) and max(hom_ring) <= 1.0 + 1e-9
+    _, with_evals = ratios_vs_ring(FIT_DEFAULTS, "per_config", eval_every_epoch=True)
+    assert max(with_evals) <= 1.0, with_evals
+
+
+def test_cost_aware_takes_the_dearest_of_the_most_lagging_configs():
+    prog = Progress({1: 2, 2: 2, 3: 2}, 1, {0: {0}})
+    for c, t in ((1, 1.0), (2, 5.0)):
+        prog.observe(c, t)
+    snap = prog.snapshot()
+    assert dict(snap.unit_seconds) == {1: 1.0, 2: 5.0}
+    for seed in range(10):
+        a = RandomizedMOP(seed, prefer_lagging=True, cost_aware=True).assign(snap)
+        assert [(x.worker, x.config) for x in a] == [(0, 2)]
+    prog.observe(3, 9.0)  # an unmeasured config counts as the mean of the measured ones
+    a = RandomizedMOP(0, prefer_lagging=True, cost_aware=True).assign(prog.snapshot())
+    assert [x.config for x in a] == [3]
+    prog.observe(1, None)  # nothing measured: ignored
+    assert prog.snapshot().unit_seconds[1] == 1.0
+
+
+def test_rotated_orders_spread_configs_over_partitions():
+    pol = RandomizedMOP(11, seeded_order=True, rotated_order=True)
+    for p in (2, 3, 5):
+        for e in (1, 2):
+            orders = [pol.visit_order(c, e, p) for c in range(1, 2 * p + 1)]
+            assert all(sorted(o) == list(range(p)) for o in orders)
+            firsts = [o[0] for o in orders]
+            assert sorted(firsts) == sorted(list(range(p)) * 2)  # each partition twice
+    assert pol.visit_order(1, 1, 4) == RandomizedMOP(11, seeded_order=True,
+                                                     rotated_order=True).visit_order(1, 1, 4)
 
 
 def test_lower_bound():
