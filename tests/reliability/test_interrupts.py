@@ -144,7 +144,20 @@ class Background:
         assert not self.thread.is_alive(), "the fit did not end"
 
     def close(self):
+        """Close the connection; a fit still running (a failed test) is ended first."""
+        if self.thread.is_alive():
+            end_backend(self.conn.info.dbname, self.pid)
+            self.thread.join(60)
         self.conn.close()
+
+
+def end_backend(dbname, pid):
+    c = _connect(dbname)
+    c.autocommit = True
+    try:
+        q(c, "SELECT pg_terminate_backend(%s)", (pid,))
+    finally:
+        c.close()
 
 
 def wait_for(pred, timeout=120.0, what="condition"):
@@ -329,6 +342,8 @@ def test_ddl_on_the_source_during_a_fit_fails_it_not_hangs(it, rel_db, ddl):
         assert ddl_done.wait(30), "the DDL did not complete after the fit failed"
     finally:
         bg.close()
+        if not ddl_done.wait(10):
+            end_backend(rel_db, ddl_pid)
         ddl_conn.close()
     assert not ddl_error, ddl_error
     assert isinstance(bg.error, psycopg2.Error), bg.error
