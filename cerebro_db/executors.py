@@ -331,10 +331,11 @@ class DblinkExecutor:
                                hint=f"Resume it with madlib_keras_fit_resume({self.fit_id}).")
 
     def check_lock_waits(self) -> None:
-        """Fail with 40P01 when a busy worker waits for a lock behind a session that waits
-        for this backend (the coordinator): a deadlock through dblink that the server's
-        deadlock detector cannot see (e.g. DROP TABLE, TRUNCATE or ALTER TABLE of the
-        source table while the fit's transaction holds its lock)."""
+        """Fail with 40P01 when a busy worker waits for a lock that this backend (the
+        coordinator) holds, or behind a session that waits for this backend: a deadlock
+        through dblink that the server's deadlock detector cannot see (e.g. DROP TABLE,
+        TRUNCATE or ALTER TABLE of the source table while the fit's transaction holds its
+        lock, or a table the workers read locked by the calling transaction itself)."""
         pids = [self.pids[w] for w in self.busy if w in self.pids]
         if not pids:
             return
@@ -342,27 +343,38 @@ class DblinkExecutor:
             "SELECT w.pid AS worker_pid, b.pid AS blocker FROM pg_catalog.pg_locks w "
             "CROSS JOIN LATERAL pg_catalog.unnest(pg_catalog.pg_blocking_pids(w.pid)) AS b(pid) "
             "WHERE NOT w.granted AND w.pid = ANY($1) AND b.pid <> ALL($1) AND "
-            "pg_catalog.pg_backend_pid() = ANY(pg_catalog.pg_blocking_pids(b.pid)) LIMIT 1",
+            "(b.pid = pg_catalog.pg_backend_pid() OR "
+            "pg_catalog.pg_backend_pid() = ANY(pg_catalog.pg_blocking_pids(b.pid))) LIMIT 1",
             [pids], ["int4[]"])
         if not rows:
             return
         wpid, bpid = rows[0]["worker_pid"], rows[0]["blocker"]
         worker = next((w for w, p in self.pids.items() if p == wpid), "?")
+        fit = f"fit {self.fit_id}" if self.fit_id is not None else "the fit"
+        resume = f"madlib_keras_fit_resume({self.fit_id})" if self.fit_id else "a resume"
+        if bpid == self.cat.query("SELECT pg_catalog.pg_backend_pid() AS p")[0]["p"]:
+            raise CerebroError(
+                f"{fit} cannot go on: worker {worker} (pid {wpid}) waits for a lock that the "
+                "transaction calling the fit holds", DEADLOCK_DETECTED,
+                detail="Worker sessions read the fit's tables in their own transactions; a "
+                "table the calling transaction locked (LOCK TABLE, DDL, TRUNCATE) blocks them.",
+                hint="Commit that change before calling the fit, then resume it with "
+                f"{resume}.")
         self.cat.query("SELECT pg_catalog.pg_stat_clear_snapshot()")
         act = self.cat.query("SELECT usename::text AS u, query FROM pg_catalog.pg_stat_activity "
                              "WHERE pid = $1", [bpid], ["int4"])
         who = (f'user "{act[0]["u"]}": {" ".join((act[0]["query"] or "").split())[:200]}'
                if act else "gone")
-        fit = f"fit {self.fit_id}" if self.fit_id is not None else "the fit"
         raise CerebroError(
             f"{fit} cannot go on: worker {worker} (pid {wpid}) waits for a lock behind "
             f"session {bpid} ({who}), which waits for a lock this fit's transaction holds",
             DEADLOCK_DETECTED,
             detail="The fit's coordinator waits for its worker sessions through dblink, "
-            "where the server's deadlock detector cannot see it.",
-            hint=f"Run that statement after the fit, or cancel it (SELECT "
-            f"pg_cancel_backend({bpid})) before resuming the fit"
-            + (f" with madlib_keras_fit_resume({self.fit_id})." if self.fit_id else "."))
+            "where the server's deadlock detector cannot see it; that session's statement "
+            "goes on once the fit's transaction ends.",
+            hint="Run DDL on a fit's tables after the fit. To keep the fit instead, cancel "
+            f"that statement (SELECT pg_cancel_backend({bpid})) and resume the fit with "
+            f"{resume}.")
 
     def _lost(self, worker: int, message: str, pid: int | None = None) -> WorkerResult:
         self.busy.pop(worker, None)

@@ -429,8 +429,9 @@ def _my_pid(cat: Catalog) -> int:
     return int(cat.query("SELECT pg_catalog.pg_backend_pid() AS p")[0]["p"])
 
 
-def _fault_settings(cat: Catalog) -> tuple[int, float | None, dict[str, str]]:
-    """max_unit_retries, unit_timeout (None: off) and the settings forwarded to workers."""
+def _fault_settings(cat: Catalog) -> tuple[int, float | StallRule | None, dict[str, str]]:
+    """max_unit_retries, unit_timeout (seconds; a :class:`StallRule` when unset or 'auto';
+    None: off) and the settings forwarded to workers."""
     raw = cat.setting(RETRIES_SETTING)
     try:
         retries = DEFAULT_MAX_UNIT_RETRIES if raw is None else int(raw)

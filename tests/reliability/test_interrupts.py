@@ -171,7 +171,8 @@ def wait_for(pred, timeout=120.0, what="condition"):
 
 
 def started(conn, out, n0, units=1):
-    """The fit of ``out`` after fit_id n0 once it committed ``units`` training units."""
+    """The fit of ``out`` after fit_id n0 once it committed ``units`` training units (0:
+    once it is registered)."""
     def pred():
         r = q(conn, "SELECT f.fit_id, count(u.*) FROM cerebro_db.fits f LEFT JOIN "
                     "cerebro_db.units u ON u.fit_id = f.fit_id AND u.kind = 'train' WHERE "
@@ -187,7 +188,7 @@ def max_fit(conn):
 SLOW_EPOCH2 = {"point": "before_train", "epoch": 2, "seconds": 300}
 
 
-def cancelled_then_resumed(conn, fit_id, out):
+def cancelled_then_resumed(conn, fit_id, out, min_units=1):
     st, msg = q(conn, "SELECT status, message FROM cerebro_db.fits WHERE fit_id = %s",
                 (fit_id,))[0]
     assert st == "cancelled", (st, msg)
@@ -196,7 +197,7 @@ def cancelled_then_resumed(conn, fit_id, out):
              (fit_id,)) == [("cancelled",)]
     assert no_worker_sessions(conn)
     done = train_units(conn, fit_id)
-    assert 1 <= done < TOTAL_TRAIN
+    assert min_units <= done < TOTAL_TRAIN
     assert q(conn, "SELECT to_regclass(%s) IS NULL", (out,))[0][0]
     q(conn, "RESET cerebro_db.test_hook")
     q(conn, "SELECT madlib_keras_fit_resume(%s)", (fit_id,))
@@ -232,7 +233,8 @@ def test_pg_cancel_backend_cancels_the_fit(it, rel_db):
 
 def test_statement_timeout_cancels_the_fit(it, rel_db):
     """statement_timeout of the calling session bounds the whole fit: 57014 after the
-    timeout, not a fit that runs on (and reports done) past it."""
+    timeout, not a fit that runs on (and reports done) past it. (Where the timeout lands,
+    in epoch 1 or in the sleeping epoch 2, depends on the machine's load.)"""
     out = "it_st"
     drop_outputs(it, out)
     n0 = max_fit(it)
@@ -241,7 +243,7 @@ def test_statement_timeout_cancels_the_fit(it, rel_db):
         "SET statement_timeout = '20s'"])
     bg.start()
     try:
-        fit_id = started(it, out, n0, units=1)
+        fit_id = started(it, out, n0, units=0)
         bg.join(90)
     finally:
         bg.close()
@@ -249,7 +251,7 @@ def test_statement_timeout_cancels_the_fit(it, rel_db):
     assert bg.error.pgcode == "57014", bg.error.pgerror
     assert "statement timeout" in bg.error.pgerror
     assert bg.seconds < 35, bg.seconds
-    cancelled_then_resumed(it, fit_id, out)
+    cancelled_then_resumed(it, fit_id, out, min_units=0)
 
 
 def test_cerebro_db_cancel_fit(it, rel_db, admin):
@@ -334,7 +336,7 @@ def test_ddl_on_the_source_during_a_fit_fails_it_not_hangs(it, rel_db, ddl):
         ddl_done.set()
 
     try:
-        fit_id = started(it, out, n0, units=1)
+        fit_id = started(it, out, n0, units=PARTITIONS)  # both workers past their start
         t = time.monotonic()
         threading.Thread(target=run_ddl, daemon=True).start()
         bg.join(60)
@@ -486,3 +488,29 @@ def test_rollback_of_the_calling_transaction_leaves_a_resumable_fit(it):
     with pytest.raises(psycopg2.Error) as e:
         q(it, "SELECT madlib_keras_fit_resume(%s)", (fit_id2,))
     assert e.value.pgcode == "55000" and "already done" in e.value.pgerror
+
+
+def test_table_locked_by_the_calling_transaction_fails_the_fit_not_hangs(it):
+    """The calling transaction itself holds a lock the workers need (here LOCK TABLE of the
+    source): the workers wait for the coordinator, which waits for them; the fit fails
+    within seconds with 40P01 instead of hanging."""
+    out = "it_self"
+    drop_outputs(it, out)
+    n0 = max_fit(it)
+    it.autocommit = False
+    t = time.monotonic()
+    try:
+        q(it, "LOCK TABLE it_p IN ACCESS EXCLUSIVE MODE")
+        with pytest.raises(psycopg2.Error) as e:
+            fit(it, out)
+    finally:
+        it.rollback()
+        it.autocommit = True
+    assert e.value.pgcode == "40P01", e.value.pgerror
+    assert "the transaction calling the fit holds" in e.value.pgerror
+    assert time.monotonic() - t < 60
+    fit_id = last_fit(it, out)
+    assert fit_id > n0
+    assert q(it, "SELECT status FROM cerebro_db.fits WHERE fit_id = %s", (fit_id,)) == \
+        [("failed",)]
+    assert no_worker_sessions(it)
