@@ -123,6 +123,10 @@ class DblinkExecutor:
             self.opened.append(name)
         self.cat.dblink_exec(name, "SET application_name = "
                              + self.cat.literal(self.application_name(w)))
+        # every statement sent to the session names its tables and the extension's
+        # functions qualified; pinning search_path keeps out any function or operator a
+        # role could create in a schema of the database's default search_path
+        self.cat.dblink_exec(name, "SET search_path = pg_catalog, pg_temp")
         for k, v in self.settings.items():
             self.cat.dblink_query(name, f"SELECT pg_catalog.set_config({self.cat.literal(k)}, "
                                         f"{self.cat.literal(v)}, false)")

@@ -63,6 +63,7 @@ from .training import (
     mark_failed,
     packed_table,
     stored_configs,
+    stored_table,
     take_over,
 )
 
@@ -348,9 +349,9 @@ def madlib_keras_automl(
         raise invalid(f"metrics_compute_frequency must be at least 1, got "
                       f"{metrics_compute_frequency}")
     _no_object_table(object_table)
-    out = TableName.parse(model_output_table, "model_output_table")
-    arch = TableName.parse(model_arch_table, "model_arch_table")
-    mst = TableName.parse(model_selection_table, "model_selection_table")
+    out = cat.table(model_output_table, "model_output_table")
+    arch = cat.table(model_arch_table, "model_arch_table")
+    mst = cat.table(model_selection_table, "model_selection_table")
     ids = _check_model_ids(model_id_list)
     for label, v in (("compile_params_grid", compile_params_grid),
                      ("fit_params_grid", fit_params_grid)):
@@ -466,10 +467,10 @@ def resume_automl(cat: Catalog, f: Mapping[str, Any], opts: Mapping[str, Any],
         raise CerebroError(f"fit {fit_id} was made by an older version and cannot be resumed",
                            FEATURE_NOT_SUPPORTED)
     method, automl_params = str(pp["automl_method"]), pp.get("automl_params")
-    mst = TableName.parse(f["model_selection_table"], "model_selection_table")
+    mst = stored_table(cat, opts, "mst", f["model_selection_table"], "model_selection_table")
     _outputs_absent(cat, out, ("", "_summary", "_info"), False)
     _selection_absent(cat, mst)
-    arch = TableName.parse(opts["arch_table"], "model_arch_table")
+    arch = stored_table(cat, opts, "arch", opts["arch_table"], "model_arch_table")
     require_arch_table(cat, arch, "model_arch_table")
     ids = [int(m) for m in pp["model_id_list"]]
     archs = _arch_rows(cat, arch, ids)
@@ -571,7 +572,7 @@ def hyperband_schedule(cat: Catalog, *, schedule_table: str, r: int | None, eta:
     """The Hyperband brackets for (R, eta, skip_last) as a table (s, i, n_i, r_i)."""
     from ..automl.hyperband import hyperband_schedule as schedule
 
-    table = TableName.parse(schedule_table, "schedule_table")
+    table = cat.table(schedule_table, "schedule_table")
     for label, v in (("r", r), ("eta", eta), ("skip_last", skip_last)):
         if v is None:
             raise CerebroError(f"{label} must not be NULL", NULL_VALUE_NOT_ALLOWED)

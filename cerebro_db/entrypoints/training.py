@@ -178,7 +178,7 @@ def _load_configs(cat: Catalog, mst: TableName) -> tuple[list[Config], TableName
                            UNDEFINED_TABLE, hint="Create it with load_model_selection_table "
                            "or generate_model_configs.")
     arch_name = cat.select(summ, ["model_arch_table"])[0]["model_arch_table"]
-    arch = TableName.parse(arch_name, "model_arch_table")
+    arch = cat.table(arch_name, "model_arch_table")
     require_arch_table(cat, arch, "model_arch_table")
     rows = cat.query(f"SELECT m.mst_key, m.model_id, m.compile_params, m.fit_params, "
                      f"a.model_arch::text AS arch, a.model_weights AS w FROM {mst.sql} m "
@@ -265,6 +265,46 @@ def _bytea_literal(b: bytes | None) -> str:
     return "NULL" if b is None else "'\\x" + bytes(b).hex() + "'::bytea"
 
 
+def _table_records(cat: Catalog, req: FitRequest) -> dict[str, Any]:
+    """The fit's tables as this call resolved them (schema, name, the text the caller gave)
+    and the oids of its data, so that a resume uses the same ones whatever its search_path."""
+    def rec(t: TableName | None) -> list[str | None] | None:
+        return None if t is None else [t.schema, t.name, t.given]
+
+    return {"output": rec(req.output), "mst": rec(req.mst_table), "arch": rec(req.arch_table),
+            "source_oid": cat.relation_oid(req.source.table),
+            "validation_oid": cat.relation_oid(req.validation.table) if req.validation else None}
+
+
+def stored_table(cat: Catalog, opts: dict[str, Any], key: str, text: str | None,
+                 what: str) -> TableName | None:
+    """A table of a fit as its original call resolved it, else (a fit recorded without it)
+    ``text`` as this session's search_path finds it."""
+    rec = (opts.get("tables") or {}).get(key)
+    if rec:
+        return TableName(rec[0], rec[1], rec[2])
+    return cat.table(text, what) if text else None
+
+
+def same_data(cat: Catalog, opts: dict[str, Any], fit_id: int, src: PackedTable,
+              val: PackedTable | None) -> None:
+    """A resumed fit's source and validation tables are the ones it was started on (same
+    oid), not tables made again under the same names."""
+    tables = opts.get("tables") or {}
+    for key, t, what in (("source_oid", src, "source_table"),
+                         ("validation_oid", val, "validation_table")):
+        if t is None or tables.get(key) is None:
+            continue
+        if cat.relation_oid(t.table) != int(tables[key]):
+            raise CerebroError(
+                f'{what} "{t.table}" is not the table fit {fit_id} was started on (it was '
+                "dropped and made again since)", OBJECT_NOT_IN_PREREQUISITE_STATE,
+                hint="A resume continues on the fit's own data; start a new fit instead.")
+    for t, key in ((src, "source_name"), (val, "validation_name")):
+        if t is not None and opts.get(key):
+            t.table = TableName(t.table.schema, t.table.name, opts[key])
+
+
 def _register(cat: Catalog, ex: DblinkExecutor, req: FitRequest, total: int) -> int:
     opts = {"x": req.source.x, "y": req.source.y, "use_caching": req.use_caching,
             "worker_threads": max(1, (os.cpu_count() or 1) // req.num_workers),
@@ -274,7 +314,8 @@ def _register(cat: Catalog, ex: DblinkExecutor, req: FitRequest, total: int) -> 
             "frequency": req.frequency, "arch_table": str(req.arch_table),
             "warm_start": req.warm_start, "name": req.name, "description": req.description,
             "executor_tag": ex.tag, "source_name": str(req.source.table),
-            "validation_name": str(req.validation.table) if req.validation else None}
+            "validation_name": str(req.validation.table) if req.validation else None,
+            "tables": _table_records(cat, req)}
     lit = cat.literal
     sql = (f"INSERT INTO {cat.ext('fits')} (kind, source_table, validation_table, "
            "model_output_table, model_selection_table, policy, num_partitions, num_iterations, "
@@ -455,7 +496,7 @@ def _mark_interrupted(cat: Catalog, ex: DblinkExecutor) -> None:
     """Fits of this role still 'running' whose coordinator session is gone become
     'interrupted' (resumable with madlib_keras_fit_resume)."""
     ex.control(f"UPDATE {cat.ext('fits')} f SET status = 'interrupted', ended_at = "
-               "clock_timestamp(), message = format('the coordinator session (pid %s) ended "
+               "clock_timestamp(), message = pg_catalog.format('the coordinator session (pid %s) ended "
                "before the fit did; resume it with madlib_keras_fit_resume(%s)', "
                "f.coordinator_pid, f.fit_id) WHERE f.status = 'running' AND f.owner = "
                f"current_user AND NOT {LIVE_COORDINATOR}")
@@ -475,7 +516,7 @@ def _claim(cat: Catalog, ex: DblinkExecutor, fit_id: int) -> None:
     rows = ex.control_query(
         f"UPDATE {cat.ext('fits')} f SET status = 'running', coordinator_pid = {_my_pid(cat)}, "
         "message = NULL, ended_at = NULL, resumed_at = clock_timestamp(), resumes = "
-        f"resumes + 1, options = options || jsonb_build_object('executor_tag', "
+        f"resumes + 1, options = options OPERATOR(pg_catalog.||) pg_catalog.jsonb_build_object('executor_tag', "
         f"{cat.literal(ex.tag)}::text) WHERE f.fit_id = {int(fit_id)} AND (f.status IN "
         f"('interrupted', 'failed') OR (f.status = 'running' AND NOT {LIVE_COORDINATOR})) "
         "RETURNING f.fit_id")
@@ -827,8 +868,8 @@ def madlib_keras_fit_multiple_model(
         policy_params: str | None = None, random_state: int | None = None) -> None:
     """Train every configuration of the model selection table by model hopper parallelism."""
     _check_common(num_iterations, metrics_compute_frequency, use_gpus)
-    out = TableName.parse(model_output_table, "model_output_table")
-    mst = TableName.parse(model_selection_table, "model_selection_table")
+    out = cat.table(model_output_table, "model_output_table")
+    mst = cat.table(model_selection_table, "model_selection_table")
     warm = _bool(warm_start, False)
     pname, popts = _policy(scheduling_policy, policy_params, random_state)
     seed = resolve_seed(random_state)
@@ -887,8 +928,8 @@ def madlib_keras_fit(
 
     _check_common(num_iterations, metrics_compute_frequency, use_gpus)
     _no_object_table(object_table)
-    out = TableName.parse(model, "model")
-    arch_t = TableName.parse(model_arch_table, "model_arch_table")
+    out = cat.table(model, "model")
+    arch_t = cat.table(model_arch_table, "model_arch_table")
     if model_id is None:
         raise CerebroError("model_id must not be NULL", NULL_VALUE_NOT_ALLOWED)
     for label, v in (("compile_params", compile_params), ("fit_params", fit_params)):
@@ -961,14 +1002,15 @@ def madlib_keras_fit_resume(cat: Catalog, *, fit_id: int) -> None:
     if "executor_tag" not in opts:
         raise CerebroError(f"fit {fit_id} was made by an older version and cannot be resumed",
                            FEATURE_NOT_SUPPORTED)
-    src = packed_table(cat, opts.get("source_name") or f["source_table"], "source_table")
+    src = packed_table(cat, f["source_table"], "source_table")
+    vname = f["validation_table"]
+    val = _validation(cat, vname, src) if vname else None
+    same_data(cat, opts, fit_id, src, val)
     if src.partitions != f["num_partitions"]:
         raise CerebroError(f'source_table "{src.table}" now has {src.partitions} partitions, '
                            f"fit {fit_id} was started on {f['num_partitions']}",
                            OBJECT_NOT_IN_PREREQUISITE_STATE)
-    vname = opts.get("validation_name") or f["validation_table"]
-    val = _validation(cat, vname, src) if vname else None
-    out = TableName.parse(f["model_output_table"], "model_output_table")
+    out = stored_table(cat, opts, "output", f["model_output_table"], "model_output_table")
     if f["kind"] == "automl":
         from .automl import resume_automl
 
@@ -984,13 +1026,13 @@ def madlib_keras_fit_resume(cat: Catalog, *, fit_id: int) -> None:
     else:
         _outputs_absent(cat, out, suffixes, False)
     configs = stored_configs(cat, fit_id)
-    mst = TableName.parse(f["model_selection_table"], "model_selection_table") \
-        if f["model_selection_table"] else None
+    mst = stored_table(cat, opts, "mst", f["model_selection_table"], "model_selection_table")
     req = FitRequest(f["kind"], src, val, out, configs, f["num_iterations"],
                      opts.get("frequency"), f["policy"], dict(opts.get("policy_params") or {}),
                      int(f["random_state"]), int(opts["num_workers"]),
                      bool(opts.get("use_caching")), mst,
-                     TableName.parse(opts["arch_table"], "model_arch_table"), warm,
+                     stored_table(cat, opts, "arch", opts["arch_table"], "model_arch_table"),
+                     warm,
                      opts.get("name"), opts.get("description"),
                      int(opts.get("replicas") or 1))
     if req.kind == "fit":
