@@ -127,6 +127,9 @@ class DblinkExecutor:
         # functions qualified; pinning search_path keeps out any function or operator a
         # role could create in a schema of the database's default search_path
         self.cat.dblink_exec(name, "SET search_path = pg_catalog, pg_temp")
+        # a unit reported committed must survive a crash of the server (a resume trusts the
+        # catalog), whatever the server's default
+        self.cat.dblink_exec(name, "SET synchronous_commit = on")
         for k, v in self.settings.items():
             self.cat.dblink_query(name, f"SELECT pg_catalog.set_config({self.cat.literal(k)}, "
                                         f"{self.cat.literal(v)}, false)")

@@ -13,7 +13,7 @@ import traceback
 from typing import Any, Callable
 
 from ..catalog import Catalog
-from ..errors import INSUFFICIENT_PRIVILEGE, INTERNAL_ERROR, CerebroError
+from ..errors import INSUFFICIENT_PRIVILEGE, INTERNAL_ERROR, OUT_OF_MEMORY, CerebroError, out_of_memory
 from ..names import TableName
 
 
@@ -33,6 +33,9 @@ def entrypoint(fn: Callable[..., Any]) -> Callable[..., Any]:
         except spi_errors:
             raise
         except Exception as e:  # an unexpected failure: say where, keep the traceback
+            if out_of_memory(e):
+                plpy.error(f"{fn.__name__}: out of memory", detail=traceback.format_exc(),
+                           sqlstate=OUT_OF_MEMORY)
             plpy.error(
                 f"{fn.__name__} failed: {type(e).__name__}: {e}",
                 detail=traceback.format_exc(),

@@ -59,9 +59,12 @@ from .training import (
     _series,
     _UnitExecutor,
     _validation,
+    check_worker_limits,
     final_weights,
     mark_failed,
     packed_table,
+    refuse_uncommitted,
+    state_chunk_size,
     stored_configs,
     stored_table,
     take_over,
@@ -401,12 +404,15 @@ def _execute(cat: Catalog, req: FitRequest, tuner: Tuner,
     workers = {w: {w} for w in range(p)}
     policy = get_policy("mop", random_state=seed, prefer_lagging=True, seeded_order=True)
     retries, timeout, forward = _fault_settings(cat)
+    check_worker_limits(cat, p, resume.fit_id if resume else None)
+    state_chunk_size(cat)
     ex = DblinkExecutor(cat, f"{os.getpid()}_{int(time.time() * 1000) % 10**9}", p,
                         _conninfo(cat), unit_timeout=timeout)
     t0 = time.time()
     fit_id = None
     try:
         ex.open(forward)
+        refuse_uncommitted(cat, ex, [req.source, req.validation])
         _mark_interrupted(cat, ex)
         eval_kinds = ["eval_train"] + (["eval_valid"] if req.validation else [])
         results, done, spent = None, 0, 0.0

@@ -126,6 +126,11 @@ def _resolve(cat: Catalog, source_table: str, output_table: str, dependent_varna
              independent_varname: str) -> _Inputs:
     source = cat.table(source_table, "source_table")
     output = cat.table(output_table, "output_table")
+    if output.schema is not None and (output.schema == "pg_temp"
+                                      or output.schema.startswith("pg_temp_")):
+        raise CerebroError(f'output_table "{output}" cannot be a temporary table: the worker '
+                           "sessions that train on it could not see it", FEATURE_NOT_SUPPORTED,
+                           hint="Name a table in a regular schema.")
     summary = output.with_suffix("_summary", "output_table")
     dep_names = split_column_list(dependent_varname, "dependent_varname")
     indep_names = split_column_list(independent_varname, "independent_varname")

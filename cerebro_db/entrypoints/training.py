@@ -68,6 +68,9 @@ HOOK_SETTING = "cerebro_db.test_hook"
 REPLICAS_SETTING = "cerebro_db.replicas"
 DEFAULT_MAX_UNIT_RETRIES = 3
 MAX_WORKERS = 64
+MIN_CHUNK_SIZE = 1024
+WORKER_LIMITS = ("max_workers_per_fit", "max_workers_per_role")
+"""Rows of the DBA's table ``limits``; defaults: :func:`default_worker_limits`."""
 POLL_WORKERS = 0.5
 
 
@@ -94,6 +97,49 @@ def _qualified(cat: Catalog, t: TableName) -> str:
     return quote_ident(row["s"]) + "." + quote_ident(row["r"])
 
 
+def refuse_temporary(cat: Catalog, t: TableName, what: str) -> None:
+    """Worker sessions cannot see another session's temporary table: refuse it up front."""
+    rows = cat.query("SELECT relpersistence::text AS p FROM pg_catalog.pg_class WHERE oid = "
+                     "pg_catalog.to_regclass($1)", [t.sql], ["text"])
+    if rows and rows[0]["p"] == "t":
+        raise CerebroError(f'{what} "{t}" is a temporary table, which the worker sessions '
+                           "cannot see", FEATURE_NOT_SUPPORTED,
+                           hint="Pack the data into a regular (or UNLOGGED) table.")
+
+
+def refuse_uncommitted(cat: Catalog, ex: DblinkExecutor, tables: Sequence[PackedTable | None]
+                       ) -> None:
+    """The packed tables exist for the worker sessions (opened already): a table created in
+    the caller's transaction, not yet committed, does not."""
+    for t in tables:
+        if t is None:
+            continue
+        seen = ex.control_query("SELECT (pg_catalog.to_regclass("
+                                f"{cat.literal(t.qualified)}) IS NOT NULL)::text")
+        if not seen or seen[0][0] != "true":
+            raise CerebroError(f'table "{t.table}" was created in this transaction, which the '
+                               "worker sessions cannot see until it commits",
+                               OBJECT_NOT_IN_PREREQUISITE_STATE,
+                               hint="COMMIT the transaction that made it, then call the "
+                               "function again.")
+
+
+def state_chunk_size(cat: Catalog) -> int | None:
+    """``cerebro_db.state_chunk_size`` (bytes of model state per catalog row), checked."""
+    raw = cat.setting(CHUNK_SETTING)
+    if raw is None:
+        return None
+    limit = state_mod.MAX_CHUNK_SIZE - 64
+    try:
+        n = int(raw)
+    except ValueError:
+        n = -1
+    if not MIN_CHUNK_SIZE <= n <= limit:
+        raise invalid(f"{CHUNK_SETTING} must be a number of bytes between {MIN_CHUNK_SIZE} and "
+                      f"{limit}, got {raw!r}", hint=f"RESET {CHUNK_SETTING} for the default.")
+    return n
+
+
 def packed_table(cat: Catalog, name: str, what: str) -> PackedTable:
     """A preprocessed table and its summary, or a clear error."""
     try:
@@ -102,6 +148,7 @@ def packed_table(cat: Catalog, name: str, what: str) -> PackedTable:
         raise CerebroError(e.message.replace("training_preprocessor_table", what), e.sqlstate,
                            hint=f"{what} must be made by training_preprocessor_dl or "
                            "validation_preprocessor_dl.") from None
+    refuse_temporary(cat, t, what)
     deps, indeps = s["dependent_varname"], s["independent_varname"]
     if len(deps) != 1 or len(indeps) != 1:
         raise CerebroError(f'{what} "{t}" has {len(indeps)} inputs and {len(deps)} outputs; '
@@ -185,6 +232,14 @@ def _load_configs(cat: Catalog, mst: TableName) -> tuple[list[Config], TableName
                      f"LEFT JOIN {arch.sql} a ON a.model_id = m.model_id ORDER BY m.mst_key")
     if not rows:
         raise CerebroError(f'model_selection_table "{mst}" is empty', "22000")
+    keys = [r["mst_key"] for r in rows]
+    if None in keys:
+        raise CerebroError(f'model_selection_table "{mst}" has a NULL mst_key',
+                           NULL_VALUE_NOT_ALLOWED, hint="Give every configuration an mst_key.")
+    dup = sorted({k for k in keys if keys.count(k) > 1})
+    if dup:
+        raise invalid(f'model_selection_table "{mst}" has mst_key {dup[0]} more than once',
+                      hint="mst_key must be unique (make it the primary key).")
     out = []
     for r in rows:
         if r["arch"] is None:
@@ -305,10 +360,51 @@ def same_data(cat: Catalog, opts: dict[str, Any], fit_id: int, src: PackedTable,
             t.table = TableName(t.table.schema, t.table.name, opts[key])
 
 
+def default_worker_limits() -> dict[str, int]:
+    """Without a row in ``limits``: a fit may use as many workers as the server has cores
+    (at least 4), a role twice that over all its running fits."""
+    per_fit = max(4, os.cpu_count() or 1)
+    return {"max_workers_per_fit": per_fit, "max_workers_per_role": 2 * per_fit}
+
+
+def worker_limits(cat: Catalog) -> dict[str, int]:
+    """The calling role's worker limits: its own row, else the row for every role, else
+    the default."""
+    out = default_worker_limits()
+    rows = cat.query(f"SELECT setting, value FROM {cat.ext('limits')} WHERE role_name IS NULL "
+                     "OR role_name = current_user ORDER BY role_name NULLS FIRST")
+    for r in rows:
+        out[r["setting"]] = int(r["value"])
+    return out
+
+
+def check_worker_limits(cat: Catalog, want: int, fit_id: int | None = None) -> None:
+    """``want`` worker sessions for one fit (``fit_id``: a running fit asking for more)
+    within the calling role's limits, counting the workers of its other running fits."""
+    lim = worker_limits(cat)
+    per_fit, per_role = lim["max_workers_per_fit"], lim["max_workers_per_role"]
+    where = f"{cat.schema}.limits"
+    if want > per_fit:
+        raise invalid(f"the fit needs {want} worker sessions, more than this role's "
+                      f"max_workers_per_fit ({per_fit})",
+                      hint=f"Use fewer partitions (training_preprocessor_dl's num_partitions) "
+                      f"or workers, or ask the DBA to raise max_workers_per_fit in {where}.")
+    busy = int(cat.query(
+        f"SELECT count(*) AS n FROM {cat.ext('fit_workers')} w JOIN {cat.ext('fits')} f "
+        "USING (fit_id) WHERE w.status IN ('active', 'joining') AND f.status = 'running' "
+        f"AND f.owner = current_user AND {LIVE_COORDINATOR} "
+        "AND f.fit_id IS DISTINCT FROM $1", [fit_id], ["int8"])[0]["n"])
+    if busy + want > per_role:
+        raise invalid(f"the fit needs {want} worker sessions and this role's other running "
+                      f"fits hold {busy}, more than its max_workers_per_role ({per_role})",
+                      hint=f"Wait for a fit to end, or ask the DBA to raise "
+                      f"max_workers_per_role in {where}.")
+
+
 def _register(cat: Catalog, ex: DblinkExecutor, req: FitRequest, total: int) -> int:
     opts = {"x": req.source.x, "y": req.source.y, "use_caching": req.use_caching,
             "worker_threads": max(1, (os.cpu_count() or 1) // req.num_workers),
-            "state_chunk_size": int(cat.setting(CHUNK_SETTING) or 0) or None,
+            "state_chunk_size": state_chunk_size(cat),
             "policy_params": req.policy_params, "num_workers": req.num_workers,
             "replicas": req.replicas,
             "frequency": req.frequency, "arch_table": str(req.arch_table),
@@ -601,6 +697,8 @@ def execute_fit(cat: Catalog, req: FitRequest,
                       f"x {req.num_iterations} iterations x {p} partitions), more than "
                       f"{MAX_UNITS}", hint="Use fewer iterations or configurations.")
     retries, timeout, forward = _fault_settings(cat)
+    state_chunk_size(cat)
+    check_worker_limits(cat, len(workers), resume.fit_id if resume else None)
     ex = DblinkExecutor(cat, f"{os.getpid()}_{int(time.time() * 1000) % 10**9}",
                         len(workers), _conninfo(cat), unit_timeout=timeout)
     ex.refuse_reopen = _refused_reopen(cat)
@@ -608,6 +706,7 @@ def execute_fit(cat: Catalog, req: FitRequest,
     fit_id = None
     try:
         ex.open(forward)
+        refuse_uncommitted(cat, ex, [req.source, req.validation])
         _mark_interrupted(cat, ex)
         results, done, spent = None, 0, 0.0
         if resume is None:
@@ -819,6 +918,14 @@ def _warm_weights(cat: Catalog, out: TableName, configs: list[Config], key: str)
     for c in configs:
         if have.get(c.mst_key) is not None:
             c.weights = bytes(have[c.mst_key])
+            try:
+                keras_arch.check_weights(keras_arch.build_from_json(c.arch, shared=True),
+                                         c.weights)
+            except CerebroError as e:
+                raise invalid(f'warm_start: the weights of mst_key {c.mst_key} in "{out}" do '
+                              f"not fit its architecture: {e.message}",
+                              hint="Warm start from the output of a fit of the same "
+                              "configurations, or run without warm_start.") from None
     for s in ("", "_summary", "_info"):
         t = out.with_suffix(s, "model_output_table") if s else out  # (no _info after fit)
         if cat.relation_oid(t) is not None:
@@ -1066,6 +1173,7 @@ def cerebro_db_fit_workers(cat: Catalog, *, fit_id: int, num_workers: int) -> No
         raise CerebroError(f"fit {fit_id} is not running (status {rows[0]['status']})",
                            OBJECT_NOT_IN_PREREQUISITE_STATE,
                            hint="Workers can only be changed while the fit runs.")
+    check_worker_limits(cat, num_workers, fit_id)
     cat.query(f"UPDATE {cat.ext('fits')} SET requested_workers = $2 WHERE fit_id = $1",
               [fit_id, num_workers], ["int8", "int4"])
     cat.notice(f"fit {fit_id}: asked for {num_workers} worker sessions; the coordinator "
