@@ -8,8 +8,16 @@ from .. import params
 from ..errors import invalid
 from .base import Tuner
 
-__all__ = ["LIMITS", "MAX_EPOCHS", "MAX_TRIALS", "check_limits", "get_tuner", "TUNERS",
-           "tuner_class", "tuner_names"]
+__all__ = [
+    "LIMITS",
+    "MAX_EPOCHS",
+    "MAX_TRIALS",
+    "TUNERS",
+    "check_limits",
+    "get_tuner",
+    "tuner_class",
+    "tuner_names",
+]
 
 MAX_EPOCHS = 100_000
 """The most epochs any one configuration may be asked for (as a fit's num_iterations)."""

@@ -13,7 +13,13 @@ import traceback
 from typing import Any, Callable
 
 from ..catalog import Catalog
-from ..errors import INSUFFICIENT_PRIVILEGE, INTERNAL_ERROR, OUT_OF_MEMORY, CerebroError, out_of_memory
+from ..errors import (
+    INSUFFICIENT_PRIVILEGE,
+    INTERNAL_ERROR,
+    OUT_OF_MEMORY,
+    CerebroError,
+    out_of_memory,
+)
 from ..names import TableName
 
 
