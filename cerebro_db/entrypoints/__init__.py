@@ -12,6 +12,7 @@ import functools
 import traceback
 from typing import Any, Callable
 
+from .. import interrupts
 from ..catalog import Catalog
 from ..errors import (
     INSUFFICIENT_PRIVILEGE,
@@ -32,7 +33,8 @@ def entrypoint(fn: Callable[..., Any]) -> Callable[..., Any]:
             e for e in (getattr(plpy, "SPIError", None), getattr(plpy, "Error", None)) if e
         )
         try:
-            return fn(Catalog(plpy, schema, caller_search_path(plpy)), **kwargs)
+            with interrupts.installed(lambda: plpy.execute("SELECT 1")):
+                return fn(Catalog(plpy, schema, caller_search_path(plpy)), **kwargs)
         except CerebroError as e:
             extra = {k: v for k, v in (("detail", e.detail), ("hint", e.hint)) if v}
             plpy.error(e.message, sqlstate=e.sqlstate, **extra)
