@@ -154,7 +154,8 @@ class Catalog(DblinkMixin):
 
         An existing table gets its schema; a name that does not exist gets the schema a
         CREATE TABLE of the caller would use (``current_schema()``), or stays unqualified
-        when the caller has none (:func:`entrypoints.require_output_schema` says so). Every
+        when the caller has none (:func:`entrypoints.require_output_schema` says so; never
+        ``pg_catalog``, which a direct call of an implementation would otherwise get). Every
         later statement then names it qualified, whatever search_path it runs under."""
         t = TableName.parse(text, what)
         if t.schema is not None:
@@ -168,7 +169,8 @@ class Catalog(DblinkMixin):
                 "SELECT (SELECT n.nspname::text FROM pg_catalog.pg_class c JOIN "
                 "pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
                 "WHERE c.oid = pg_catalog.to_regclass($1)) AS found, "
-                "pg_catalog.current_schema()::text AS creation", [t.sql], ["text"])[0]
+                "NULLIF(pg_catalog.current_schema()::text, 'pg_catalog') "
+                "AS creation", [t.sql], ["text"])[0]
         finally:
             if pinned is not None:
                 self.set_local("search_path", pinned)
