@@ -101,9 +101,14 @@ class Catalog(DblinkMixin):
     ``cursor(plan, args)`` and ``notice(msg)`` like PL/Python's ``plpy``.
     """
 
-    def __init__(self, db: Any, schema: str) -> None:
+    def __init__(self, db: Any, schema: str, caller_path: str | None = None) -> None:
         self.db = db
         self.schema = schema  # the extension's schema (its own tables live there)
+        # The caller's search_path: every extension function runs with search_path pinned
+        # to pg_catalog, pg_temp (so no object a role can create shadows a function or
+        # operator this code calls); the caller's own path is used only to find the tables
+        # it names, in :meth:`table`.
+        self.caller_path = caller_path
         self._plans: dict[tuple[str, tuple[str, ...]], Any] = {}
 
     # -- plumbing -------------------------------------------------------------------------
@@ -144,6 +149,34 @@ class Catalog(DblinkMixin):
         self.query("SELECT pg_catalog.set_config($1, $2, true)", [setting, value], ["text", "text"])
 
     # -- relations ------------------------------------------------------------------------
+    def table(self, text: str, what: str) -> TableName:
+        """The table a user named, schema-qualified as the caller's search_path finds it.
+
+        An existing table gets its schema; a name that does not exist gets the schema a
+        CREATE TABLE of the caller would use (``current_schema()``), or stays unqualified
+        when the caller has none (:func:`entrypoints.require_output_schema` says so; never
+        ``pg_catalog``, which a direct call of an implementation would otherwise get). Every
+        later statement then names it qualified, whatever search_path it runs under."""
+        t = TableName.parse(text, what)
+        if t.schema is not None:
+            return t
+        pinned = None
+        if self.caller_path is not None:
+            pinned = self.query("SELECT pg_catalog.current_setting('search_path') AS p")[0]["p"]
+            self.set_local("search_path", self.caller_path)
+        try:
+            row = self.query(
+                "SELECT (SELECT n.nspname::text FROM pg_catalog.pg_class c JOIN "
+                "pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
+                "WHERE c.oid = pg_catalog.to_regclass($1)) AS found, "
+                "NULLIF(pg_catalog.current_schema()::text, 'pg_catalog') "
+                "AS creation", [t.sql], ["text"])[0]
+        finally:
+            if pinned is not None:
+                self.set_local("search_path", pinned)
+        schema = row["found"] or row["creation"]
+        return TableName(schema, t.name, t.given) if schema else t
+
     def relation_oid(self, table: TableName) -> int | None:
         rows = self.query("SELECT pg_catalog.to_regclass($1)::oid AS oid", [table.sql], ["text"])
         return rows[0]["oid"]

@@ -29,6 +29,7 @@ from typing import Any, Union
 import numpy as np
 
 from .errors import NULL_VALUE_NOT_ALLOWED, CerebroError, invalid
+from .interrupts import poll
 from .params import (
     COMPILE_KEYS,
     FIT_KEYS,
@@ -391,6 +392,7 @@ def _unique(strings: Iterable[str], key: Any) -> list[str]:
     seen: set[str] = set()
     out = []
     for s in strings:
+        poll()
         k = key(s)
         if k not in seen:
             seen.add(k)
@@ -451,6 +453,7 @@ def generate_model_configs(
     attempts = 10 * num_configs + 100
     while len(out) < num_configs and attempts > 0:
         attempts -= 1
+        poll()
         c = _random_compile(cgrid, rng)
         f = _render_fit((k, _sample(v, rng)) for k, v in fgrid.items())
         key = (parsed.compile_key(c), parsed.fit_key(f))

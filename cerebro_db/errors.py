@@ -24,6 +24,8 @@ FEATURE_NOT_SUPPORTED = "0A000"
 INSUFFICIENT_PRIVILEGE = "42501"
 OBJECT_NOT_IN_PREREQUISITE_STATE = "55000"
 INTERNAL_ERROR = "XX000"
+OUT_OF_MEMORY = "53200"
+PROGRAM_LIMIT_EXCEEDED = "54000"
 
 
 class CerebroError(Exception):
@@ -59,3 +61,15 @@ def invalid(message: str, *, hint: str | None = None) -> CerebroError:
 def syntax(message: str, *, hint: str | None = None) -> CerebroError:
     """A malformed parameter string (SQLSTATE 42601)."""
     return CerebroError(message, SYNTAX_ERROR, hint=hint)
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """MemoryError or TensorFlow's ResourceExhaustedError, itself or as a cause."""
+    seen = 0
+    e: BaseException | None = exc
+    while e is not None and seen < 10:
+        if isinstance(e, MemoryError) or type(e).__name__ == "ResourceExhaustedError":
+            return True
+        e = e.__cause__ or e.__context__
+        seen += 1
+    return False

@@ -241,6 +241,13 @@ class DblinkExecutor:
         # the caller's statement_timeout bounds the whole fit (the coordinator's statement);
         # a unit is never cancelled by a timeout of its own session (see is_cancel)
         self.cat.dblink_exec(name, "SET statement_timeout = 0")
+        # every statement sent to the session names its tables and the extension's
+        # functions qualified; pinning search_path keeps out any function or operator a
+        # role could create in a schema of the database's default search_path
+        self.cat.dblink_exec(name, "SET search_path = pg_catalog, pg_temp")
+        # a unit reported committed must survive a crash of the server (a resume trusts the
+        # catalog), whatever the server's default
+        self.cat.dblink_exec(name, "SET synchronous_commit = on")
         for k, v in self.settings.items():
             self.cat.dblink_query(name, f"SELECT pg_catalog.set_config({self.cat.literal(k)}, "
                                         f"{self.cat.literal(v)}, false)")

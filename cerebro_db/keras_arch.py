@@ -52,7 +52,10 @@ from cerebro_db.errors import (
     INVALID_PARAMETER_VALUE,
     INVALID_TEXT_REPRESENTATION,
     NULL_VALUE_NOT_ALLOWED,
+    OUT_OF_MEMORY,
+    PROGRAM_LIMIT_EXCEEDED,
     CerebroError,
+    out_of_memory,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -101,6 +104,11 @@ _SHAPE_HINT = (
     "tf.keras 2.x or keras.Input(shape=(784,)) in Keras 3"
 )
 _MAX_SHARED = 8
+MAX_LAYERS = 1_000
+"""The most layers (over all nested models) an architecture may have: checked on the JSON,
+before Keras builds anything (building thousands of layers takes minutes)."""
+MAX_ARCH_BYTES = 16 * 1024 * 1024
+"""The largest ``model_arch`` JSON text accepted."""
 
 
 # --------------------------------------------------------------------------- parsing
@@ -182,6 +190,9 @@ def to_keras3_json(text: ArchInput) -> str:
 
 @functools.lru_cache(maxsize=64)
 def _to_keras3_text(text: str) -> str:
+    if len(text) > MAX_ARCH_BYTES:
+        raise CerebroError(f"model_arch is {len(text)} characters long, more than "
+                           f"{MAX_ARCH_BYTES}", PROGRAM_LIMIT_EXCEEDED)
     arch = parse_arch(text)
     _check_safe(arch)
     if detect_dialect(arch) == KERAS3:
@@ -528,9 +539,17 @@ def _parse_shape(value: Any) -> Shape | None:
 def _check_safe(obj: Any) -> None:
     """Refuse code-carrying layers and modules outside Keras anywhere in the architecture."""
     stack = [obj]
+    layers = 0
     while stack:
         item = stack.pop()
         if isinstance(item, dict):
+            if isinstance(item.get("layers"), list):
+                layers += len(item["layers"])
+                if layers > MAX_LAYERS:
+                    raise CerebroError(f"model_arch has more than {MAX_LAYERS} layers",
+                                       PROGRAM_LIMIT_EXCEEDED,
+                                       hint="Architectures are limited to "
+                                       f"{MAX_LAYERS} layers.")
             cls = item.get("class_name")
             if isinstance(cls, str) and cls in _UNSAFE_CLASSES:
                 raise _unsupported(
@@ -598,6 +617,9 @@ def _build(keras3_text: str) -> keras.Model:
     except CerebroError:
         raise
     except Exception as exc:  # noqa: BLE001 - Keras raises many types for a bad config
+        if out_of_memory(exc):
+            raise CerebroError("out of memory while building model_arch", OUT_OF_MEMORY,
+                               detail=_keras_detail(exc)) from None
         raise CerebroError(
             "model_arch is not a valid Keras model",
             INVALID_PARAMETER_VALUE,

@@ -22,6 +22,15 @@ PL/pgSQL wrapper with the declared defaults that calls it and re-raises any erro
 (``plpy.Error: ...``); the wrapper gives users a clean PostgreSQL-style message with the
 same SQLSTATE, DETAIL and HINT.
 
+search_path. Every function the extension creates runs with ``SET search_path = pg_catalog,
+pg_temp`` (added here to every PL/Python function), so that no function or operator a role
+can create in a schema on the caller's search_path (``public.format(text, integer, bigint)``
+beats ``pg_catalog.format(text, VARIADIC "any")``) is ever called by the extension, which
+often runs as a superuser. The wrappers are the exception: they must see the caller's
+search_path, which they hand to the implementation in ``cerebro_db.caller_search_path``
+(used only to find the tables the caller names, see ``Catalog.table``); their bodies call
+only schema-qualified functions with typed arguments.
+
 A fresh install and an upgrade therefore run the same DDL; tests/upgrade checks that the
 catalogs come out equal. A function whose signature or return type changes needs a DROP
 in the new version's migration.
@@ -77,11 +86,15 @@ def functions() -> str:
     )
     text = re.sub(r"^-- @entrypoint\n(CREATE OR REPLACE FUNCTION .*?\n\$python\$;\n)",
                   lambda m: split_entrypoint(m.group(1)), text, flags=re.M | re.S)
+    text = re.sub(r"(LANGUAGE plpython3u(?: (?:VOLATILE|STABLE|IMMUTABLE))?)(\s+AS \$python\$)",
+                  r"\1\n" + PIN + r"\2", text)
     leftover = re.search(r"@(plpython|usage) [^@]*@", text)
     if leftover:
         raise SystemExit(f"unresolved placeholder {leftover.group(0)}")
     return text
 
+
+PIN = "SET search_path = pg_catalog, pg_temp"
 
 _FN = re.compile(
     r"CREATE OR REPLACE FUNCTION @extschema@\.(\w+)\((.*?)\)\s*RETURNS (\w+)(.*?) AS \$python\$",
@@ -120,6 +133,8 @@ def split_entrypoint(decl: str) -> str:
         f"CREATE OR REPLACE FUNCTION @extschema@.{name}(\n    " + ",\n    ".join(args)
         + f"\n) RETURNS {ret} LANGUAGE plpgsql {volatility.group(1) if volatility else ''} "
         "AS $wrapper$\nDECLARE _m text; _d text; _h text; _s text;\nBEGIN\n"
+        "    PERFORM pg_catalog.set_config('cerebro_db.caller_search_path'::text,\n"
+        "        pg_catalog.current_setting('search_path'::text), true);\n"
         f"    {stmt}\nEXCEPTION WHEN OTHERS THEN\n"
         "    GET STACKED DIAGNOSTICS _m = MESSAGE_TEXT, _d = PG_EXCEPTION_DETAIL,\n"
         "        _h = PG_EXCEPTION_HINT, _s = RETURNED_SQLSTATE;\n"

@@ -95,7 +95,6 @@ max_connections = 100
 shared_buffers = 256MB
 work_mem = 16MB
 maintenance_work_mem = 256MB
-synchronous_commit = off
 log_min_messages = warning
 CONF
   fi

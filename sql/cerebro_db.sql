@@ -5,9 +5,9 @@
 
 -- Re-raise an error caught by an entry point's wrapper, without PL/Python's type prefix.
 CREATE OR REPLACE FUNCTION @extschema@.__reraise(m TEXT, d TEXT, h TEXT, s TEXT)
-RETURNS VOID LANGUAGE plpgsql AS $reraise$
+RETURNS VOID LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $reraise$
 BEGIN
-    m := regexp_replace(m, '^(plpy\.[A-Za-z]+|spiexceptions\.[A-Za-z]+): ', '');
+    m := pg_catalog.regexp_replace(m, '^(plpy\.[A-Za-z]+|spiexceptions\.[A-Za-z]+): ', '');
     IF coalesce(d, '') <> '' AND coalesce(h, '') <> '' THEN
         RAISE EXCEPTION USING MESSAGE = m, DETAIL = d, HINT = h, ERRCODE = s;
     ELSIF coalesce(d, '') <> '' THEN

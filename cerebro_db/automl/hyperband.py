@@ -47,10 +47,19 @@ def _check(R: int, eta: int, skip_last: int) -> int:
     _int_at_least(R, "automl_params: R", 1)
     _int_at_least(eta, "automl_params: eta", 2)
     _int_at_least(skip_last, "automl_params: skip_last", 0)
+    from .registry import LIMITS, MAX_TRIALS
+
+    for name, v in (("R", R), ("eta", eta), ("skip_last", skip_last)):
+        if v > LIMITS[name]:
+            raise invalid(f"automl_params: {name} must be at most {LIMITS[name]}, got {v}")
     s_max = hyperband_s_max(R, eta)
     if skip_last > s_max:
         raise invalid(f"automl_params: skip_last must be less than the number of brackets "
                       f"({s_max + 1} for R={R}, eta={eta}), got {skip_last}")
+    total = sum(bracket_size(s_max, s, eta) for s in range(s_max, skip_last - 1, -1))
+    if total > MAX_TRIALS:
+        raise invalid(f"automl_params: R={R}, eta={eta} make {total} configurations, more than "
+                      f"{MAX_TRIALS}", hint="Use a smaller R or a larger eta.")
     return s_max
 
 

@@ -16,6 +16,7 @@ import numpy as np
 
 from .. import configs as _c
 from ..errors import invalid
+from ..interrupts import poll
 
 __all__ = ["Point", "SearchSpace"]
 
@@ -85,6 +86,7 @@ class SearchSpace:
         for _ in itertools.repeat(None, 10 * n + 100):
             if len(out) == n:
                 break
+            poll()
             p = self.sample(rng)
             k = self.key(p)
             if k not in seen:

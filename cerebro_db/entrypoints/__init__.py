@@ -12,8 +12,15 @@ import functools
 import traceback
 from typing import Any, Callable
 
+from .. import interrupts
 from ..catalog import Catalog
-from ..errors import INSUFFICIENT_PRIVILEGE, INTERNAL_ERROR, CerebroError
+from ..errors import (
+    INSUFFICIENT_PRIVILEGE,
+    INTERNAL_ERROR,
+    OUT_OF_MEMORY,
+    CerebroError,
+    out_of_memory,
+)
 from ..names import TableName
 
 
@@ -26,13 +33,17 @@ def entrypoint(fn: Callable[..., Any]) -> Callable[..., Any]:
             e for e in (getattr(plpy, "SPIError", None), getattr(plpy, "Error", None)) if e
         )
         try:
-            return fn(Catalog(plpy, schema), **kwargs)
+            with interrupts.installed(lambda: plpy.execute("SELECT 1")):
+                return fn(Catalog(plpy, schema, caller_search_path(plpy)), **kwargs)
         except CerebroError as e:
             extra = {k: v for k, v in (("detail", e.detail), ("hint", e.hint)) if v}
             plpy.error(e.message, sqlstate=e.sqlstate, **extra)
         except spi_errors:
             raise
         except Exception as e:  # an unexpected failure: say where, keep the traceback
+            if out_of_memory(e):
+                plpy.error(f"{fn.__name__}: out of memory", detail=traceback.format_exc(),
+                           sqlstate=OUT_OF_MEMORY)
             plpy.error(
                 f"{fn.__name__} failed: {type(e).__name__}: {e}",
                 detail=traceback.format_exc(),
@@ -42,6 +53,18 @@ def entrypoint(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+CALLER_PATH_SETTING = "cerebro_db.caller_search_path"
+
+
+def caller_search_path(plpy: Any) -> str | None:
+    """The search_path of the statement that called the entry point: its SQL wrapper (see
+    scripts/build_sql.py) records it here before calling the implementation, which runs
+    with search_path pinned to pg_catalog, pg_temp."""
+    rows = plpy.execute(f"SELECT pg_catalog.current_setting('{CALLER_PATH_SETTING}', true) AS p")
+    v = rows[0]["p"] if rows else None
+    return v if v else None
+
+
 def require_output_schema(cat: Catalog, table: TableName, what: str) -> None:
     """The schema ``table`` will be created in exists and the caller may create in it.
 
@@ -49,9 +72,8 @@ def require_output_schema(cat: Catalog, table: TableName, what: str) -> None:
     train to completion and then fail on CREATE TABLE."""
     rows = cat.query("SELECT n.nspname::text AS s, "
                      "pg_catalog.has_schema_privilege(n.oid, 'CREATE') AS ok "
-                     "FROM pg_catalog.pg_namespace n "
-                     "WHERE n.nspname = coalesce($1, pg_catalog.current_schema())",
-                     [table.schema], ["text"])
+                     "FROM pg_catalog.pg_namespace n WHERE n.nspname = $1",
+                     [table.schema], ["text"]) if table.schema is not None else []
     if not rows:
         if table.schema is None:
             raise CerebroError(f'{what} "{table}": no schema has been selected to create in',

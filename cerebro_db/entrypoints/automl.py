@@ -61,12 +61,16 @@ from .training import (
     _validation,
     check_item,
     check_spec,
+    check_worker_limits,
     final_weights,
     idle_timeout,
     mark_done,
     mark_failed,
     packed_table,
+    refuse_uncommitted,
+    state_chunk_size,
     stored_configs,
+    stored_table,
     take_over,
     worker_checks,
 )
@@ -317,9 +321,9 @@ def madlib_keras_automl(
         raise invalid(f"metrics_compute_frequency must be at least 1, got "
                       f"{metrics_compute_frequency}")
     _no_object_table(object_table)
-    out = TableName.parse(model_output_table, "model_output_table")
-    arch = TableName.parse(model_arch_table, "model_arch_table")
-    mst = TableName.parse(model_selection_table, "model_selection_table")
+    out = cat.table(model_output_table, "model_output_table")
+    arch = cat.table(model_arch_table, "model_arch_table")
+    mst = cat.table(model_selection_table, "model_selection_table")
     ids = _check_model_ids(model_id_list)
     for label, v in (("compile_params_grid", compile_params_grid),
                      ("fit_params_grid", fit_params_grid)):
@@ -370,6 +374,8 @@ def _execute(cat: Catalog, req: FitRequest, tuner: Tuner,
     p = req.source.partitions
     workers = {w: {w} for w in range(p)}
     retries, timeout, forward = _fault_settings(cat)
+    check_worker_limits(cat, p, resume.fit_id if resume else None)
+    state_chunk_size(cat)
     ex = DblinkExecutor(cat, f"{os.getpid()}_{int(time.time() * 1000) % 10**9}", p,
                         _conninfo(cat), unit_timeout=timeout)
     ex.keep_idle = idle_timeout(cat)
@@ -378,6 +384,7 @@ def _execute(cat: Catalog, req: FitRequest, tuner: Tuner,
     ended = False
     try:
         ex.open(forward)
+        refuse_uncommitted(cat, ex, [req.source, req.validation])
         worker_checks(ex, check_spec(req.source, req.checks or [], p))
         _mark_interrupted(cat, ex)
         eval_kinds = ["eval_train"] + (["eval_valid"] if req.validation else [])
@@ -436,10 +443,10 @@ def resume_automl(cat: Catalog, f: Mapping[str, Any], opts: Mapping[str, Any],
         raise CerebroError(f"fit {fit_id} was made by an older version and cannot be resumed",
                            FEATURE_NOT_SUPPORTED)
     method, automl_params = str(pp["automl_method"]), pp.get("automl_params")
-    mst = TableName.parse(f["model_selection_table"], "model_selection_table")
+    mst = stored_table(cat, opts, "mst", f["model_selection_table"], "model_selection_table")
     _outputs_absent(cat, out, ("", "_summary", "_info"), False)
     _selection_absent(cat, mst)
-    arch = TableName.parse(opts["arch_table"], "model_arch_table")
+    arch = stored_table(cat, opts, "arch", opts["arch_table"], "model_arch_table")
     require_arch_table(cat, arch, "model_arch_table")
     ids = [int(m) for m in pp["model_id_list"]]
     archs = _arch_rows(cat, arch, ids)
@@ -541,7 +548,7 @@ def hyperband_schedule(cat: Catalog, *, schedule_table: str, r: int | None, eta:
     """The Hyperband brackets for (R, eta, skip_last) as a table (s, i, n_i, r_i)."""
     from ..automl.hyperband import hyperband_schedule as schedule
 
-    table = TableName.parse(schedule_table, "schedule_table")
+    table = cat.table(schedule_table, "schedule_table")
     for label, v in (("r", r), ("eta", eta), ("skip_last", skip_last)):
         if v is None:
             raise CerebroError(f"{label} must not be NULL", NULL_VALUE_NOT_ALLOWED)

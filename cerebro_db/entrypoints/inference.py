@@ -64,7 +64,7 @@ def parse_pred_type(text: str | None) -> PredType:
 def _model_row(cat: Catalog, model_table: str, mst_key: int | None
                ) -> tuple[TableName, dict[str, Any], dict[str, Any]]:
     """(table, row with model_weights/model_arch, summary row) of a trained model table."""
-    t = TableName.parse(model_table, "model_table")
+    t = cat.table(model_table, "model_table")
     oid = cat.require_table(t, "model_table")
     cols = cat.columns(oid)
     if not {"model_weights", "model_arch"} <= set(cols):
@@ -99,7 +99,7 @@ def _model_row(cat: Catalog, model_table: str, mst_key: int | None
 
 def _test_source(cat: Catalog, test_table: str, id_col: str, independent_varname: str
                  ) -> tuple[TableName, str, str, str]:
-    t = TableName.parse(test_table, "test_table")
+    t = cat.table(test_table, "test_table")
     oid = cat.require_table(t, "test_table")
     cols = cat.columns(oid)
     (idc,) = split_column_list(id_col, "id_col")[:1]
@@ -194,7 +194,7 @@ def madlib_keras_predict(cat: Catalog, *, model_table: str, test_table: str, id_
     """Predict every row of ``test_table`` with a trained model, in batches."""
     t0 = time.monotonic()
     pt = parse_pred_type(pred_type)
-    out = TableName.parse(output_table, "output_table")
+    out = cat.table(output_table, "output_table")
     _, row, summ = _model_row(cat, model_table, mst_key)
     test, idn, idt, xn = _test_source(cat, test_table, id_col, independent_varname)
     cat.require_absent(out, "output_table")
@@ -242,8 +242,8 @@ def madlib_keras_predict_byom(cat: Catalog, *, model_arch_table: str, model_id: 
     model"): no training summary, so class values and the normalizing constant are given."""
     t0 = time.monotonic()
     pt = parse_pred_type(pred_type)
-    arch_t = TableName.parse(model_arch_table, "model_arch_table")
-    out = TableName.parse(output_table, "output_table")
+    arch_t = cat.table(model_arch_table, "model_arch_table")
+    out = cat.table(output_table, "output_table")
     if model_id is None:
         raise CerebroError("model_id must not be NULL", NULL_VALUE_NOT_ALLOWED)
     if normalizing_const is not None and (not math.isfinite(normalizing_const)
@@ -279,7 +279,7 @@ def madlib_keras_evaluate(cat: Catalog, *, model_table: str, test_table: str, ou
     from ..worker import labels_for, partition_data
     from .training import packed_table
 
-    out = TableName.parse(output_table, "output_table")
+    out = cat.table(output_table, "output_table")
     t, row, summ = _model_row(cat, model_table, mst_key)
     test = packed_table(cat, test_table, "test_table")
     cat.require_absent(out, "output_table")

@@ -37,7 +37,7 @@ def load_keras_model(cat: Catalog, *, keras_model_arch_table: str, model_arch: s
                      model_weights: bytes | None = None, name: str | None = None,
                      description: str | None = None) -> None:
     """Check the architecture (and weights) and append it to the architecture table."""
-    table = TableName.parse(keras_model_arch_table, "keras_model_arch_table")
+    table = cat.table(keras_model_arch_table, "keras_model_arch_table")
     if model_arch is None:
         raise CerebroError("model_arch must not be NULL", NULL_VALUE_NOT_ALLOWED)
     text, model = keras_arch.normalize_arch(model_arch)
@@ -63,7 +63,7 @@ def load_keras_model(cat: Catalog, *, keras_model_arch_table: str, model_arch: s
 @entrypoint
 def delete_keras_model(cat: Catalog, *, keras_model_arch_table: str, model_id: int) -> None:
     """Delete one architecture; drop the table once it is empty."""
-    table = TableName.parse(keras_model_arch_table, "keras_model_arch_table")
+    table = cat.table(keras_model_arch_table, "keras_model_arch_table")
     if model_id is None:
         raise CerebroError("model_id must not be NULL", NULL_VALUE_NOT_ALLOWED)
     require_arch_table(cat, table, "keras_model_arch_table")

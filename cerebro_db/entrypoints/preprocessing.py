@@ -124,8 +124,13 @@ class _Inputs:
 
 def _resolve(cat: Catalog, source_table: str, output_table: str, dependent_varname: str,
              independent_varname: str) -> _Inputs:
-    source = TableName.parse(source_table, "source_table")
-    output = TableName.parse(output_table, "output_table")
+    source = cat.table(source_table, "source_table")
+    output = cat.table(output_table, "output_table")
+    if output.schema is not None and (output.schema == "pg_temp"
+                                      or output.schema.startswith("pg_temp_")):
+        raise CerebroError(f'output_table "{output}" cannot be a temporary table: the worker '
+                           "sessions that train on it could not see it", FEATURE_NOT_SUPPORTED,
+                           hint="Name a table in a regular schema.")
     summary = output.with_suffix("_summary", "output_table")
     dep_names = split_column_list(dependent_varname, "dependent_varname")
     indep_names = split_column_list(independent_varname, "independent_varname")
@@ -430,7 +435,7 @@ def training_preprocessor_dl(cat: Catalog, *, source_table: str, output_table: s
 
 def read_training_summary(cat: Catalog, training_table: str) -> tuple[TableName, dict[str, Any]]:
     """The summary row of a training table made by ``training_preprocessor_dl``."""
-    tt = TableName.parse(training_table, "training_preprocessor_table")
+    tt = cat.table(training_table, "training_preprocessor_table")
     summ = tt.with_suffix("_summary", "training_preprocessor_table")
     cat.require_table(tt, "training_preprocessor_table")
     if cat.relation_oid(summ) is None:

@@ -108,8 +108,8 @@ def load_model_selection_table(cat: Catalog, *, model_arch_table: str, model_sel
                                fit_params_list: Sequence[str] | None,
                                object_table: str | None = None) -> None:
     """model ids x compile strings x fit strings, deduplicated by content, into a new table."""
-    arch = TableName.parse(model_arch_table, "model_arch_table")
-    mst = TableName.parse(model_selection_table, "model_selection_table")
+    arch = cat.table(model_arch_table, "model_arch_table")
+    mst = cat.table(model_selection_table, "model_selection_table")
     summary = mst.with_suffix("_summary", "model_selection_table")
     _no_object_table(object_table)
     require_arch_table(cat, arch, "model_arch_table")
@@ -137,7 +137,7 @@ def _existing(cat: Catalog, mst: TableName, summary: TableName, arch: TableName
     srow = cat.select(summary, ["model_arch_table"])
     their = srow[0]["model_arch_table"] if srow else None
     same = their is not None and cat.relation_oid(
-        TableName.parse(their, "model_arch_table")) == cat.relation_oid(arch)
+        cat.table(their, "model_arch_table")) == cat.relation_oid(arch)
     if not same:
         raise invalid(
             f'model_selection_table "{mst}" was made for model_arch_table "{their}", not "{arch}"',
@@ -153,8 +153,8 @@ def generate_model_configs(cat: Catalog, *, model_arch_table: str, model_selecti
                            num_configs: int | None = None, random_state: int | None = None,
                            object_table: str | None = None) -> None:
     """Grid or random search configurations, appended to the model selection table."""
-    arch = TableName.parse(model_arch_table, "model_arch_table")
-    mst = TableName.parse(model_selection_table, "model_selection_table")
+    arch = cat.table(model_arch_table, "model_arch_table")
+    mst = cat.table(model_selection_table, "model_selection_table")
     summary = mst.with_suffix("_summary", "model_selection_table")
     _no_object_table(object_table)
     for name, v in (("compile_params_grid", compile_params_grid),

@@ -73,6 +73,9 @@ IDLE_SETTING = "cerebro_db.worker_idle_timeout"
 DEFAULT_IDLE_TIMEOUT = 300.0
 DEFAULT_MAX_UNIT_RETRIES = 3
 MAX_WORKERS = 64
+MIN_CHUNK_SIZE = 1024
+WORKER_LIMITS = ("max_workers_per_fit", "max_workers_per_role")
+"""Rows of the DBA's table ``limits``; defaults: :func:`default_worker_limits`."""
 POLL_WORKERS = 0.5
 
 
@@ -99,6 +102,49 @@ def _qualified(cat: Catalog, t: TableName) -> str:
     return quote_ident(row["s"]) + "." + quote_ident(row["r"])
 
 
+def refuse_temporary(cat: Catalog, t: TableName, what: str) -> None:
+    """Worker sessions cannot see another session's temporary table: refuse it up front."""
+    rows = cat.query("SELECT relpersistence::text AS p FROM pg_catalog.pg_class WHERE oid = "
+                     "pg_catalog.to_regclass($1)", [t.sql], ["text"])
+    if rows and rows[0]["p"] == "t":
+        raise CerebroError(f'{what} "{t}" is a temporary table, which the worker sessions '
+                           "cannot see", FEATURE_NOT_SUPPORTED,
+                           hint="Pack the data into a regular (or UNLOGGED) table.")
+
+
+def refuse_uncommitted(cat: Catalog, ex: DblinkExecutor, tables: Sequence[PackedTable | None]
+                       ) -> None:
+    """The packed tables exist for the worker sessions (opened already): a table created in
+    the caller's transaction, not yet committed, does not."""
+    for t in tables:
+        if t is None:
+            continue
+        seen = ex.control_query("SELECT (pg_catalog.to_regclass("
+                                f"{cat.literal(t.qualified)}) IS NOT NULL)::text")
+        if not seen or seen[0][0] != "true":
+            raise CerebroError(f'table "{t.table}" was created in this transaction, which the '
+                               "worker sessions cannot see until it commits",
+                               OBJECT_NOT_IN_PREREQUISITE_STATE,
+                               hint="COMMIT the transaction that made it, then call the "
+                               "function again.")
+
+
+def state_chunk_size(cat: Catalog) -> int | None:
+    """``cerebro_db.state_chunk_size`` (bytes of model state per catalog row), checked."""
+    raw = cat.setting(CHUNK_SETTING)
+    if raw is None:
+        return None
+    limit = state_mod.MAX_CHUNK_SIZE - 64
+    try:
+        n = int(raw)
+    except ValueError:
+        n = -1
+    if not MIN_CHUNK_SIZE <= n <= limit:
+        raise invalid(f"{CHUNK_SETTING} must be a number of bytes between {MIN_CHUNK_SIZE} and "
+                      f"{limit}, got {raw!r}", hint=f"RESET {CHUNK_SETTING} for the default.")
+    return n
+
+
 def packed_table(cat: Catalog, name: str, what: str) -> PackedTable:
     """A preprocessed table and its summary, or a clear error."""
     try:
@@ -107,6 +153,7 @@ def packed_table(cat: Catalog, name: str, what: str) -> PackedTable:
         raise CerebroError(e.message.replace("training_preprocessor_table", what), e.sqlstate,
                            hint=f"{what} must be made by training_preprocessor_dl or "
                            "validation_preprocessor_dl.") from None
+    refuse_temporary(cat, t, what)
     deps, indeps = s["dependent_varname"], s["independent_varname"]
     if len(deps) != 1 or len(indeps) != 1:
         raise CerebroError(f'{what} "{t}" has {len(indeps)} inputs and {len(deps)} outputs; '
@@ -243,13 +290,21 @@ def _load_configs(cat: Catalog, mst: TableName) -> tuple[list[Config], TableName
                            UNDEFINED_TABLE, hint="Create it with load_model_selection_table "
                            "or generate_model_configs.")
     arch_name = cat.select(summ, ["model_arch_table"])[0]["model_arch_table"]
-    arch = TableName.parse(arch_name, "model_arch_table")
+    arch = cat.table(arch_name, "model_arch_table")
     require_arch_table(cat, arch, "model_arch_table")
     rows = cat.query(f"SELECT m.mst_key, m.model_id, m.compile_params, m.fit_params, "
                      f"a.model_arch::text AS arch, a.model_weights AS w FROM {mst.sql} m "
                      f"LEFT JOIN {arch.sql} a ON a.model_id = m.model_id ORDER BY m.mst_key")
     if not rows:
         raise CerebroError(f'model_selection_table "{mst}" is empty', "22000")
+    keys = [r["mst_key"] for r in rows]
+    if None in keys:
+        raise CerebroError(f'model_selection_table "{mst}" has a NULL mst_key',
+                           NULL_VALUE_NOT_ALLOWED, hint="Give every configuration an mst_key.")
+    dup = sorted({k for k in keys if keys.count(k) > 1})
+    if dup:
+        raise invalid(f'model_selection_table "{mst}" has mst_key {dup[0]} more than once',
+                      hint="mst_key must be unique (make it the primary key).")
     out = []
     for r in rows:
         if r["arch"] is None:
@@ -332,16 +387,98 @@ def _bytea_literal(b: bytes | None) -> str:
     return "NULL" if b is None else "'\\x" + bytes(b).hex() + "'::bytea"
 
 
+def _table_records(cat: Catalog, req: FitRequest) -> dict[str, Any]:
+    """The fit's tables as this call resolved them (schema, name, the text the caller gave)
+    and the oids of its data, so that a resume uses the same ones whatever its search_path."""
+    def rec(t: TableName | None) -> list[str | None] | None:
+        return None if t is None else [t.schema, t.name, t.given]
+
+    return {"output": rec(req.output), "mst": rec(req.mst_table), "arch": rec(req.arch_table),
+            "source_oid": cat.relation_oid(req.source.table),
+            "validation_oid": cat.relation_oid(req.validation.table) if req.validation else None}
+
+
+def stored_table(cat: Catalog, opts: dict[str, Any], key: str, text: str | None,
+                 what: str) -> TableName | None:
+    """A table of a fit as its original call resolved it, else (a fit recorded without it)
+    ``text`` as this session's search_path finds it."""
+    rec = (opts.get("tables") or {}).get(key)
+    if rec:
+        return TableName(rec[0], rec[1], rec[2])
+    return cat.table(text, what) if text else None
+
+
+def same_data(cat: Catalog, opts: dict[str, Any], fit_id: int, src: PackedTable,
+              val: PackedTable | None) -> None:
+    """A resumed fit's source and validation tables are the ones it was started on (same
+    oid), not tables made again under the same names."""
+    tables = opts.get("tables") or {}
+    for key, t, what in (("source_oid", src, "source_table"),
+                         ("validation_oid", val, "validation_table")):
+        if t is None or tables.get(key) is None:
+            continue
+        if cat.relation_oid(t.table) != int(tables[key]):
+            raise CerebroError(
+                f'{what} "{t.table}" is not the table fit {fit_id} was started on (it was '
+                "dropped and made again since)", OBJECT_NOT_IN_PREREQUISITE_STATE,
+                hint="A resume continues on the fit's own data; start a new fit instead.")
+    for t, key in ((src, "source_name"), (val, "validation_name")):
+        if t is not None and opts.get(key):
+            t.table = TableName(t.table.schema, t.table.name, opts[key])
+
+
+def default_worker_limits() -> dict[str, int]:
+    """Without a row in ``limits``: a fit may use as many workers as the server has cores
+    (at least 4), a role twice that over all its running fits."""
+    per_fit = max(4, os.cpu_count() or 1)
+    return {"max_workers_per_fit": per_fit, "max_workers_per_role": 2 * per_fit}
+
+
+def worker_limits(cat: Catalog) -> dict[str, int]:
+    """The calling role's worker limits: its own row, else the row for every role, else
+    the default."""
+    out = default_worker_limits()
+    rows = cat.query(f"SELECT setting, value FROM {cat.ext('limits')} WHERE role_name IS NULL "
+                     "OR role_name = current_user ORDER BY role_name NULLS FIRST")
+    for r in rows:
+        out[r["setting"]] = int(r["value"])
+    return out
+
+
+def check_worker_limits(cat: Catalog, want: int, fit_id: int | None = None) -> None:
+    """``want`` worker sessions for one fit (``fit_id``: a running fit asking for more)
+    within the calling role's limits, counting the workers of its other running fits."""
+    lim = worker_limits(cat)
+    per_fit, per_role = lim["max_workers_per_fit"], lim["max_workers_per_role"]
+    where = f"{cat.schema}.limits"
+    if want > per_fit:
+        raise invalid(f"the fit needs {want} worker sessions, more than this role's "
+                      f"max_workers_per_fit ({per_fit})",
+                      hint=f"Use fewer partitions (training_preprocessor_dl's num_partitions) "
+                      f"or workers, or ask the DBA to raise max_workers_per_fit in {where}.")
+    busy = int(cat.query(
+        f"SELECT count(*) AS n FROM {cat.ext('fit_workers')} w JOIN {cat.ext('fits')} f "
+        "USING (fit_id) WHERE w.status IN ('active', 'joining') AND f.status = 'running' "
+        f"AND f.owner = current_user AND {LIVE_COORDINATOR} "
+        "AND f.fit_id IS DISTINCT FROM $1", [fit_id], ["int8"])[0]["n"])
+    if busy + want > per_role:
+        raise invalid(f"the fit needs {want} worker sessions and this role's other running "
+                      f"fits hold {busy}, more than its max_workers_per_role ({per_role})",
+                      hint=f"Wait for a fit to end, or ask the DBA to raise "
+                      f"max_workers_per_role in {where}.")
+
+
 def _register(cat: Catalog, ex: DblinkExecutor, req: FitRequest, total: int) -> int:
     opts = {"x": req.source.x, "y": req.source.y, "use_caching": req.use_caching,
             "worker_threads": max(1, (os.cpu_count() or 1) // req.num_workers),
-            "state_chunk_size": int(cat.setting(CHUNK_SETTING) or 0) or None,
+            "state_chunk_size": state_chunk_size(cat),
             "policy_params": req.policy_params, "num_workers": req.num_workers,
             "replicas": req.replicas,
             "frequency": req.frequency, "arch_table": str(req.arch_table),
             "warm_start": req.warm_start, "name": req.name, "description": req.description,
             "executor_tag": ex.tag, "source_name": str(req.source.table),
-            "validation_name": str(req.validation.table) if req.validation else None}
+            "validation_name": str(req.validation.table) if req.validation else None,
+            "tables": _table_records(cat, req)}
     lit = cat.literal
     sql = (f"INSERT INTO {cat.ext('fits')} (kind, source_table, validation_table, "
            "model_output_table, model_selection_table, policy, num_partitions, num_iterations, "
@@ -588,7 +725,8 @@ def _claim(cat: Catalog, ex: DblinkExecutor, fit_id: int) -> None:
     rows = ex.control_query(
         f"UPDATE {cat.ext('fits')} f SET status = 'running', coordinator_pid = {_my_pid(cat)}, "
         "message = NULL, ended_at = NULL, resumed_at = clock_timestamp(), resumes = "
-        "resumes + 1, cancel_requested = NULL, options = options || jsonb_build_object("
+        "resumes + 1, cancel_requested = NULL, options = options OPERATOR(pg_catalog.||) "
+        "pg_catalog.jsonb_build_object("
         f"'executor_tag', {cat.literal(ex.tag)}::text) WHERE f.fit_id = {int(fit_id)} AND "
         f"(f.status IN ('interrupted', 'failed', 'cancelled') OR (f.status = 'running' AND "
         f"NOT {LIVE_COORDINATOR})) RETURNING f.fit_id")
@@ -701,6 +839,8 @@ def execute_fit(cat: Catalog, req: FitRequest,
                       f"x {req.num_iterations} iterations x {p} partitions), more than "
                       f"{MAX_UNITS}", hint="Use fewer iterations or configurations.")
     retries, timeout, forward = _fault_settings(cat)
+    state_chunk_size(cat)
+    check_worker_limits(cat, len(workers), resume.fit_id if resume else None)
     ex = DblinkExecutor(cat, f"{os.getpid()}_{int(time.time() * 1000) % 10**9}",
                         len(workers), _conninfo(cat), unit_timeout=timeout)
     ex.refuse_reopen = _refused_reopen(cat)
@@ -710,6 +850,7 @@ def execute_fit(cat: Catalog, req: FitRequest,
     ended = False
     try:
         ex.open(forward)
+        refuse_uncommitted(cat, ex, [req.source, req.validation])
         worker_checks(ex, check_spec(req.source, req.checks or [], len(workers),
                                      req.validate_compile))
         _mark_interrupted(cat, ex)
@@ -923,6 +1064,14 @@ def _warm_weights(cat: Catalog, out: TableName, configs: list[Config], key: str)
     for c in configs:
         if have.get(c.mst_key) is not None:
             c.weights = bytes(have[c.mst_key])
+            try:
+                keras_arch.check_weights(keras_arch.build_from_json(c.arch, shared=True),
+                                         c.weights)
+            except CerebroError as e:
+                raise invalid(f'warm_start: the weights of mst_key {c.mst_key} in "{out}" do '
+                              f"not fit its architecture: {e.message}",
+                              hint="Warm start from the output of a fit of the same "
+                              "configurations, or run without warm_start.") from None
     for s in ("", "_summary", "_info"):
         t = out.with_suffix(s, "model_output_table") if s else out  # (no _info after fit)
         if cat.relation_oid(t) is not None:
@@ -976,8 +1125,8 @@ def madlib_keras_fit_multiple_model(
         policy_params: str | None = None, random_state: int | None = None) -> None:
     """Train every configuration of the model selection table by model hopper parallelism."""
     _check_common(num_iterations, metrics_compute_frequency, use_gpus)
-    out = TableName.parse(model_output_table, "model_output_table")
-    mst = TableName.parse(model_selection_table, "model_selection_table")
+    out = cat.table(model_output_table, "model_output_table")
+    mst = cat.table(model_selection_table, "model_selection_table")
     warm = _bool(warm_start, False)
     pname, popts = _policy(scheduling_policy, policy_params, random_state)
     seed = resolve_seed(random_state)
@@ -1034,8 +1183,8 @@ def madlib_keras_fit(
 
     _check_common(num_iterations, metrics_compute_frequency, use_gpus)
     _no_object_table(object_table)
-    out = TableName.parse(model, "model")
-    arch_t = TableName.parse(model_arch_table, "model_arch_table")
+    out = cat.table(model, "model")
+    arch_t = cat.table(model_arch_table, "model_arch_table")
     if model_id is None:
         raise CerebroError("model_id must not be NULL", NULL_VALUE_NOT_ALLOWED)
     for label, v in (("compile_params", compile_params), ("fit_params", fit_params)):
@@ -1106,14 +1255,15 @@ def madlib_keras_fit_resume(cat: Catalog, *, fit_id: int) -> None:
     if "executor_tag" not in opts:
         raise CerebroError(f"fit {fit_id} was made by an older version and cannot be resumed",
                            FEATURE_NOT_SUPPORTED)
-    src = packed_table(cat, opts.get("source_name") or f["source_table"], "source_table")
+    src = packed_table(cat, f["source_table"], "source_table")
+    vname = f["validation_table"]
+    val = _validation(cat, vname, src) if vname else None
+    same_data(cat, opts, fit_id, src, val)
     if src.partitions != f["num_partitions"]:
         raise CerebroError(f'source_table "{src.table}" now has {src.partitions} partitions, '
                            f"fit {fit_id} was started on {f['num_partitions']}",
                            OBJECT_NOT_IN_PREREQUISITE_STATE)
-    vname = opts.get("validation_name") or f["validation_table"]
-    val = _validation(cat, vname, src) if vname else None
-    out = TableName.parse(f["model_output_table"], "model_output_table")
+    out = stored_table(cat, opts, "output", f["model_output_table"], "model_output_table")
     if f["kind"] == "automl":
         from .automl import resume_automl
 
@@ -1129,13 +1279,13 @@ def madlib_keras_fit_resume(cat: Catalog, *, fit_id: int) -> None:
     else:
         _outputs_absent(cat, out, suffixes, False)
     configs = stored_configs(cat, fit_id)
-    mst = TableName.parse(f["model_selection_table"], "model_selection_table") \
-        if f["model_selection_table"] else None
+    mst = stored_table(cat, opts, "mst", f["model_selection_table"], "model_selection_table")
     req = FitRequest(f["kind"], src, val, out, configs, f["num_iterations"],
                      opts.get("frequency"), f["policy"], dict(opts.get("policy_params") or {}),
                      int(f["random_state"]), int(opts["num_workers"]),
                      bool(opts.get("use_caching")), mst,
-                     TableName.parse(opts["arch_table"], "model_arch_table"), warm,
+                     stored_table(cat, opts, "arch", opts["arch_table"], "model_arch_table"),
+                     warm,
                      opts.get("name"), opts.get("description"),
                      int(opts.get("replicas") or 1))
     if req.kind == "fit":
@@ -1169,6 +1319,7 @@ def cerebro_db_fit_workers(cat: Catalog, *, fit_id: int, num_workers: int) -> No
         raise CerebroError(f"fit {fit_id} is not running (status {rows[0]['status']})",
                            OBJECT_NOT_IN_PREREQUISITE_STATE,
                            hint="Workers can only be changed while the fit runs.")
+    check_worker_limits(cat, num_workers, fit_id)
     cat.query(f"UPDATE {cat.ext('fits')} SET requested_workers = $2 WHERE fit_id = $1",
               [fit_id, num_workers], ["int8", "int4"])
     cat.notice(f"fit {fit_id}: asked for {num_workers} worker sessions; the coordinator "

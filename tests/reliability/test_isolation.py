@@ -1,0 +1,165 @@
+"""Row-level security on every catalog table and view, tried as a second role.
+
+``alice`` has a fit (rows written straight into the catalog as alice: no training needed);
+``eve`` tries, on every table of the extension's schema, to read, change and add rows of
+alice's fit, of the next fit id (read from the sequence) and of a fit id that does not
+exist (which would tell her which ids exist); and reads the views through a leaky function
+in her WHERE clause.
+"""
+from __future__ import annotations
+
+import psycopg2
+import pytest
+
+from .conftest import Roles, q
+
+pytestmark = pytest.mark.db
+
+# values for NOT NULL columns without a default, by type; per-column where a CHECK wants one
+BY_TYPE = {"integer": "0", "bigint": "0", "text": "'x'", "name": "current_user",
+           "jsonb": "'{}'::jsonb", "json": "'{}'::json", "bytea": "'\\x00'::bytea",
+           "integer[]": "'{0}'::integer[]", "double precision": "0",
+           "timestamp with time zone": "pg_catalog.now()", "boolean": "false"}
+BY_COLUMN = {"status": {"fit_workers": "'active'", "automl_trials": "'training'",
+                        "fits": "'running'"},
+             "kind": {"units": "'train'", "fits": "'fit'"},
+             "decision": {"automl_decisions": "'launch'"}}
+
+
+def insert_sql(admin, table: str, fit_id: str, extra: dict[str, str] | None = None) -> str:
+    """An INSERT of one row into cerebro_db.<table> under ``fit_id`` (SQL text), with a
+    value for every NOT NULL column that has no default."""
+    cols = q(admin, "SELECT a.attname::text, pg_catalog.format_type(a.atttypid, a.atttypmod) "
+                    "FROM pg_attribute a WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND "
+                    "NOT a.attisdropped AND a.attnotnull AND NOT a.atthasdef ORDER BY a.attnum",
+             (f"cerebro_db.{table}",))
+    values = {"fit_id": fit_id}
+    for name, typ in cols:
+        if name in values:
+            continue
+        values[name] = BY_COLUMN.get(name, {}).get(table) or BY_TYPE[typ]
+    values.update(extra or {})
+    return (f"INSERT INTO cerebro_db.{table} ({', '.join(values)}) "
+            f"VALUES ({', '.join(values.values())})")
+
+
+def fit_tables(admin) -> list[str]:
+    return [r[0] for r in q(admin, "SELECT c.relname::text FROM pg_class c JOIN pg_attribute a "
+                                   "ON a.attrelid = c.oid AND a.attname = 'fit_id' WHERE "
+                                   "c.relnamespace = 'cerebro_db'::regnamespace AND "
+                                   "c.relkind = 'r' AND c.relname <> 'fits' ORDER BY 1")]
+
+
+def new_fit(conn) -> int:
+    return q(conn, "INSERT INTO cerebro_db.fits (kind, source_table, model_output_table, policy, "
+                   "num_partitions, num_iterations, metrics_compute_frequency, random_state, "
+                   "total_units) VALUES ('fit', 's', 'o', 'mop', 1, 1, 1, 1, 1) "
+                   "RETURNING fit_id")[0][0]
+
+
+@pytest.fixture(scope="module")
+def two(admin, rel_db):
+    roles = Roles(admin, rel_db)
+    try:
+        alice, eve = roles.create("iso_alice"), roles.create("iso_eve")
+        ca, ce = roles.connect(alice), roles.connect(eve)
+        fit = new_fit(ca)
+        for t in fit_tables(admin):
+            q(ca, insert_sql(admin, t, str(fit)))
+        yield {"alice": alice, "eve": eve, "ca": ca, "ce": ce, "fit": fit}
+    finally:
+        for t in fit_tables(admin):
+            q(admin, f"DELETE FROM cerebro_db.{t} WHERE owner IN "
+                     f"(SELECT rolname FROM pg_roles WHERE rolname LIKE 'iso\\_%%')")
+        q(admin, "DELETE FROM cerebro_db.fits WHERE owner LIKE 'iso\\_%%'")
+        roles.drop()
+
+
+def test_every_catalog_table_has_row_level_security(admin):
+    rows = q(admin, "SELECT c.relname::text, c.relrowsecurity, "
+                    "has_table_privilege('public', c.oid, 'INSERT') FROM pg_class c "
+                    "WHERE c.relnamespace = 'cerebro_db'::regnamespace AND c.relkind = 'r' "
+                    "ORDER BY 1")
+    assert len(rows) >= 10
+    for name, rls, public_insert in rows:
+        assert rls or not public_insert, name
+    assert {r[0] for r in rows} >= {"fits", "fit_configs", "units", "model_states",
+                                    "unit_failures", "fit_workers", "automl_trials",
+                                    "automl_state", "automl_decisions"}
+
+
+def test_no_rows_under_another_roles_fit_nor_probing(two, admin):
+    ce, fit = two["ce"], two["fit"]
+    tables = fit_tables(admin)
+    assert {"unit_failures", "fit_workers", "automl_trials", "automl_state",
+            "automl_decisions", "units", "model_states", "fit_configs"} <= set(tables)
+    nxt = q(ce, "SELECT pg_catalog.nextval('cerebro_db.fits_fit_id_seq')")[0][0]
+    own = new_fit(ce)
+    assert own > nxt
+    for t in tables:
+        # alice's fit, the next fit ids, an id that does not exist: the same refusal
+        for target in (fit, own + 1, own + 2, 10**12):
+            with pytest.raises(psycopg2.Error) as e:
+                q(ce, insert_sql(admin, t, str(target)))
+            assert e.value.pgcode == "42501", (t, target, e.value.pgerror)
+            assert "row-level security" in e.value.pgerror
+        # in alice's name, too
+        with pytest.raises(psycopg2.Error) as e:
+            q(ce, insert_sql(admin, t, str(fit), {"owner": f"'{two['alice']}'"}))
+        assert e.value.pgcode == "42501", t
+        # under her own fit eve may write (the policy is about the fit, not the table)
+        q(ce, insert_sql(admin, t, str(own)))
+        # and cannot move her row to alice's fit
+        with pytest.raises(psycopg2.Error) as e:
+            q(ce, f"UPDATE cerebro_db.{t} SET fit_id = %s WHERE fit_id = %s", (fit, own))
+        assert e.value.pgcode == "42501", t
+        assert q(ce, f"SELECT count(*) FROM cerebro_db.{t} WHERE fit_id = %s", (fit,)) == [(0,)]
+        with ce.cursor() as cur:
+            cur.execute(f"DELETE FROM cerebro_db.{t} WHERE fit_id = %s", (fit,))
+            assert cur.rowcount == 0, t
+        assert q(admin, f"SELECT count(*) FROM cerebro_db.{t} WHERE fit_id = %s", (fit,)) == \
+            [(1,)], t
+
+
+def test_ids_come_from_the_sequences(two, admin):
+    """eve cannot take the next fit id (or unit id) in advance: an explicit id is replaced
+    by a fresh one and an id never changes."""
+    ce = two["ce"]
+    nxt = q(ce, "SELECT pg_catalog.nextval('cerebro_db.fits_fit_id_seq')")[0][0]
+    got = q(ce, "INSERT INTO cerebro_db.fits (fit_id, kind, source_table, model_output_table, "
+                "policy, num_partitions, num_iterations, metrics_compute_frequency, "
+                "random_state, total_units) VALUES (%s, 'fit', 's', 'o', 'mop', 1, 1, 1, 1, 1) "
+                "RETURNING fit_id", (nxt + 50,))[0][0]
+    assert nxt < got < nxt + 50
+    q(ce, "UPDATE cerebro_db.fits SET fit_id = %s WHERE fit_id = %s", (nxt + 51, got))
+    assert q(ce, "SELECT count(*) FROM cerebro_db.fits WHERE fit_id = %s", (got,)) == [(1,)]
+    u = q(ce, insert_sql(admin, "units", str(got), {"unit_id": "424242424"}) +
+          " RETURNING unit_id")[0][0]
+    assert u != 424242424
+    # alice's next fit gets a fresh id and writes its rows
+    assert new_fit(two["ca"]) not in (nxt + 50, nxt + 51)
+
+
+def test_views_are_security_barriers(two, admin):
+    """A cheap function in eve's WHERE clause sees only eve's rows of every view."""
+    ce, alice = two["ce"], two["alice"]
+    q(ce, "CREATE FUNCTION leak(VARIADIC a text[]) RETURNS boolean LANGUAGE plpgsql COST 0.0001 "
+          "AS $l$ BEGIN RAISE NOTICE 'leak: %', a; RETURN true; END $l$")
+    views = [r[0] for r in q(admin, "SELECT c.relname::text FROM pg_class c WHERE "
+                                    "c.relnamespace = 'cerebro_db'::regnamespace AND "
+                                    "c.relkind = 'v' ORDER BY 1")]
+    assert {"fit_progress", "fit_config_progress"} <= set(views)
+    for v in views:
+        opts = q(admin, "SELECT reloptions FROM pg_class WHERE oid = %s::regclass",
+                 (f"cerebro_db.{v}",))[0][0] or []
+        assert "security_barrier=true" in opts, v
+        cols = [r[0] for r in q(admin, "SELECT attname::text FROM pg_attribute WHERE attrelid = "
+                                       "%s::regclass AND attnum > 0", (f"cerebro_db.{v}",))]
+        args = ", ".join(f"{c}::text" for c in cols)
+        del ce.notices[:]
+        q(ce, f"SELECT count(*) FROM cerebro_db.{v} WHERE leak({args})")
+        leaked = [n for n in ce.notices if alice in n or f"{{{two['fit']}," in n]
+        assert leaked == [], (v, leaked[:2])
+    # the superuser still sees every role's fits
+    assert q(admin, "SELECT count(*) FROM cerebro_db.fit_progress WHERE fit_id = %s",
+             (two["fit"],)) == [(1,)]

@@ -1,0 +1,211 @@
+"""Work is bounded before it starts, and inputs that used to fail after the fit row was
+written are refused up front (no fit row, no output, no worker session left).
+
+Also: the worker limits the DBA sets in cerebro_db.limits, which a role cannot raise.
+"""
+from __future__ import annotations
+
+import json
+import time
+
+import psycopg2
+import pytest
+
+from .conftest import Roles, catalog_counts, load_mnist, mlp_json, q, relations, worker_sessions
+
+pytestmark = pytest.mark.db
+
+COMPILE = "loss='categorical_crossentropy', optimizer='Adam(learning_rate=0.01)', " \
+          "metrics=['accuracy']"
+CGRID = ("{'loss': ['categorical_crossentropy'], 'optimizer': ['Adam'], "
+         "'metrics': ['accuracy']}")
+
+
+@pytest.fixture(scope="module")
+def lim(admin):
+    """Packed data (2 partitions), an architecture and a model selection table, in schema
+    lim_s of the superuser."""
+    q(admin, "SET client_min_messages = warning")
+    q(admin, "DROP SCHEMA IF EXISTS lim_s CASCADE")
+    q(admin, "CREATE SCHEMA lim_s")
+    load_mnist(admin, "lim_s.raw", 0, 120)
+    q(admin, "SELECT training_preprocessor_dl('lim_s.raw', 'lim_s.p', 'y', 'x', NULL, 255.0, NULL, "
+             "NULL, 2, 1)")
+    q(admin, "SELECT load_keras_model('lim_s.arch', %s)", (mlp_json(),))
+    q(admin, "SELECT load_model_selection_table('lim_s.arch', 'lim_s.mst', ARRAY[1], ARRAY[%s], "
+             "ARRAY['batch_size=32'])", (COMPILE,))
+    yield admin
+    q(admin, "DELETE FROM cerebro_db.limits")
+    q(admin, "DROP SCHEMA lim_s CASCADE")
+
+
+def refused(conn, sql, args, sqlstate, fragment, seconds: float = 10.0) -> None:
+    """``sql`` fails with ``sqlstate`` and ``fragment`` within ``seconds`` and leaves no
+    relation, catalog row or worker session behind."""
+    before_rel, before_cat = relations(conn), catalog_counts(conn)
+    t0 = time.monotonic()
+    with pytest.raises(psycopg2.Error) as e:
+        q(conn, sql, args)
+    took = time.monotonic() - t0
+    assert e.value.pgcode == sqlstate, e.value.pgerror
+    assert fragment in e.value.pgerror, e.value.pgerror
+    assert took < seconds, took
+    assert relations(conn) == before_rel
+    assert catalog_counts(conn) == before_cat
+    end = time.monotonic() + 10
+    while worker_sessions(conn) and time.monotonic() < end:
+        time.sleep(0.1)
+    assert worker_sessions(conn) == 0
+
+
+def automl(method: str, params: str) -> tuple[str, tuple]:
+    return (("SELECT madlib_keras_automl('lim_s.p', 'lim_s.am', 'lim_s.arch', 'lim_s.am_mst', "
+            "ARRAY[1], %s, $${'batch_size': [32, 64]}$$, %s, %s, 1)"), (CGRID, method, params))
+
+
+@pytest.mark.parametrize(("method", "params", "fragment"), [
+    ("hyperband", "R=1000000000", "R must be at most 100000"),
+    ("hyperband", "R=100000, eta=2", "configurations, more than 10000"),
+    ("hyperband", "R=27, eta=1000000", "eta must be at most 1000"),
+    ("asha", "min_r=1, max_r=9, eta=3, brackets=1000000000", "brackets must be at most 64"),
+    ("asha", "max_configs=1000000000", "max_configs must be at most 10000"),
+    ("hyperopt", "num_configs=1000000000", "num_configs must be at most 10000"),
+    ("hyperopt", "num_iterations=1000000000", "num_iterations must be at most 100000"),
+    ("mltuner", "num_branches=100000", "num_branches must be at most 256"),
+    ("mltuner", "max_trial_epochs=1000000000", "max_trial_epochs must be at most 100000"),
+    ("random", "num_configs=1000000000", "num_configs must be at most 10000"),
+    ("grid", "num_iterations=1000000000", "num_iterations must be at most 100000"),
+])
+def test_automl_sizes_are_bounded_before_any_work(lim, method, params, fragment):
+    sql, args = automl(method, params)
+    refused(lim, sql, args, "22023", fragment, seconds=5.0)
+
+
+def test_hyperband_schedule_is_bounded(lim):
+    refused(lim, "SELECT hyperband_schedule('lim_s.hb', 1000000000, 3, 0)", None, "22023",
+            "R must be at most 100000", seconds=5.0)
+
+
+def test_model_selection_keys_are_checked(lim):
+    q(lim, "CREATE TABLE lim_s.dup AS SELECT * FROM lim_s.mst")
+    q(lim, "CREATE TABLE lim_s.dup_summary AS SELECT * FROM lim_s.mst_summary")
+    try:
+        q(lim, "INSERT INTO lim_s.dup SELECT * FROM lim_s.mst")
+        refused(lim, "SELECT madlib_keras_fit_multiple_model('lim_s.p', 'lim_s.o', 'lim_s.dup', 1)",
+                None, "22023", "has mst_key 1 more than once")
+        q(lim, "UPDATE lim_s.dup SET mst_key = NULL WHERE ctid = (SELECT min(ctid) FROM lim_s.dup)")
+        refused(lim, "SELECT madlib_keras_fit_multiple_model('lim_s.p', 'lim_s.o', 'lim_s.dup', 1)",
+                None, "22004", "has a NULL mst_key")
+    finally:
+        q(lim, "DROP TABLE lim_s.dup, lim_s.dup_summary")
+
+
+@pytest.mark.parametrize("value", ["abc", "-1", "0", "10"])
+def test_state_chunk_size_is_checked(lim, value):
+    q(lim, "SELECT set_config('cerebro_db.state_chunk_size', %s, false)", (value,))
+    try:
+        refused(lim, "SELECT madlib_keras_fit_multiple_model('lim_s.p', 'lim_s.o', 'lim_s.mst', 1)",
+                None, "22023", "cerebro_db.state_chunk_size must be a number of bytes")
+    finally:
+        q(lim, "RESET cerebro_db.state_chunk_size")
+
+
+def test_warm_start_from_weights_of_the_wrong_size(lim):
+    q(lim, "CREATE TABLE lim_s.w (mst_key integer PRIMARY KEY, model_weights bytea, "
+           "model_arch json)")
+    try:
+        q(lim, "INSERT INTO lim_s.w VALUES (1, '\\x0000803f', NULL)")
+        refused(lim, "SELECT madlib_keras_fit_multiple_model('lim_s.p', 'lim_s.w', 'lim_s.mst', 1, "
+                     "FALSE, NULL, NULL, TRUE)", None, "22023",
+                "warm_start: the weights of mst_key 1")
+    finally:
+        q(lim, "DROP TABLE lim_s.w")
+
+
+def test_temporary_packed_table_is_refused(lim):
+    q(lim, "CREATE TEMP TABLE tp AS SELECT * FROM lim_s.p")
+    q(lim, "CREATE TEMP TABLE tp_summary AS SELECT * FROM lim_s.p_summary")
+    try:
+        refused(lim, "SELECT madlib_keras_fit_multiple_model('tp', 'lim_s.o', 'lim_s.mst', 1)", None,
+                "0A000", "is a temporary table, which the worker sessions cannot see")
+    finally:
+        q(lim, "DROP TABLE tp, tp_summary")
+
+
+def test_temporary_preprocessor_output_is_refused(lim):
+    refused(lim, "SELECT training_preprocessor_dl('lim_s.raw', 'pg_temp.tp2', 'y', 'x')", None,
+            "0A000", "cannot be a temporary table")
+
+
+def test_packed_table_of_the_open_transaction_is_refused(lim, rel_db):
+    from ..conftest import _connect
+
+    c = _connect(rel_db)  # not autocommit: one transaction
+    try:
+        q(c, "SET client_min_messages = warning")
+        q(c, "SELECT training_preprocessor_dl('lim_s.raw', 'lim_s.unc', 'y', 'x', NULL, 255.0, "
+             "NULL, NULL, 2, 1)")
+        n0 = q(lim, "SELECT count(*) FROM cerebro_db.fits")[0][0]
+        with pytest.raises(psycopg2.Error) as e:
+            q(c, "SELECT madlib_keras_fit_multiple_model('lim_s.unc', 'lim_s.o', 'lim_s.mst', 1)")
+        assert e.value.pgcode == "55000", e.value.pgerror
+        assert "created in this transaction" in e.value.pgerror
+        assert "COMMIT" in e.value.pgerror
+        assert q(lim, "SELECT count(*) FROM cerebro_db.fits")[0][0] == n0
+    finally:
+        c.rollback()
+        c.close()
+
+
+def test_two_thousand_layers_are_refused_quickly(lim):
+    arch = json.loads(mlp_json())
+    layers = arch["config"]["layers"]
+    dense = layers[1]
+    for i in range(2000):
+        d = json.loads(json.dumps(dense))
+        d["config"]["name"] = f"d{i}"
+        layers.insert(2, d)
+    refused(lim, "SELECT load_keras_model('lim_s.big', %s)", (json.dumps(arch),), "54000",
+            "more than 1000 layers", seconds=5.0)
+
+
+def test_worker_limits_are_the_dbas(lim, rel_db):
+    """Limits come from cerebro_db.limits, which only its owner can change; a role's SET of
+    a setting of the same name changes nothing."""
+    roles = Roles(lim, rel_db)
+    try:
+        eve = roles.create("lim_eve")
+        ce = roles.connect(eve)
+        with pytest.raises(psycopg2.Error) as e:
+            q(ce, "INSERT INTO cerebro_db.limits VALUES ('max_workers_per_fit', NULL, 100)")
+        assert e.value.pgcode == "42501"
+        with pytest.raises(psycopg2.Error) as e:
+            q(ce, "UPDATE cerebro_db.limits SET value = 100")
+        assert e.value.pgcode == "42501"
+        q(lim, "INSERT INTO cerebro_db.limits VALUES ('max_workers_per_fit', NULL, 1)")
+        q(lim, "SET cerebro_db.max_workers_per_fit = 100")
+        refused(lim, "SELECT madlib_keras_fit_multiple_model('lim_s.p', 'lim_s.o', 'lim_s.mst', 1)",
+                None, "22023", "more than this role's max_workers_per_fit (1)")
+        # a row for the role overrides the one for every role
+        q(lim, "INSERT INTO cerebro_db.limits VALUES ('max_workers_per_fit', current_user, 2), "
+               "('max_workers_per_role', current_user, 3)")
+        # a running fit of this role (live coordinator: this session) holds 2 workers
+        fit = q(lim, "INSERT INTO cerebro_db.fits (kind, source_table, model_output_table, "
+                     "policy, num_partitions, num_iterations, metrics_compute_frequency, "
+                     "random_state, total_units, coordinator_pid) VALUES ('fit', 's', 'o', "
+                     "'mop', 2, 1, 1, 1, 2, pg_backend_pid()) RETURNING fit_id")[0][0]
+        q(lim, "INSERT INTO cerebro_db.fit_workers (fit_id, worker, partitions, status) VALUES "
+               "(%s, 0, '{0}', 'active'), (%s, 1, '{1}', 'active')", (fit, fit))
+        try:
+            refused(lim, "SELECT madlib_keras_fit_multiple_model('lim_s.p', 'lim_s.o', "
+                         "'lim_s.mst', 1)", None, "22023",
+                    "other running fits hold 2, more than its max_workers_per_role (3)")
+            with pytest.raises(psycopg2.Error) as e:
+                q(lim, "SELECT cerebro_db_fit_workers(%s, 3)", (fit,))
+            assert e.value.pgcode == "22023" and "max_workers_per_fit (2)" in e.value.pgerror
+        finally:
+            q(lim, "DELETE FROM cerebro_db.fits WHERE fit_id = %s", (fit,))
+    finally:
+        q(lim, "RESET cerebro_db.max_workers_per_fit")
+        q(lim, "DELETE FROM cerebro_db.limits")
+        roles.drop()
