@@ -44,6 +44,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import json
+import sys
 import time
 import traceback
 from typing import Any
@@ -57,7 +58,6 @@ from .names import TableName, quote_ident
 
 MAX_CACHED_PARTITIONS = 4
 DEFAULT_CHUNK_SIZE = 256 * 1024 * 1024
-EVAL_BATCH = 2048  # evaluation needs no small batches; large ones halve its cost
 
 _partitions: collections.OrderedDict[tuple, tuple[np.ndarray, np.ndarray]] = \
     collections.OrderedDict()
@@ -143,11 +143,101 @@ def _config_row(cat: Catalog, fit_id: int, mst_key: int) -> dict[str, Any]:
     return row
 
 
+READ_SLICE = 1 << 20
+"""Bytes of a packed feature buffer read per query (``substring`` of the stored value)."""
+
+
+def _buffers(cat: Catalog, t: TableName, xcol: str, ycol: str, partition: int,
+             buffer_id: int | None = None) -> list[dict[str, Any]]:
+    """The partition's buffers (or one), in buffer_id order: id, shapes, labels, the feature
+    bytes' length and whether they are stored compressed; the features themselves are not
+    read here (:func:`_read_features`)."""
+    x = quote_ident(xcol)
+    one = "" if buffer_id is None else " AND buffer_id = $2"
+    rows = cat.query(
+        f"SELECT buffer_id AS id, {quote_ident(xcol + '_shape')} AS xs, {quote_ident(ycol)} AS y, "
+        f"{quote_ident(ycol + '_shape')} AS ys, pg_catalog.octet_length({x}) AS xn, "
+        f"pg_catalog.pg_column_compression({x}) IS NOT NULL AS packed "
+        f"FROM {t.sql} WHERE __dist_key__ = $1{one} ORDER BY buffer_id",
+        [partition] if buffer_id is None else [partition, buffer_id],
+        ["int4"] if buffer_id is None else ["int4", "int4"])
+    return [dict(r) for r in rows]
+
+
+def _read_features(cat: Catalog, t: TableName, xcol: str, partition: int, meta: dict[str, Any],
+                   out: np.ndarray) -> None:
+    """Decode one buffer's features straight into ``out`` (float32, its rows x features).
+
+    The stored bytes are little-endian float32: they are copied into ``out``'s memory in
+    slices of ``READ_SLICE`` bytes (``substring`` of an uncompressed stored value reads only
+    the chunks it needs), so neither a copy of the whole value nor a decoded array is made
+    on the way; a compressed value is read whole."""
+    dst = out.reshape(-1).view(np.uint8)
+    n = int(meta["xn"])
+    if n != dst.size:
+        raise CerebroError(
+            f"x buffer has {n} bytes but shape {list(meta['xs'])} of float32 needs {dst.size}",
+            "22000", hint="the packed table may be corrupt; run the preprocessor again")
+    sql = (f"SELECT pg_catalog.substr({quote_ident(xcol)}, $3, $4) AS s FROM {t.sql} "
+           "WHERE __dist_key__ = $1 AND buffer_id = $2")
+    step = n if meta["packed"] or n <= READ_SLICE else READ_SLICE
+    for off in range(0, n, step):
+        k = min(step, n - off)
+        part = cat.query(sql, [partition, meta["id"], off + 1, k],
+                         ["int4", "int4", "int4", "int4"])[0]["s"]
+        if len(part) != k:
+            raise CerebroError(f"x buffer changed while it was read ({len(part)} of {k} bytes)",
+                               "22000", hint="do not change a packed table during a fit")
+        dst[off:off + k] = np.frombuffer(part, dtype=np.uint8)
+        del part
+    if sys.byteorder != "little":  # pragma: no cover - the packed format is little-endian
+        out.byteswap(inplace=True)
+
+
+def _labels(meta: dict[str, Any]) -> np.ndarray:
+    """One buffer's labels as float32 (int16 one-hot / integer labels or float32 targets)."""
+    ys = [int(d) for d in meta["ys"]]
+    count = int(np.prod(ys, dtype=np.int64))
+    data = meta["y"]
+    dtype = "<f4" if len(data) == 4 * count else "<i2"
+    if len(data) != count * np.dtype(dtype).itemsize:
+        raise CerebroError(f"y buffer has {len(data)} bytes but shape {ys} needs "
+                           f"{2 * count} (int16) or {4 * count} (float32)", "22000",
+                           hint="the packed table may be corrupt; run the preprocessor again")
+    return np.frombuffer(data, dtype=dtype, count=count).reshape(ys).astype(np.float32)
+
+
+def _read(cat: Catalog, t: TableName, xcol: str, metas: list[dict[str, Any]],
+          partition: int) -> tuple[np.ndarray, np.ndarray]:
+    """Buffers ``metas`` (in order) as one ``(x, y)``: ``x`` decoded into one aligned array
+    (:func:`cerebro_db.training.aligned_empty`, which TensorFlow then reads without a copy)."""
+    from .training import aligned_empty
+
+    shapes = [[int(d) for d in m["xs"]] for m in metas]
+    row = shapes[0][1:]
+    for m, s in zip(metas, shapes):
+        if s[1:] != row:
+            raise CerebroError(f"buffers of partition {partition} have different row shapes "
+                               f"({row} and {s[1:]})", "22000",
+                               hint="the packed table may be corrupt; run the preprocessor again")
+    ys = [_labels(m) for m in metas]
+    for s, y in zip(shapes, ys):
+        if y.shape[0] != s[0]:
+            raise CerebroError(f"x buffer has {s[0]} rows but y buffer has {y.shape[0]}",
+                               "22000",
+                               hint="the packed table may be corrupt; run the preprocessor again")
+    x = aligned_empty([sum(s[0] for s in shapes), *row], np.float32)
+    at = 0
+    for m, s in zip(metas, shapes):
+        _read_features(cat, t, xcol, partition, m, x[at:at + s[0]])
+        at += s[0]
+    return x, (np.concatenate(ys) if len(ys) > 1 else ys[0])
+
+
 def partition_data(cat: Catalog, table: str, xcol: str, ycol: str, partition: int,
                    use_caching: bool = True) -> tuple[np.ndarray, np.ndarray]:
-    """The concatenated buffers of one partition (in buffer_id order) as (x, y)."""
-    from .training import decode_buffer
-
+    """The concatenated buffers of one partition (in buffer_id order) as (x, y); with
+    ``use_caching`` kept for later units (at most ``MAX_CACHED_PARTITIONS``)."""
     t = TableName.parse(table, "table")
     oid = cat.relation_oid(t)
     if oid is None:
@@ -161,21 +251,10 @@ def partition_data(cat: Catalog, table: str, xcol: str, ycol: str, partition: in
     if hit is not None:
         _partitions.move_to_end(key)
         return hit
-    xq, yq = quote_ident(xcol), quote_ident(ycol)
-    rows = cat.query(
-        f"SELECT {xq} AS x, {quote_ident(xcol + '_shape')} AS xs, {yq} AS y, "
-        f"{quote_ident(ycol + '_shape')} AS ys FROM {t.sql} WHERE __dist_key__ = $1 "
-        "ORDER BY buffer_id", [partition], ["int4"])
-    if not rows:
+    metas = _buffers(cat, t, xcol, ycol, partition)
+    if not metas:
         raise CerebroError(f'partition {partition} of "{table}" is empty', "22000")
-    ydtype = "float32" if len(rows[0]["y"]) == 4 * int(np.prod(rows[0]["ys"])) else "int16"
-    xs, ys = [], []
-    for r in rows:
-        x, y = decode_buffer(r["x"], r["xs"], r["y"], r["ys"], ydtype)
-        xs.append(x)
-        ys.append(y)
-    out = (np.concatenate(xs) if len(xs) > 1 else xs[0],
-           np.concatenate(ys) if len(ys) > 1 else ys[0])
+    out = _read(cat, t, xcol, metas, partition)
     if use_caching:
         _partitions[key] = out
         while len(_partitions) > MAX_CACHED_PARTITIONS:
@@ -186,9 +265,9 @@ def partition_data(cat: Catalog, table: str, xcol: str, ycol: str, partition: in
 def partition_buffers(cat: Catalog, table: str, xcol: str, ycol: str, partition: int,
                       compile_params: str) -> Any:
     """One partition as a :class:`~cerebro_db.training.BufferSource`: buffers read and decoded
-    one at a time when the unit needs them (``use_caching`` off), labels as the loss takes
-    them."""
-    from .training import BufferSource, decode_buffer
+    one at a time when the unit needs them (``use_caching`` off), features straight into
+    the array TensorFlow reads (:func:`_read`), labels as the loss takes them."""
+    from .training import BufferSource
 
     t = TableName.parse(table, "table")
     shape = quote_ident(xcol + "_shape")
@@ -199,12 +278,11 @@ def partition_buffers(cat: Catalog, table: str, xcol: str, ycol: str, partition:
     keys = [r["buffer_id"] for r in ids]
 
     def load(i: int) -> tuple[np.ndarray, np.ndarray]:
-        r = cat.query(
-            f"SELECT {quote_ident(xcol)} AS x, {shape} AS xs, {quote_ident(ycol)} AS y, "
-            f"{quote_ident(ycol + '_shape')} AS ys FROM {t.sql} WHERE __dist_key__ = $1 AND "
-            "buffer_id = $2", [partition, keys[i]], ["int4", "int4"])[0]
-        ydtype = "float32" if len(r["y"]) == 4 * int(np.prod(r["ys"])) else "int16"
-        x, y = decode_buffer(r["x"], r["xs"], r["y"], r["ys"], ydtype)
+        metas = _buffers(cat, t, xcol, ycol, partition, keys[i])
+        if not metas:
+            raise CerebroError(f'buffer {keys[i]} of "{table}" disappeared during the fit',
+                               "22000", hint="do not change a packed table during a fit")
+        x, y = _read(cat, t, xcol, metas, partition)
         return x, labels_for(compile_params, y)
 
     return BufferSource(tuple(int(r["n"]) for r in ids), load)
@@ -319,7 +397,8 @@ def _run_unit(cat: Catalog, fit_id: int, mst_key: int, epoch: int, partition: in
     state = load_state(cat, fit_id, mst_key, f"epoch:{epoch}")
     if state is None:
         raise CerebroError(f"no state of configuration {mst_key} at epoch {epoch}", "XX000")
-    bs = max(parse_fit_params(cfg["fit_params"]).batch_size, EVAL_BATCH)
+    entry = model_cache().get(cfg["model_arch"], cfg["compile_params"])
+    bs = training.eval_batch_size(entry.model, parse_fit_params(cfg["fit_params"]).batch_size)
     _hook(cat, "eval", mst_key, epoch, partition, options)
     evals: dict[str, Any] = {}
     for ek in options.get("eval_kinds", ["eval_train"]):
