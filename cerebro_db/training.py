@@ -108,6 +108,7 @@ __all__ = [
     "initial_state",
     "load_state",
     "predict",
+    "release",
     "replay",
     "save_state",
     "train_unit",
@@ -906,6 +907,16 @@ def _features(x: np.ndarray) -> Any:
     while len(_FEATURES) > MAX_TRAIN_FEEDS:
         _FEATURES.popitem(last=False)
     return t
+
+
+def release(x: np.ndarray) -> None:
+    """Forget the tensor and training feeds kept for the array ``x`` (its caller is dropping
+    it), so their memory is freed with it."""
+    hit = _FEATURES.get(id(x))
+    if hit is not None and hit[0] is x:
+        del _FEATURES[id(x)]
+    for key in [k for k, v in _TRAIN_FEEDS.items() if v[0] is x]:
+        del _TRAIN_FEEDS[key]
 
 
 def _train_feed(model: keras.Model, x: np.ndarray, y: np.ndarray, batch_size: int) -> _TrainFeed:

@@ -44,6 +44,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import json
+import os
 import sys
 import time
 import traceback
@@ -234,32 +235,125 @@ def _read(cat: Catalog, t: TableName, xcol: str, metas: list[dict[str, Any]],
     return x, (np.concatenate(ys) if len(ys) > 1 else ys[0])
 
 
+CACHE_SETTING = "cerebro_db.cache_memory"
+_UNITS = {"b": 1, "kb": 1 << 10, "mb": 1 << 20, "gb": 1 << 30, "tb": 1 << 40}
+
+
+def parse_memory(text: str) -> int:
+    """Bytes of a memory size written as PostgreSQL writes them: ``'512MB'``, ``'4GB'``,
+    ``'1.5 GB'``, ``'300kB'``; a plain number is bytes. Raises 22023 otherwise."""
+    raw = str(text).strip()
+    num = raw.rstrip("bBkKmMgGtT ").strip()
+    unit = raw[len(num):].strip().lower() or "b"
+    try:
+        value = float(num)
+    except ValueError:
+        value = -1.0
+    if unit not in _UNITS or not (value >= 0 and np.isfinite(value)):
+        raise CerebroError(f'invalid value for {CACHE_SETTING}: "{text}"', "22023",
+                           hint="Use a size such as '2GB', '512MB' or '0' (cache nothing), or "
+                                "RESET it to the default.")
+    return int(value * _UNITS[unit])
+
+
+def physical_memory() -> int:
+    """The machine's memory in bytes, or the cgroup's limit when it is lower (containers)."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(path) as f:
+                limit = f.read().strip()
+        except OSError:
+            continue
+        if limit.isdigit():
+            total = min(total, int(limit))
+    return int(total)
+
+
+def cache_memory(setting: str | None, num_workers: int) -> int:
+    """Bytes of decoded partitions one worker of a fit keeps with ``use_caching`` NULL: the
+    setting ``cerebro_db.cache_memory`` (a size) when set, else half the machine's memory
+    shared by the fit's workers (``physical_memory() / (2 * num_workers)``)."""
+    if setting is not None and str(setting).strip() != "":
+        return parse_memory(setting)
+    return physical_memory() // (2 * max(int(num_workers), 1))
+
+
+def _cached_bytes() -> int:
+    return sum(x.nbytes + y.nbytes for x, y in _partitions.values())
+
+
+def _evict_oldest() -> None:
+    from .training import release
+
+    _, (x, _y) = _partitions.popitem(last=False)
+    release(x)
+
+
 def partition_data(cat: Catalog, table: str, xcol: str, ycol: str, partition: int,
-                   use_caching: bool = True) -> tuple[np.ndarray, np.ndarray]:
-    """The concatenated buffers of one partition (in buffer_id order) as (x, y); with
-    ``use_caching`` kept for later units (at most ``MAX_CACHED_PARTITIONS``)."""
+                   use_caching: bool = True, budget: int | None = None,
+                   ) -> tuple[np.ndarray, np.ndarray] | None:
+    """The concatenated buffers of one partition (in buffer_id order) as (x, y).
+
+    With ``use_caching`` the result is kept for later units (at most
+    ``MAX_CACHED_PARTITIONS``, least recently used dropped first). With a ``budget`` (bytes;
+    ``use_caching`` NULL) a partition is kept when its decoded size fits, dropping the least
+    recently used ones until the kept partitions stay within it; one larger than the budget
+    is not read at all: None is returned and the caller streams it
+    (:func:`partition_buffers`). Dropped partitions' tensors are released
+    (:func:`cerebro_db.training.release`)."""
     t = TableName.parse(table, "table")
     oid = cat.relation_oid(t)
     if oid is None:
         raise CerebroError(f'table "{table}" does not exist', "42P01")
     fp = cat.query(
         f"SELECT pg_catalog.pg_relation_filenode($1::oid::regclass) AS f, count(*) AS n, "
-        f"max(xmin::text::bigint) AS x FROM {t.sql} WHERE __dist_key__ = $2",
+        f"max(xmin::text::bigint) AS x, "
+        f"sum(pg_catalog.octet_length({quote_ident(xcol)}))::int8 AS xb, "
+        f"sum(pg_catalog.octet_length({quote_ident(ycol)}))::int8 AS yb "
+        f"FROM {t.sql} WHERE __dist_key__ = $2",
         [oid, partition], ["oid", "int4"])[0]
     key = (oid, fp["f"], fp["n"], fp["x"], xcol, ycol, partition)
     hit = _partitions.get(key)
     if hit is not None:
         _partitions.move_to_end(key)
         return hit
+    if budget is not None:
+        # decoded: float32 features as stored, labels at most twice their int16 bytes
+        size = int(fp["xb"] or 0) + 2 * int(fp["yb"] or 0)
+        if size > budget:
+            return None
+        while _partitions and _cached_bytes() + size > budget:
+            _evict_oldest()
     metas = _buffers(cat, t, xcol, ycol, partition)
     if not metas:
         raise CerebroError(f'partition {partition} of "{table}" is empty', "22000")
     out = _read(cat, t, xcol, metas, partition)
-    if use_caching:
+    if use_caching or budget is not None:
         _partitions[key] = out
-        while len(_partitions) > MAX_CACHED_PARTITIONS:
-            _partitions.popitem(last=False)
+        while budget is None and len(_partitions) > MAX_CACHED_PARTITIONS:
+            _evict_oldest()
     return out
+
+
+def unit_data(cat: Catalog, fopts: dict[str, Any], table: str, partition: int,
+              compile_params: str) -> tuple[Any, np.ndarray | None]:
+    """What a unit trains or evaluates on, per the fit's ``use_caching``: TRUE, the cached
+    partition; FALSE, a :class:`~cerebro_db.training.BufferSource` (nothing kept); NULL, the
+    cached partition when it fits the fit's ``cache_memory`` budget, else a source."""
+    caching = fopts.get("use_caching", True)
+    xy = None
+    if caching is None:
+        budget = fopts.get("cache_memory")
+        if budget is None:
+            budget = cache_memory(None, int(fopts.get("num_workers") or 1))
+        xy = partition_data(cat, table, fopts["x"], fopts["y"], partition, budget=int(budget))
+    elif caching:
+        xy = partition_data(cat, table, fopts["x"], fopts["y"], partition)
+    if xy is None:
+        return partition_buffers(cat, table, fopts["x"], fopts["y"], partition,
+                                 compile_params), None
+    return xy[0], labels_for(compile_params, xy[1])
 
 
 def partition_buffers(cat: Catalog, table: str, xcol: str, ycol: str, partition: int,
@@ -363,12 +457,7 @@ def _run_unit(cat: Catalog, fit_id: int, mst_key: int, epoch: int, partition: in
     cfg = _config_row(cat, fit_id, mst_key)
     chunk = int(fopts.get("state_chunk_size") or DEFAULT_CHUNK_SIZE)
     if kind == "train":
-        if fopts.get("use_caching", True):
-            x, y = partition_data(cat, fit["source_table"], fopts["x"], fopts["y"], partition)
-            y = labels_for(cfg["compile_params"], y)
-        else:
-            x, y = partition_buffers(cat, fit["source_table"], fopts["x"], fopts["y"],
-                                     partition, cfg["compile_params"]), None
+        x, y = unit_data(cat, fopts, fit["source_table"], partition, cfg["compile_params"])
         state = load_state(cat, fit_id, mst_key, "current")
         if state is None:
             state = training.initial_state(cfg["model_arch"], cfg["compile_params"],
@@ -404,12 +493,7 @@ def _run_unit(cat: Catalog, fit_id: int, mst_key: int, epoch: int, partition: in
     for ek in options.get("eval_kinds", ["eval_train"]):
         t1 = time.time()
         table = fit["source_table"] if ek == "eval_train" else fit["validation_table"]
-        if fopts.get("use_caching", True):
-            x, y = partition_data(cat, table, fopts["x"], fopts["y"], partition)
-            y = labels_for(cfg["compile_params"], y)
-        else:
-            x, y = partition_buffers(cat, table, fopts["x"], fopts["y"], partition,
-                                     cfg["compile_params"]), None
+        x, y = unit_data(cat, fopts, table, partition, cfg["compile_params"])
         t2 = time.time()
         ev = training.evaluate(model_cache(), cfg["model_arch"], cfg["compile_params"], state,
                                x, y, batch_size=bs)
