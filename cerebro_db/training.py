@@ -33,13 +33,14 @@ Decisions:
   partition's :class:`_TrainFeed` (features copied into a tensor once, batch function traced
   once, the unit's seeded row order and labels written into variables); measured against raw
   Keras on the same arrays in ``bench/results/unit.md``.
-* **Memory**: a unit over arrays needs the partition in memory, and its features are kept
-  once more as the feed's tensor (at most ``MAX_TRAIN_FEEDS`` feeds). A unit over a
-  :class:`BufferSource` (the worker's ``use_caching`` off) holds one packed buffer at a time
-  (decoded, plus one tensor copy), so a partition larger than memory trains as long as a
-  buffer fits; batches then stay within a buffer and the shuffle is a seeded buffer order,
-  then a seeded row order within each buffer, as MADlib trains buffer by buffer. A
-  partition of one buffer trains bitwise as its arrays do.
+* **Memory**: a unit over arrays needs the partition in memory; its features become the
+  feed's tensor (:func:`_features`, at most ``MAX_TRAIN_FEEDS``), shared with the array
+  when it is aligned (:func:`aligned_empty`, as the worker's reader makes it), else a copy.
+  A unit over a :class:`BufferSource` (a partition the worker streams) holds one packed
+  buffer at a time, so a partition larger than memory trains as long as a buffer fits;
+  batches then stay within a buffer and the shuffle is a seeded buffer order, then a
+  seeded row order within each buffer, as MADlib trains buffer by buffer. A partition of
+  one buffer trains bitwise as its arrays do.
 * **Partitions combine exactly** in evaluation: Keras reports the loss and mean-type metrics
   (accuracy variants, crossentropies, mae, mse, ...) as means weighted by rows, so
   :func:`combine_results` (a row-weighted mean) equals the value over the concatenated data up to

@@ -3,24 +3,26 @@
 A worker is a database session the coordinator opened (dblink) for the whole fit. Its
 Python interpreter lives as long as the session, so this module keeps, across units:
 
-* with ``use_caching``, the decoded buffers of the partitions it has read, concatenated
-  per partition (at most ``MAX_CACHED_PARTITIONS``, least recently used dropped first),
-  keyed by the packed table's identity and contents fingerprint, so a changed table is
-  read again; training keeps one more float32 copy of a partition's features (its feed,
-  :mod:`cerebro_db.training`, at most ``MAX_TRAIN_FEEDS``) and evaluation one per evaluated
-  partition (at most 4). Each copy is rows x features x 4 bytes;
+* decoded partitions, per the fit's ``use_caching`` (:func:`unit_data`): NULL (the
+  default) keeps those whose decoded size fits the fit's ``cache_memory`` budget (the
+  setting ``cerebro_db.cache_memory``, else half the machine's memory over the workers,
+  :func:`cache_memory`), least recently used dropped to make room, and streams larger ones;
+  TRUE keeps every partition read (at most ``MAX_CACHED_PARTITIONS``); FALSE keeps
+  nothing. Kept partitions are keyed by the packed table's identity and contents
+  fingerprint, so a changed table is read again. Features are decoded straight into one
+  aligned array (:func:`_read`) that TensorFlow reads without a copy, so a partition
+  costs rows x features x 4 bytes once (plus its labels);
 * the compiled Keras models (:class:`cerebro_db.training.ModelCache`, at most 8 here),
   so a unit costs training plus one state load and one state save, not a rebuild and a
   retrace. A model costs about (1 + optimizer slots per weight) x parameters x 4 bytes
   (Adam: 3x the weights) plus its traced functions.
 
-Memory rule: with ``use_caching`` a worker needs about twice its training partition and
-twice its validation partition, plus its models. A partition that does not fit in memory
-needs ``use_caching`` off (MADlib's default): nothing of the data is kept between units,
-and a unit reads its partition one packed buffer at a time (:func:`partition_buffers`),
-holding one decoded buffer and one tensor copy of it; the buffer size is the
-preprocessor's ``buffer_size`` (MADlib's default rule: about 75 million feature values,
-300 MB, per buffer; preprocess with a smaller ``buffer_size`` when that is too much).
+Memory rule (README, "Memory of a worker session"): runtime + models + the kept
+partitions (at most the budget with NULL), or + one buffer while a unit streams. A
+streamed unit reads its partition one packed buffer at a time (:func:`partition_buffers`),
+holding one decoded buffer; the buffer size is the preprocessor's ``buffer_size``
+(MADlib's default rule: about 75 million feature values, 300 MB, per buffer; preprocess
+with a smaller ``buffer_size`` when that is too much).
 Training over buffers shuffles the buffer order, then the rows within each buffer, and a
 batch never spans two buffers (as MADlib trains); with one buffer per partition it gives
 bitwise the models ``use_caching`` gives.
