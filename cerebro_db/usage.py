@@ -90,7 +90,10 @@ SELECT madlib_keras_fit_multiple_model(
     metrics_compute_frequency,  -- metrics every N iterations (NULL: at the end)
     warm_start,                 -- continue from <model_output_table>'s weights
     name, description,
-    use_caching,                -- keep decoded partitions in worker memory across units
+    use_caching,                -- NULL (default): keep decoded partitions in worker memory
+                                --   within SET cerebro_db.cache_memory (default: half the
+                                --   machine's memory / workers), stream the rest; TRUE: keep
+                                --   all; FALSE: keep nothing (read buffer by buffer)
     scheduling_policy,          -- 'mop' (default, randomized, no barriers) or 'ring'
     policy_params,              -- e.g. 'reset_optimizer_per_hop=True' for 'ring'
     random_state                -- seed of initial weights, shuffles and the schedule

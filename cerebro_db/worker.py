@@ -3,24 +3,26 @@
 A worker is a database session the coordinator opened (dblink) for the whole fit. Its
 Python interpreter lives as long as the session, so this module keeps, across units:
 
-* with ``use_caching``, the decoded buffers of the partitions it has read, concatenated
-  per partition (at most ``MAX_CACHED_PARTITIONS``, least recently used dropped first),
-  keyed by the packed table's identity and contents fingerprint, so a changed table is
-  read again; training keeps one more float32 copy of a partition's features (its feed,
-  :mod:`cerebro_db.training`, at most ``MAX_TRAIN_FEEDS``) and evaluation one per evaluated
-  partition (at most 4). Each copy is rows x features x 4 bytes;
+* decoded partitions, per the fit's ``use_caching`` (:func:`unit_data`): NULL (the
+  default) keeps those whose decoded size fits the fit's ``cache_memory`` budget (the
+  setting ``cerebro_db.cache_memory``, else half the machine's memory over the workers,
+  :func:`cache_memory`), least recently used dropped to make room, and streams larger ones;
+  TRUE keeps every partition read (at most ``MAX_CACHED_PARTITIONS``); FALSE keeps
+  nothing. Kept partitions are keyed by the packed table's identity and contents
+  fingerprint, so a changed table is read again. Features are decoded straight into one
+  aligned array (:func:`_read`) that TensorFlow reads without a copy, so a partition
+  costs rows x features x 4 bytes once (plus its labels);
 * the compiled Keras models (:class:`cerebro_db.training.ModelCache`, at most 8 here),
   so a unit costs training plus one state load and one state save, not a rebuild and a
   retrace. A model costs about (1 + optimizer slots per weight) x parameters x 4 bytes
   (Adam: 3x the weights) plus its traced functions.
 
-Memory rule: with ``use_caching`` a worker needs about twice its training partition and
-twice its validation partition, plus its models. A partition that does not fit in memory
-needs ``use_caching`` off (MADlib's default): nothing of the data is kept between units,
-and a unit reads its partition one packed buffer at a time (:func:`partition_buffers`),
-holding one decoded buffer and one tensor copy of it; the buffer size is the
-preprocessor's ``buffer_size`` (MADlib's default rule: about 75 million feature values,
-300 MB, per buffer; preprocess with a smaller ``buffer_size`` when that is too much).
+Memory rule (README, "Memory of a worker session"): runtime + models + the kept
+partitions (at most the budget with NULL), or + one buffer while a unit streams. A
+streamed unit reads its partition one packed buffer at a time (:func:`partition_buffers`),
+holding one decoded buffer; the buffer size is the preprocessor's ``buffer_size``
+(MADlib's default rule: about 75 million feature values, 300 MB, per buffer; preprocess
+with a smaller ``buffer_size`` when that is too much).
 Training over buffers shuffles the buffer order, then the rows within each buffer, and a
 batch never spans two buffers (as MADlib trains); with one buffer per partition it gives
 bitwise the models ``use_caching`` gives.
@@ -44,6 +46,8 @@ from __future__ import annotations
 import collections
 import contextlib
 import json
+import os
+import sys
 import time
 import traceback
 from typing import Any
@@ -57,7 +61,6 @@ from .names import TableName, quote_ident
 
 MAX_CACHED_PARTITIONS = 4
 DEFAULT_CHUNK_SIZE = 256 * 1024 * 1024
-EVAL_BATCH = 2048  # evaluation needs no small batches; large ones halve its cost
 
 _partitions: collections.OrderedDict[tuple, tuple[np.ndarray, np.ndarray]] = \
     collections.OrderedDict()
@@ -143,52 +146,224 @@ def _config_row(cat: Catalog, fit_id: int, mst_key: int) -> dict[str, Any]:
     return row
 
 
-def partition_data(cat: Catalog, table: str, xcol: str, ycol: str, partition: int,
-                   use_caching: bool = True) -> tuple[np.ndarray, np.ndarray]:
-    """The concatenated buffers of one partition (in buffer_id order) as (x, y)."""
-    from .training import decode_buffer
+READ_SLICE = 1 << 20
+"""Bytes of a packed feature buffer read per query (``substring`` of the stored value)."""
 
+
+def _buffers(cat: Catalog, t: TableName, xcol: str, ycol: str, partition: int,
+             buffer_id: int | None = None) -> list[dict[str, Any]]:
+    """The partition's buffers (or one), in buffer_id order: id, shapes, labels, the feature
+    bytes' length and whether they are stored compressed; the features themselves are not
+    read here (:func:`_read_features`)."""
+    x = quote_ident(xcol)
+    one = "" if buffer_id is None else " AND buffer_id = $2"
+    rows = cat.query(
+        f"SELECT buffer_id AS id, {quote_ident(xcol + '_shape')} AS xs, {quote_ident(ycol)} AS y, "
+        f"{quote_ident(ycol + '_shape')} AS ys, pg_catalog.octet_length({x}) AS xn, "
+        f"pg_catalog.pg_column_compression({x}) IS NOT NULL AS packed "
+        f"FROM {t.sql} WHERE __dist_key__ = $1{one} ORDER BY buffer_id",
+        [partition] if buffer_id is None else [partition, buffer_id],
+        ["int4"] if buffer_id is None else ["int4", "int4"])
+    return [dict(r) for r in rows]
+
+
+def _read_features(cat: Catalog, t: TableName, xcol: str, partition: int, meta: dict[str, Any],
+                   out: np.ndarray) -> None:
+    """Decode one buffer's features straight into ``out`` (float32, its rows x features).
+
+    The stored bytes are little-endian float32: they are copied into ``out``'s memory in
+    slices of ``READ_SLICE`` bytes (``substring`` of an uncompressed stored value reads only
+    the chunks it needs), so neither a copy of the whole value nor a decoded array is made
+    on the way; a compressed value is read whole."""
+    dst = out.reshape(-1).view(np.uint8)
+    n = int(meta["xn"])
+    if n != dst.size:
+        raise CerebroError(
+            f"x buffer has {n} bytes but shape {list(meta['xs'])} of float32 needs {dst.size}",
+            "22000", hint="the packed table may be corrupt; run the preprocessor again")
+    sql = (f"SELECT pg_catalog.substr({quote_ident(xcol)}, $3, $4) AS s FROM {t.sql} "
+           "WHERE __dist_key__ = $1 AND buffer_id = $2")
+    step = n if meta["packed"] or n <= READ_SLICE else READ_SLICE
+    for off in range(0, n, step):
+        k = min(step, n - off)
+        part = cat.query(sql, [partition, meta["id"], off + 1, k],
+                         ["int4", "int4", "int4", "int4"])[0]["s"]
+        if len(part) != k:
+            raise CerebroError(f"x buffer changed while it was read ({len(part)} of {k} bytes)",
+                               "22000", hint="do not change a packed table during a fit")
+        dst[off:off + k] = np.frombuffer(part, dtype=np.uint8)
+        del part
+    if sys.byteorder != "little":  # pragma: no cover - the packed format is little-endian
+        out.byteswap(inplace=True)
+
+
+def _labels(meta: dict[str, Any]) -> np.ndarray:
+    """One buffer's labels as float32 (int16 one-hot / integer labels or float32 targets)."""
+    ys = [int(d) for d in meta["ys"]]
+    count = int(np.prod(ys, dtype=np.int64))
+    data = meta["y"]
+    dtype = "<f4" if len(data) == 4 * count else "<i2"
+    if len(data) != count * np.dtype(dtype).itemsize:
+        raise CerebroError(f"y buffer has {len(data)} bytes but shape {ys} needs "
+                           f"{2 * count} (int16) or {4 * count} (float32)", "22000",
+                           hint="the packed table may be corrupt; run the preprocessor again")
+    return np.frombuffer(data, dtype=dtype, count=count).reshape(ys).astype(np.float32)
+
+
+def _read(cat: Catalog, t: TableName, xcol: str, metas: list[dict[str, Any]],
+          partition: int) -> tuple[np.ndarray, np.ndarray]:
+    """Buffers ``metas`` (in order) as one ``(x, y)``: ``x`` decoded into one aligned array
+    (:func:`cerebro_db.training.aligned_empty`, which TensorFlow then reads without a copy)."""
+    from .training import aligned_empty
+
+    shapes = [[int(d) for d in m["xs"]] for m in metas]
+    row = shapes[0][1:]
+    for m, s in zip(metas, shapes):
+        if s[1:] != row:
+            raise CerebroError(f"buffers of partition {partition} have different row shapes "
+                               f"({row} and {s[1:]})", "22000",
+                               hint="the packed table may be corrupt; run the preprocessor again")
+    ys = [_labels(m) for m in metas]
+    for s, y in zip(shapes, ys):
+        if y.shape[0] != s[0]:
+            raise CerebroError(f"x buffer has {s[0]} rows but y buffer has {y.shape[0]}",
+                               "22000",
+                               hint="the packed table may be corrupt; run the preprocessor again")
+    x = aligned_empty([sum(s[0] for s in shapes), *row], np.float32)
+    at = 0
+    for m, s in zip(metas, shapes):
+        _read_features(cat, t, xcol, partition, m, x[at:at + s[0]])
+        at += s[0]
+    return x, (np.concatenate(ys) if len(ys) > 1 else ys[0])
+
+
+CACHE_SETTING = "cerebro_db.cache_memory"
+_UNITS = {"b": 1, "kb": 1 << 10, "mb": 1 << 20, "gb": 1 << 30, "tb": 1 << 40}
+
+
+def parse_memory(text: str) -> int:
+    """Bytes of a memory size written as PostgreSQL writes them: ``'512MB'``, ``'4GB'``,
+    ``'1.5 GB'``, ``'300kB'``; a plain number is bytes. Raises 22023 otherwise."""
+    raw = str(text).strip()
+    num = raw.rstrip("bBkKmMgGtT ").strip()
+    unit = raw[len(num):].strip().lower() or "b"
+    try:
+        value = float(num)
+    except ValueError:
+        value = -1.0
+    if unit not in _UNITS or not (value >= 0 and np.isfinite(value)):
+        raise CerebroError(f'invalid value for {CACHE_SETTING}: "{text}"', "22023",
+                           hint="Use a size such as '2GB', '512MB' or '0' (cache nothing), or "
+                                "RESET it to the default.")
+    return int(value * _UNITS[unit])
+
+
+def physical_memory() -> int:
+    """The machine's memory in bytes, or the cgroup's limit when it is lower (containers)."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(path) as f:
+                limit = f.read().strip()
+        except OSError:
+            continue
+        if limit.isdigit():
+            total = min(total, int(limit))
+    return int(total)
+
+
+def cache_memory(setting: str | None, num_workers: int) -> int:
+    """Bytes of decoded partitions one worker of a fit keeps with ``use_caching`` NULL: the
+    setting ``cerebro_db.cache_memory`` (a size) when set, else half the machine's memory
+    shared by the fit's workers (``physical_memory() / (2 * num_workers)``)."""
+    if setting is not None and str(setting).strip() != "":
+        return parse_memory(setting)
+    return physical_memory() // (2 * max(int(num_workers), 1))
+
+
+def _cached_bytes() -> int:
+    return sum(x.nbytes + y.nbytes for x, y in _partitions.values())
+
+
+def _evict_oldest() -> None:
+    from .training import release
+
+    _, (x, _y) = _partitions.popitem(last=False)
+    release(x)
+
+
+def partition_data(cat: Catalog, table: str, xcol: str, ycol: str, partition: int,
+                   use_caching: bool = True, budget: int | None = None,
+                   ) -> tuple[np.ndarray, np.ndarray] | None:
+    """The concatenated buffers of one partition (in buffer_id order) as (x, y).
+
+    With ``use_caching`` the result is kept for later units (at most
+    ``MAX_CACHED_PARTITIONS``, least recently used dropped first). With a ``budget`` (bytes;
+    ``use_caching`` NULL) a partition is kept when its decoded size fits, dropping the least
+    recently used ones until the kept partitions stay within it; one larger than the budget
+    is not read at all: None is returned and the caller streams it
+    (:func:`partition_buffers`). Dropped partitions' tensors are released
+    (:func:`cerebro_db.training.release`)."""
     t = TableName.parse(table, "table")
     oid = cat.relation_oid(t)
     if oid is None:
         raise CerebroError(f'table "{table}" does not exist', "42P01")
     fp = cat.query(
         f"SELECT pg_catalog.pg_relation_filenode($1::oid::regclass) AS f, count(*) AS n, "
-        f"max(xmin::text::bigint) AS x FROM {t.sql} WHERE __dist_key__ = $2",
+        f"max(xmin::text::bigint) AS x, "
+        f"sum(pg_catalog.octet_length({quote_ident(xcol)}))::int8 AS xb, "
+        f"sum(pg_catalog.octet_length({quote_ident(ycol)}))::int8 AS yb "
+        f"FROM {t.sql} WHERE __dist_key__ = $2",
         [oid, partition], ["oid", "int4"])[0]
     key = (oid, fp["f"], fp["n"], fp["x"], xcol, ycol, partition)
     hit = _partitions.get(key)
     if hit is not None:
         _partitions.move_to_end(key)
         return hit
-    xq, yq = quote_ident(xcol), quote_ident(ycol)
-    rows = cat.query(
-        f"SELECT {xq} AS x, {quote_ident(xcol + '_shape')} AS xs, {yq} AS y, "
-        f"{quote_ident(ycol + '_shape')} AS ys FROM {t.sql} WHERE __dist_key__ = $1 "
-        "ORDER BY buffer_id", [partition], ["int4"])
-    if not rows:
+    if budget is not None:
+        # decoded: float32 features as stored, labels at most twice their int16 bytes
+        size = int(fp["xb"] or 0) + 2 * int(fp["yb"] or 0)
+        if size > budget:
+            return None
+        while _partitions and _cached_bytes() + size > budget:
+            _evict_oldest()
+    metas = _buffers(cat, t, xcol, ycol, partition)
+    if not metas:
         raise CerebroError(f'partition {partition} of "{table}" is empty', "22000")
-    ydtype = "float32" if len(rows[0]["y"]) == 4 * int(np.prod(rows[0]["ys"])) else "int16"
-    xs, ys = [], []
-    for r in rows:
-        x, y = decode_buffer(r["x"], r["xs"], r["y"], r["ys"], ydtype)
-        xs.append(x)
-        ys.append(y)
-    out = (np.concatenate(xs) if len(xs) > 1 else xs[0],
-           np.concatenate(ys) if len(ys) > 1 else ys[0])
-    if use_caching:
+    out = _read(cat, t, xcol, metas, partition)
+    if use_caching or budget is not None:
         _partitions[key] = out
-        while len(_partitions) > MAX_CACHED_PARTITIONS:
-            _partitions.popitem(last=False)
+        while budget is None and len(_partitions) > MAX_CACHED_PARTITIONS:
+            _evict_oldest()
     return out
+
+
+def unit_data(cat: Catalog, fopts: dict[str, Any], table: str, partition: int,
+              compile_params: str) -> tuple[Any, np.ndarray | None]:
+    """What a unit trains or evaluates on, per the fit's ``use_caching``: TRUE, the cached
+    partition; FALSE, a :class:`~cerebro_db.training.BufferSource` (nothing kept); NULL, the
+    cached partition when it fits the fit's ``cache_memory`` budget, else a source."""
+    caching = fopts.get("use_caching", True)
+    xy = None
+    if caching is None:
+        budget = fopts.get("cache_memory")
+        if budget is None:
+            budget = cache_memory(None, int(fopts.get("num_workers") or 1))
+        xy = partition_data(cat, table, fopts["x"], fopts["y"], partition, budget=int(budget))
+    elif caching:
+        xy = partition_data(cat, table, fopts["x"], fopts["y"], partition)
+    if xy is None:
+        return partition_buffers(cat, table, fopts["x"], fopts["y"], partition,
+                                 compile_params), None
+    return xy[0], labels_for(compile_params, xy[1])
 
 
 def partition_buffers(cat: Catalog, table: str, xcol: str, ycol: str, partition: int,
                       compile_params: str) -> Any:
     """One partition as a :class:`~cerebro_db.training.BufferSource`: buffers read and decoded
-    one at a time when the unit needs them (``use_caching`` off), labels as the loss takes
-    them."""
-    from .training import BufferSource, decode_buffer
+    one at a time when the unit needs them (``use_caching`` off), features straight into
+    the array TensorFlow reads (:func:`_read`), labels as the loss takes them."""
+    from .training import BufferSource
 
     t = TableName.parse(table, "table")
     shape = quote_ident(xcol + "_shape")
@@ -199,12 +374,11 @@ def partition_buffers(cat: Catalog, table: str, xcol: str, ycol: str, partition:
     keys = [r["buffer_id"] for r in ids]
 
     def load(i: int) -> tuple[np.ndarray, np.ndarray]:
-        r = cat.query(
-            f"SELECT {quote_ident(xcol)} AS x, {shape} AS xs, {quote_ident(ycol)} AS y, "
-            f"{quote_ident(ycol + '_shape')} AS ys FROM {t.sql} WHERE __dist_key__ = $1 AND "
-            "buffer_id = $2", [partition, keys[i]], ["int4", "int4"])[0]
-        ydtype = "float32" if len(r["y"]) == 4 * int(np.prod(r["ys"])) else "int16"
-        x, y = decode_buffer(r["x"], r["xs"], r["y"], r["ys"], ydtype)
+        metas = _buffers(cat, t, xcol, ycol, partition, keys[i])
+        if not metas:
+            raise CerebroError(f'buffer {keys[i]} of "{table}" disappeared during the fit',
+                               "22000", hint="do not change a packed table during a fit")
+        x, y = _read(cat, t, xcol, metas, partition)
         return x, labels_for(compile_params, y)
 
     return BufferSource(tuple(int(r["n"]) for r in ids), load)
@@ -285,12 +459,7 @@ def _run_unit(cat: Catalog, fit_id: int, mst_key: int, epoch: int, partition: in
     cfg = _config_row(cat, fit_id, mst_key)
     chunk = int(fopts.get("state_chunk_size") or DEFAULT_CHUNK_SIZE)
     if kind == "train":
-        if fopts.get("use_caching", True):
-            x, y = partition_data(cat, fit["source_table"], fopts["x"], fopts["y"], partition)
-            y = labels_for(cfg["compile_params"], y)
-        else:
-            x, y = partition_buffers(cat, fit["source_table"], fopts["x"], fopts["y"],
-                                     partition, cfg["compile_params"]), None
+        x, y = unit_data(cat, fopts, fit["source_table"], partition, cfg["compile_params"])
         state = load_state(cat, fit_id, mst_key, "current")
         if state is None:
             state = training.initial_state(cfg["model_arch"], cfg["compile_params"],
@@ -319,18 +488,14 @@ def _run_unit(cat: Catalog, fit_id: int, mst_key: int, epoch: int, partition: in
     state = load_state(cat, fit_id, mst_key, f"epoch:{epoch}")
     if state is None:
         raise CerebroError(f"no state of configuration {mst_key} at epoch {epoch}", "XX000")
-    bs = max(parse_fit_params(cfg["fit_params"]).batch_size, EVAL_BATCH)
+    entry = model_cache().get(cfg["model_arch"], cfg["compile_params"])
+    bs = training.eval_batch_size(entry.model, parse_fit_params(cfg["fit_params"]).batch_size)
     _hook(cat, "eval", mst_key, epoch, partition, options)
     evals: dict[str, Any] = {}
     for ek in options.get("eval_kinds", ["eval_train"]):
         t1 = time.time()
         table = fit["source_table"] if ek == "eval_train" else fit["validation_table"]
-        if fopts.get("use_caching", True):
-            x, y = partition_data(cat, table, fopts["x"], fopts["y"], partition)
-            y = labels_for(cfg["compile_params"], y)
-        else:
-            x, y = partition_buffers(cat, table, fopts["x"], fopts["y"], partition,
-                                     cfg["compile_params"]), None
+        x, y = unit_data(cat, fopts, table, partition, cfg["compile_params"])
         t2 = time.time()
         ev = training.evaluate(model_cache(), cfg["model_arch"], cfg["compile_params"], state,
                                x, y, batch_size=bs)

@@ -176,7 +176,7 @@ CREATE OR REPLACE FUNCTION @extschema@.madlib_keras_fit_multiple_model(
     warm_start                BOOLEAN DEFAULT FALSE,
     name                      VARCHAR DEFAULT NULL,
     description               VARCHAR DEFAULT NULL,
-    use_caching               BOOLEAN DEFAULT FALSE,
+    use_caching               BOOLEAN DEFAULT NULL,
     scheduling_policy         VARCHAR DEFAULT 'mop',
     policy_params             VARCHAR DEFAULT NULL,
     random_state              INTEGER DEFAULT NULL
@@ -450,7 +450,7 @@ CREATE OR REPLACE FUNCTION @extschema@.madlib_keras_automl(
     metrics_compute_frequency INTEGER DEFAULT NULL,
     name                      VARCHAR DEFAULT NULL,
     description               VARCHAR DEFAULT NULL,
-    use_caching               BOOLEAN DEFAULT FALSE
+    use_caching               BOOLEAN DEFAULT NULL
 ) RETURNS VOID LANGUAGE plpython3u VOLATILE AS $python$
 @plpython madlib_keras_automl@
 $python$;

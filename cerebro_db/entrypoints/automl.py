@@ -48,6 +48,7 @@ from .training import (
     FitRequest,
     PackedTable,
     ResumePoint,
+    _cache_memory,
     _check_common,
     _conninfo,
     _fault_settings,
@@ -314,9 +315,10 @@ def madlib_keras_automl(
         random_state: int | None = None, object_table: str | None = None,
         use_gpus: bool | None = False, validation_table: str | None = None,
         metrics_compute_frequency: int | None = None, name: str | None = None,
-        description: str | None = None, use_caching: bool | None = False) -> None:
+        description: str | None = None, use_caching: bool | None = None) -> None:
     """Run an AutoML procedure over the search space and write the MADlib outputs."""
     _check_common(1, None, use_gpus)
+    _cache_memory(cat, 1)
     if metrics_compute_frequency is not None and metrics_compute_frequency < 1:
         raise invalid(f"metrics_compute_frequency must be at least 1, got "
                       f"{metrics_compute_frequency}")
@@ -354,7 +356,7 @@ def madlib_keras_automl(
                       "model_id_list": ids, "use_gpus": bool(use_gpus),
                       "compile_params_grid": compile_params_grid,
                       "fit_params_grid": fit_params_grid}, seed,
-                     src.partitions, bool(use_caching), mst, arch, False, name, description,
+                     src.partitions, use_caching, mst, arch, False, name, description,
                      checks=checks)
     fit_id, best, outcome, book = _execute(cat, req, tuner, archs, method, automl_params, seed,
                                            bool(use_gpus), name, description, mst)
@@ -455,7 +457,7 @@ def resume_automl(cat: Catalog, f: Mapping[str, Any], opts: Mapping[str, Any],
                       compile_grid=pp["compile_params_grid"], fit_grid=pp["fit_params_grid"],
                       num_workers=src.partitions, random_state=seed)
     req = FitRequest("automl", src, val, out, [], 0, opts.get("frequency"), "mop", pp, seed,
-                     src.partitions, bool(opts.get("use_caching")), mst, arch, False,
+                     src.partitions, opts.get("use_caching"), mst, arch, False,
                      opts.get("name"), opts.get("description"))
     _, best, outcome, book = _execute(cat, req, tuner, archs, method, automl_params, seed,
                                       bool(pp.get("use_gpus")), req.name, req.description, mst,

@@ -372,7 +372,7 @@ class FitRequest:
     policy_params: dict[str, Any]
     random_state: int
     num_workers: int
-    use_caching: bool
+    use_caching: bool | None  # None: cache what fits the workers' cache_memory budget
     mst_table: TableName | None
     arch_table: TableName
     warm_start: bool = False
@@ -470,6 +470,7 @@ def check_worker_limits(cat: Catalog, want: int, fit_id: int | None = None) -> N
 
 def _register(cat: Catalog, ex: DblinkExecutor, req: FitRequest, total: int) -> int:
     opts = {"x": req.source.x, "y": req.source.y, "use_caching": req.use_caching,
+            "cache_memory": _cache_memory(cat, req.num_workers),
             "worker_threads": max(1, (os.cpu_count() or 1) // req.num_workers),
             "state_chunk_size": state_chunk_size(cat),
             "policy_params": req.policy_params, "num_workers": req.num_workers,
@@ -1015,6 +1016,14 @@ def write_outputs(cat: Catalog, req: FitRequest, fit_id: int, outcome: FitOutcom
     create_summary(cat, req, summ, info, fit_id, t0, warm_start, name, description)
 
 
+def _cache_memory(cat: Catalog, num_workers: int) -> int:
+    """Each worker's budget of cached partitions for ``use_caching`` NULL (bytes): the
+    setting ``cerebro_db.cache_memory``, else the default of :func:`worker.cache_memory`."""
+    from ..worker import CACHE_SETTING, cache_memory
+
+    return cache_memory(cat.setting(CACHE_SETTING), num_workers)
+
+
 def _bool(v: bool | None, default: bool) -> bool:
     return default if v is None else bool(v)
 
@@ -1121,10 +1130,11 @@ def madlib_keras_fit_multiple_model(
         num_iterations: int, use_gpus: bool | None = False, validation_table: str | None = None,
         metrics_compute_frequency: int | None = None, warm_start: bool | None = False,
         name: str | None = None, description: str | None = None,
-        use_caching: bool | None = False, scheduling_policy: str | None = "mop",
+        use_caching: bool | None = None, scheduling_policy: str | None = "mop",
         policy_params: str | None = None, random_state: int | None = None) -> None:
     """Train every configuration of the model selection table by model hopper parallelism."""
     _check_common(num_iterations, metrics_compute_frequency, use_gpus)
+    _cache_memory(cat, 1)
     out = cat.table(model_output_table, "model_output_table")
     mst = cat.table(model_selection_table, "model_selection_table")
     warm = _bool(warm_start, False)
@@ -1138,7 +1148,7 @@ def madlib_keras_fit_multiple_model(
         _warm_weights(cat, out, configs, "mst_key")
     req = FitRequest("fit_multiple", src, val, out, configs, num_iterations,
                      metrics_compute_frequency, pname, popts, seed, src.partitions,
-                     _bool(use_caching, False), mst, arch, warm, name, description,
+                     use_caching, mst, arch, warm, name, description,
                      _replicas(cat),
                      [check_item(c, f"compile_params of mst_key {c.mst_key}") for c in configs])
     fit_id, outcome = execute_fit(
@@ -1182,6 +1192,7 @@ def madlib_keras_fit(
     from .selection import _no_object_table
 
     _check_common(num_iterations, metrics_compute_frequency, use_gpus)
+    _cache_memory(cat, 1)
     _no_object_table(object_table)
     out = cat.table(model, "model")
     arch_t = cat.table(model_arch_table, "model_arch_table")
@@ -1208,7 +1219,7 @@ def madlib_keras_fit(
     if warm:
         _warm_weights(cat, out, [cfg], "mst_key")
     req = FitRequest("fit", src, val, out, [cfg], num_iterations, metrics_compute_frequency,
-                     pname, popts, seed, 1, True, None, arch_t, warm, name, description,
+                     pname, popts, seed, 1, None, None, arch_t, warm, name, description,
                      _replicas(cat), [check_item(cfg)], validate_compile=True)
     fit_id, outcome = execute_fit(
         cat, req, lambda f, o, t0: _write_fit_outputs(cat, req, f, o, t0, warm, name,
@@ -1283,7 +1294,7 @@ def madlib_keras_fit_resume(cat: Catalog, *, fit_id: int) -> None:
     req = FitRequest(f["kind"], src, val, out, configs, f["num_iterations"],
                      opts.get("frequency"), f["policy"], dict(opts.get("policy_params") or {}),
                      int(f["random_state"]), int(opts["num_workers"]),
-                     bool(opts.get("use_caching")), mst,
+                     opts.get("use_caching"), mst,
                      stored_table(cat, opts, "arch", opts["arch_table"], "model_arch_table"),
                      warm,
                      opts.get("name"), opts.get("description"),

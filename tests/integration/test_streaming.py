@@ -73,3 +73,142 @@ def test_several_buffers_per_partition_train(packed):
                             "WHERE fit_id = %s AND kind = 'train' ORDER BY 1", (fit_id,))
     sizes = q(conn, "SELECT __dist_key__, sum(x_shape[1])::int FROM st_p4 GROUP BY 1 ORDER BY 1")
     assert per_partition == sizes and sum(s for _, s in sizes) == 1200
+
+
+READ_CHECK = r"""
+import json
+import numpy as np
+from cerebro_db import training, worker
+from cerebro_db.catalog import Catalog
+cat = Catalog(plpy, "cerebro_db")
+out = {}
+for table in ("st_p1", "st_p4", "st_pz"):
+    for part in (0, 1):
+        rows = plpy.execute(f"SELECT x, x_shape, y, y_shape FROM {table} "
+                            f"WHERE __dist_key__ = {part} ORDER BY buffer_id")
+        ref = [training.decode_buffer(r["x"], r["x_shape"], r["y"], r["y_shape"]) for r in rows]
+        want_x = np.concatenate([a for a, _ in ref])
+        want_y = np.concatenate([b for _, b in ref])
+        for step in (1000, 7 * 1024 + 3, 1 << 20):
+            worker.READ_SLICE = step
+            x, y = worker.partition_data(cat, table, "x", "y", part, use_caching=False)
+            assert x.ctypes.data % 64 == 0 and x.flags.writeable
+            assert x.tobytes() == want_x.tobytes() and y.tobytes() == want_y.tobytes(), \
+                (table, part, step)
+            src = worker.partition_buffers(cat, table, "x", "y", part,
+                                          "loss='mse', optimizer='SGD()'")
+            got = [src.load(i) for i in range(len(src.rows))]
+            assert np.concatenate([a for a, _ in got]).tobytes() == want_x.tobytes()
+        out[f"{table}/{part}"] = [len(rows), int(x.shape[0])]
+out["compressed"] = plpy.execute("SELECT count(*) AS n FROM st_pz "
+                                 "WHERE pg_column_compression(x) IS NOT NULL")[0]["n"]
+return json.dumps(out)
+"""
+
+
+def test_sliced_reads_decode_exactly(packed):
+    """Buffers read in slices straight into aligned arrays are the stored bytes, whatever the
+    slice size, for one and several buffers per partition and for compressed values."""
+    conn = packed
+    q(conn, "DROP TABLE IF EXISTS st_pz")
+    q(conn, "CREATE TABLE st_pz (LIKE st_p4)")
+    q(conn, "ALTER TABLE st_pz ALTER COLUMN x SET COMPRESSION pglz")
+    # all-zero features compress: these values are stored compressed (read whole)
+    q(conn, "INSERT INTO st_pz (__dist_key__, buffer_id, x, x_shape, y, y_shape) "
+            "SELECT __dist_key__, buffer_id, decode(repeat('00', length(x)), 'hex'), x_shape, "
+            "y, y_shape FROM st_p4")
+    q(conn, "CREATE FUNCTION pg_temp.read_check() RETURNS text LANGUAGE plpython3u AS $f$"
+            + READ_CHECK + "$f$")
+    import json
+
+    res = json.loads(q(conn, "SELECT pg_temp.read_check()")[0][0])
+    assert res["st_p1/0"][0] == 1 and res["st_p4/0"][0] == 4 and res["compressed"] == 8
+    assert res["st_p1/0"][1] + res["st_p1/1"][1] == 1200
+    q(conn, "DROP TABLE st_pz")
+
+
+BUDGET_CHECK = r"""
+import json
+from cerebro_db import training, worker
+from cerebro_db.catalog import Catalog
+cat = Catalog(plpy, "cerebro_db")
+worker._partitions.clear()
+cp = "loss='categorical_crossentropy', optimizer='SGD()'"
+base = {"x": "x", "y": "y", "use_caching": None, "num_workers": 2}
+size = 600 * 784 * 4 + 600 * 10 * 4  # one partition of st_p1, decoded
+kinds = []
+def kind(fopts, table, part):
+    x, y = worker.unit_data(cat, fopts, table, part, cp)
+    return "arrays" if y is not None else type(x).__name__
+kinds.append(kind({**base, "cache_memory": 1024}, "st_p1", 0))       # too small: stream
+kinds.append(len(worker._partitions))
+kinds.append(kind({**base, "cache_memory": 2 * size}, "st_p1", 0))   # fits: cached
+kinds.append(kind({**base, "cache_memory": 2 * size}, "st_p1", 1))   # both fit
+kinds.append(len(worker._partitions))
+kinds.append(kind({**base, "cache_memory": size + 100}, "st_v1", 0))  # evicts the oldest
+kinds.append(sorted(k[-1] for k in worker._partitions))
+kinds.append(kind({**base, "use_caching": False}, "st_p1", 1))       # FALSE: never cached
+kinds.append(kind({**base, "use_caching": True}, "st_p1", 1))
+kinds.append(kind({**base}, "st_p1", 1))  # no budget recorded: the machine's default
+worker._partitions.clear()
+return json.dumps(kinds)
+"""
+
+
+def test_use_caching_null_caches_within_the_budget(packed):
+    conn = packed
+    q(conn, "CREATE OR REPLACE FUNCTION pg_temp.budget_check() RETURNS text "
+            "LANGUAGE plpython3u AS $f$" + BUDGET_CHECK + "$f$")
+    import json
+
+    got = json.loads(q(conn, "SELECT pg_temp.budget_check()")[0][0])
+    assert got[0] == "BufferSource" and got[1] == 0
+    assert got[2:5] == ["arrays", "arrays", 2]
+    assert got[5] == "arrays" and len(got[6]) == 1  # only the newest stays
+    assert got[7:] == ["BufferSource", "arrays", "arrays"]
+
+
+def test_use_caching_null_is_the_default_and_gives_the_same_models(packed):
+    """Left NULL (the default) with room, or with a budget too small for any partition
+    (streaming everything), a fit gives bitwise the models of use_caching TRUE."""
+    conn = packed
+    cached = fit(conn, "st_p1", "st_v1", "st_c", True, iterations=1)
+    q(conn, "DROP TABLE IF EXISTS st_d, st_d_info, st_d_summary")
+    q(conn, "SELECT madlib_keras_fit_multiple_model('st_p1', 'st_d', 'st_mst', 1, FALSE, "
+            "'st_v1', 1, random_state => 11)")
+    fit_id = q(conn, "SELECT max(fit_id) FROM cerebro_db.fits WHERE model_output_table = "
+                     "'st_d'")[0][0]
+    opts = q(conn, "SELECT options->'use_caching', (options->>'cache_memory')::int8 FROM "
+                   "cerebro_db.fits WHERE fit_id = %s", (fit_id,))[0]
+    assert opts[0] is None and opts[1] > 1 << 20
+    q(conn, "SET cerebro_db.cache_memory = '1kB'")
+    try:
+        tiny = fit(conn, "st_p1", "st_v1", "st_t", None, iterations=1)
+    finally:
+        q(conn, "RESET cerebro_db.cache_memory")
+    fit_id = q(conn, "SELECT max(fit_id) FROM cerebro_db.fits WHERE model_output_table = "
+                     "'st_t'")[0][0]
+    assert q(conn, "SELECT (options->>'cache_memory')::int8 FROM cerebro_db.fits WHERE "
+                   "fit_id = %s", (fit_id,))[0][0] == 1024
+    default = q(conn, "SELECT mst_key, training_loss, validation_loss, validation_metrics_final "
+                      "FROM st_d_info ORDER BY 1")
+    assert default == cached == tiny
+    weights = q(conn, "SELECT mst_key, model_weights FROM st_c ORDER BY 1")
+    assert q(conn, "SELECT mst_key, model_weights FROM st_d ORDER BY 1") == weights
+    assert q(conn, "SELECT mst_key, model_weights FROM st_t ORDER BY 1") == weights
+
+
+def test_bad_cache_memory_setting_fails_before_any_work(packed):
+    import psycopg2
+
+    conn = packed
+    q(conn, "DROP TABLE IF EXISTS st_bad, st_bad_info, st_bad_summary")
+    q(conn, "SET cerebro_db.cache_memory = 'lots'")
+    try:
+        with pytest.raises(psycopg2.Error) as e:
+            q(conn, "SELECT madlib_keras_fit_multiple_model('st_p1', 'st_bad', 'st_mst', 1)")
+    finally:
+        q(conn, "RESET cerebro_db.cache_memory")
+    assert e.value.pgcode == "22023" and "cerebro_db.cache_memory" in str(e.value)
+    assert q(conn, "SELECT to_regclass('st_bad'), to_regclass('st_bad_summary')") == \
+        [(None, None)]

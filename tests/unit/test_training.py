@@ -522,3 +522,109 @@ def test_streaming_holds_one_buffer_in_memory(cache):
     streamed = peak(lambda: T.train_unit(cache, arch, CP, "batch_size=500", init, src, None, 1))
     assert streamed < 3 * buffer_bytes, streamed
     assert peak(whole) > count * buffer_bytes
+
+
+# --------------------------------------------------------------------------- evaluation path
+
+
+def keras_reference(arch: str, cp: str, state: bytes) -> keras.Model:
+    from cerebro_db.params import parse_compile_params
+
+    model = keras_arch.build_from_json(arch)
+    model.set_weights(weights_of(state))
+    model.compile(**parse_compile_params(cp).to_keras())
+    return model
+
+
+@pytest.mark.parametrize("kind", ["categorical", "sparse", "regression", "cnn"])
+def test_evaluate_equals_keras_evaluate(cache, kind):
+    """The traced evaluation loop gives what Keras' own evaluate gives at the same batch size
+    (arrays, aligned arrays, one buffer and several buffers), with a partial last batch."""
+    x, y = blobs(203, 50)
+    arch, cp = ARCH, CP
+    if kind == "sparse":
+        cp = ("optimizer='Adam(learning_rate=0.01)', loss='sparse_categorical_crossentropy', "
+              "metrics=['sparse_categorical_accuracy', 'sparse_top_k_categorical_accuracy']")
+        y = y.argmax(axis=1).astype(np.int32)
+    elif kind == "regression":
+        arch, cp = mlp(hidden=8, outputs=2, activation="linear"), \
+            "optimizer='SGD(learning_rate=0.01)', loss='mse', metrics=['mae', 'mse']"
+        y = (x[:, :2] * 0.5).astype(np.float32)
+    elif kind == "cnn":
+        L = keras.layers
+        arch = keras.Sequential([keras.Input((4, 5, 1)), L.Conv2D(3, 2, activation="relu"),
+                                 L.Flatten(), L.Dense(3, activation="softmax")]).to_json()
+    state, _ = T.train_unit(cache, arch, cp, FP, T.initial_state(arch, cp, 3), x, y, 1)
+    ref = keras_reference(arch, cp, state)
+    xr = x.reshape(-1, 4, 5, 1) if kind == "cnn" else x
+    want = ref.evaluate(xr, y, batch_size=16, verbose=0, return_dict=True)
+    aligned = T.aligned_empty(x.shape)
+    aligned[:] = x
+    cuts = [(0, 64), (64, 150), (150, 203)]
+    several = T.BufferSource(tuple(b - a for a, b in cuts),
+                             lambda i: (x[cuts[i][0]:cuts[i][1]], y[cuts[i][0]:cuts[i][1]]))
+    one = T.BufferSource((203,), lambda i: (aligned, y))
+    for data in ((x, y), (aligned, y), (one, None)):
+        got = T.evaluate(cache, arch, cp, state, *data, batch_size=16)
+        assert got.rows == 203
+        assert set(got.metrics) | {"loss"} == set(want)
+        assert got.loss == pytest.approx(want["loss"], rel=1e-6)
+        for k, v in got.metrics.items():
+            assert v == pytest.approx(want[k], rel=1e-6, abs=1e-7), k
+    # several buffers accumulate into the same metric variables: the value over all rows
+    # (batches restart at each buffer, so equal up to float rounding)
+    got = T.evaluate(cache, arch, cp, state, several, None, batch_size=16)
+    assert got.rows == 203 and got.loss == pytest.approx(want["loss"], rel=1e-5)
+    for k, v in got.metrics.items():
+        assert v == pytest.approx(want[k], rel=1e-5, abs=1e-6), k
+    # a second call (new weights) resets the metrics first
+    assert T.evaluate(cache, arch, cp, state, x, y, batch_size=16) == \
+        T.evaluate(cache, arch, cp, state, x, y, batch_size=16)
+
+
+def test_evaluate_of_a_model_never_trained_in_this_process():
+    """A fresh cache evaluates (the compiled metrics are built on first use)."""
+    x, y = blobs(50, 51)
+    state = T.initial_state(ARCH, CP, 4)
+    got = T.evaluate(T.ModelCache(), ARCH, CP, state, x, y, batch_size=8)
+    want = keras_reference(ARCH, CP, state).evaluate(x, y, batch_size=8, verbose=0,
+                                                     return_dict=True)
+    assert got.loss == pytest.approx(want["loss"], rel=1e-6)
+    assert got.metrics["accuracy"] == pytest.approx(want["accuracy"], rel=1e-6)
+
+
+def test_aligned_arrays_reach_tensorflow_without_a_copy(cache):
+    a = T.aligned_empty((6, 4))
+    assert a.ctypes.data % 64 == 0 and a.flags.c_contiguous and a.flags.writeable
+    a[:] = 1.0
+    shared = T.as_tensor(a)
+    a[0, 0] = 7.0
+    assert float(shared[0, 0]) == 7.0  # the same memory
+    plain = np.ones((6, 4), np.float32)[:, :3]  # not contiguous: copied
+    copied = T.as_tensor(plain)
+    plain[0, 0] = 7.0
+    assert float(copied[0, 0]) == 1.0
+    assert T.as_tensor(np.frombuffer(np.ones(8, np.float32).tobytes(), np.float32)).shape == (8,)
+    # training from an aligned (shared) array is bitwise training from a plain copy
+    x, y = blobs(100, 52)
+    xa = T.aligned_empty(x.shape)
+    xa[:] = x
+    init = T.initial_state(ARCH, CP, 5)
+    s1, _ = T.train_unit(cache, ARCH, CP, FP, init, x, y, 9)
+    s2, _ = T.train_unit(cache, ARCH, CP, FP, init, xa, y, 9)
+    assert s1 == s2
+    T.release(xa)
+    assert all(v[0] is not xa for v in T._FEATURES.values())
+
+
+def test_eval_batch_size_follows_the_activation_size():
+    mlp_model = keras_arch.build_from_json(mlp(inputs=784, hidden=128, outputs=10))
+    L = keras.layers
+    cnn = keras.Sequential([keras.Input((28, 28, 1)), L.Conv2D(8, 3, activation="relu"),
+                            L.MaxPooling2D(), L.Conv2D(16, 3, activation="relu"),
+                            L.MaxPooling2D(), L.Flatten(), L.Dense(10, activation="softmax")])
+    assert T.eval_batch_size(mlp_model, 32) > 512
+    assert T.eval_batch_size(mlp_model, 32) <= T.MAX_EVAL_BATCH
+    assert T.eval_batch_size(cnn, 128) == 128  # its activations fill the budget already
+    assert T.eval_batch_size(cnn, 16) > 16
+    assert T.eval_batch_size(mlp_model, 20000) == 20000  # never below the configuration's
