@@ -145,13 +145,23 @@ def _job(cat: Catalog, job_name: str) -> dict[str, Any]:
 
 
 # -- pg_cron ------------------------------------------------------------------------------
+UNREADABLE = "?"
+
+
 def _cron_database(cat: Catalog) -> str | None:
-    return cat.setting("cron.database_name")
+    """``cron.database_name``: None when pg_cron is not loaded, UNREADABLE for a role that
+    may not read it (the setting is superuser-only)."""
+    try:
+        with cat.db.subtransaction():
+            return cat.setting("cron.database_name")
+    except Exception:  # noqa: BLE001 - "must be superuser ... to examine"
+        return UNREADABLE
 
 
-def _cron(cat: Catalog, sql: str, args: list[Any], types: list[str]) -> Any:
+def _cron(cat: Catalog, sql: str, args: list[Any], types: list[str]) -> tuple[Any, str]:
     """Run one statement on pg_cron's database: here when it is this database, else over a
-    dblink session (superusers only: pg_cron lives in another database)."""
+    dblink session (superusers only: pg_cron lives in another database). Returns the
+    statement's value and pg_cron's database."""
     db = _cron_database(cat)
     if db is None:
         raise CerebroError(
@@ -162,6 +172,8 @@ def _cron(cat: Catalog, sql: str, args: list[Any], types: list[str]) -> Any:
             "scheduler.")
     here = cat.query("SELECT current_database()::text AS d")[0]["d"]
     check = "SELECT count(*) AS n FROM pg_catalog.pg_extension WHERE extname = 'pg_cron'"
+    if db == UNREADABLE:  # pg_cron here, or somewhere this role cannot reach
+        db = here if int(cat.query(check)[0]["n"]) else "(cron.database_name)"
     missing = CerebroError(
         f'pg_cron is loaded but its extension is not created in database "{db}"',
         OBJECT_NOT_IN_PREREQUISITE_STATE,
@@ -169,14 +181,16 @@ def _cron(cat: Catalog, sql: str, args: list[Any], types: list[str]) -> Any:
     if db == here:
         if int(cat.query(check)[0]["n"]) == 0:
             raise missing
-        return cat.query(sql, args, types)[0]["r"]
+        return cat.query(sql, args, types)[0]["r"], db
     su = cat.query("SELECT rolsuper AS s FROM pg_catalog.pg_roles "
                    "WHERE rolname = current_user")[0]["s"]
     if not su:
         raise CerebroError(
-            f'pg_cron runs in database "{db}"; only a superuser can schedule from "{here}"',
+            f'pg_cron runs in database "{db}"; only a superuser can schedule from "{here}"'
+            if not db.startswith("(") else
+            f'pg_cron runs in another database; only a superuser can schedule from "{here}"',
             INSUFFICIENT_PRIVILEGE,
-            hint=f'Pass schedule => NULL, then have a superuser run in "{db}": SELECT '
+            hint=f'Pass schedule => NULL, then have a superuser run in {db}: SELECT '
             f"cron.schedule_in_database(<name>, <schedule>, 'CALL "
             f"{quote_ident(cat.schema)}.run_model_selection_job(<job_name>)', '{here}').")
     row = cat.query("SELECT current_user::text AS u, current_setting('port') AS p, "
@@ -197,7 +211,7 @@ def _cron(cat: Catalog, sql: str, args: list[Any], types: list[str]) -> Any:
             lit = "NULL" if a is None else quote_literal(str(a))
             stmt = stmt.replace(f"${i + 1}", f"{lit}::{t}")
         res = cat.dblink_query(name, stmt)
-        return res[0][0] if res else None
+        return (res[0][0] if res else None), db
     finally:
         cat.dblink_disconnect(name)
 
@@ -314,16 +328,16 @@ def schedule_model_selection(
             raise invalid("schedule must not be empty", hint="Pass NULL for no schedule.")
         command = f"CALL {cat.ext('run_model_selection_job')}({quote_literal(job_name)})"
         db = cat.query("SELECT current_database()::text AS d")[0]["d"]
-        cron_id = _cron(
+        cron_id, cron_db = _cron(
             cat, "SELECT cron.schedule_in_database($1, $2, $3, $4, $5) AS r",
             [_cron_job_name(cat, job_name), schedule, command, db,
              cat.query("SELECT current_user::text AS u")[0]["u"]],
             ["text", "text", "text", "text", "text"])
         cat.query(f"UPDATE {cat.ext('jobs')} SET cron_jobid = $1, cron_database = $2 "
-                  "WHERE job_id = $3", [int(cron_id), _cron_database(cat), job_id],
+                  "WHERE job_id = $3", [int(cron_id), cron_db, job_id],
                   ["int8", "text", "int8"])
         cat.notice(f'schedule_model_selection: job "{job_name}" runs on "{schedule}" '
-                   f"(pg_cron job {cron_id} in database {_cron_database(cat)})")
+                   f"(pg_cron job {cron_id} in database {cron_db})")
     else:
         cat.notice(f'schedule_model_selection: job "{job_name}" has no schedule; run it '
                    f"with CALL run_model_selection_job({quote_literal(job_name)})")
