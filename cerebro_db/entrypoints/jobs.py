@@ -299,8 +299,9 @@ def schedule_model_selection(
                                NULL_VALUE_NOT_ALLOWED,
                                hint="Name the table that will hold the best configuration.")
         mst = TableName.parse(model_selection_table, "model_selection_table")
-        cat.require_absent(mst, "model_selection_table",
-                           hint="The job creates and owns it: choose a new name.")
+        for t in (mst, mst.with_suffix("_summary", "model_selection_table")):
+            cat.require_absent(t, "model_selection_table",
+                               hint="The job creates and owns it: choose a new name.")
     fopts, _ = _options(cat, fit_options, METHODS[m], JOB_SET, "fit_options")
     missing = sorted(REQUIRED[m] - set(fopts))
     if missing:
@@ -606,7 +607,7 @@ def _train_and_publish(cat: Catalog, job: dict[str, Any], run_id: int) -> None:
     renames = [(stage, out), (stage.with_suffix("_summary", ""), out.with_suffix("_summary", "")),
                (stage.with_suffix("_info", ""), out.with_suffix("_info", ""))]
     if m == "automl":
-        renames.append((smst, mst))
+        renames += [(smst, mst), (smst.with_suffix("_summary", ""), mst.with_suffix("_summary", ""))]
     summ = renames[1][0]
     scols = cat.columns(cat.require_table(summ, "staging summary"))
     for col, val in (("model", str(out)), ("model_info", str(out.with_suffix("_info", ""))),

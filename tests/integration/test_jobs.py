@@ -272,3 +272,89 @@ def test_unschedule_keeps_outputs_and_history(job):
     assert q(conn, "SELECT count(*) FROM cerebro_db.model_selection_jobs")[0][0] == 0
     assert len(runs(conn, "nightly")) == 5
     assert q(conn, "SELECT count(*) FROM jout")[0][0] == 2
+
+
+def pack_step(conn, job: str) -> str:
+    run = q(conn, "SELECT cerebro_db.__job_step(%s, NULL, 'begin')", (job,))[0][0]
+    try:
+        return q(conn, "SELECT cerebro_db.__job_step(%s, %s, 'pack')", (job, run))[0][0]
+    finally:
+        q(conn, "SELECT cerebro_db.__job_step(%s, %s, 'end')", (job, run))
+
+
+def test_new_rows_with_a_new_class_or_fewer_rows_than_partitions(session_conn):
+    """The pack step alone: one new row (fewer than the 2 partitions) is appended; a new
+    class value makes the run pack every row again; both equal a full repack."""
+    conn = session_conn
+    q(conn, "DROP TABLE IF EXISTS jsrc, jmst2 CASCADE")
+    q(conn, "CREATE TABLE jsrc (id integer PRIMARY KEY, x real[], y integer)")
+    q(conn, "CREATE TABLE jmst2 (mst_key integer)")  # only checked to exist here
+    add_rows(conn, 0, 60)
+    q(conn, """SELECT schedule_model_selection('packonly', NULL, 'jsrc', 'kpacked', 'y', 'x',
+        'kout', 'jmst2', fit_options => '{"num_iterations": 1}',
+        preprocess_options => '{"num_partitions": 2, "random_state": 3}', key_column => 'id')""")
+    try:
+        assert pack_step(conn, "packonly") == "ok"
+        n_buf = q(conn, "SELECT count(*) FROM kpacked")[0][0]
+        add_rows(conn, 60, 61)
+        assert pack_step(conn, "packonly") == "ok"
+        assert q(conn, "SELECT count(*) FROM kpacked")[0][0] == n_buf + 1
+        q(conn, "DROP TABLE IF EXISTS jfull, jfull_summary")
+        q(conn, "SELECT training_preprocessor_dl('jsrc', 'jfull', 'y', 'x', NULL, 1.0, NULL, "
+                "NULL, 2, 3)")
+        np.testing.assert_array_equal(decoded_rows(conn, "kpacked"), decoded_rows(conn, "jfull"))
+        # a class the packed table does not have: everything is packed again
+        q(conn, "INSERT INTO jsrc VALUES (61, ARRAY[1, 2, 3, 4]::real[], 7)")
+        assert pack_step(conn, "packonly") == "ok"
+        assert q(conn, "SELECT y_class_values, num_rows FROM kpacked_summary")[0] == \
+            ([0, 1, 2, 7], 62)
+        q(conn, "DROP TABLE IF EXISTS jfull, jfull_summary")
+        q(conn, "SELECT training_preprocessor_dl('jsrc', 'jfull', 'y', 'x', NULL, 1.0, NULL, "
+                "NULL, 2, 3)")
+        # a full repack of the same rows with the same seed: the same buffers
+        assert q(conn, "SELECT __dist_key__, buffer_id, x, y FROM kpacked ORDER BY buffer_id") \
+            == q(conn, "SELECT __dist_key__, buffer_id, x, y FROM jfull ORDER BY buffer_id")
+        assert [r["new_rows"] for r in runs(conn, "packonly")] == [60, 1, 62]
+        assert q(conn, "SELECT packed_through, packed_rows FROM cerebro_db.jobs "
+                       "WHERE job_name = 'packonly'")[0] == ("61", 62)
+        assert staging_tables(conn) == []
+    finally:
+        q(conn, "DELETE FROM cerebro_db.jobs WHERE job_name = 'packonly'")
+        q(conn, "DROP TABLE IF EXISTS jsrc, jmst2, kpacked, kpacked_summary, jfull, "
+                "jfull_summary CASCADE")
+
+
+def test_an_automl_job_publishes_the_best_configuration(session_conn):
+    conn = session_conn
+    q(conn, "DROP TABLE IF EXISTS jsrc, jarch CASCADE")
+    q(conn, "CREATE TABLE jsrc (id integer PRIMARY KEY, x real[], y integer)")
+    add_rows(conn, 0, 120)
+    q(conn, "SELECT load_keras_model('jarch', %s)", (mlp_json(),))
+    import json
+
+    opts = {"model_arch_table": "jarch", "model_id_list": [1],
+            "compile_params_grid": "{'loss': ['categorical_crossentropy'], "
+            "'optimizer_params_list': [{'optimizer': ['Adam'], 'lr': [0.001, 0.01]}], "
+            "'metrics': ['accuracy']}",
+            "fit_params_grid": "{'batch_size': [16]}", "automl_method": "grid",
+            "automl_params": "num_iterations=1", "random_state": 2}
+    q(conn, "SELECT schedule_model_selection('tuned', NULL, 'jsrc', 'apacked', 'y', 'x', "
+            "'aout', 'amst', method => 'automl', fit_options => %s, "
+            "preprocess_options => '{\"num_partitions\": 2}')", (json.dumps(opts),))
+    try:
+        q(conn, "CALL run_model_selection_job('tuned')")
+        (r,) = runs(conn, "tuned")
+        assert r["status"] == "succeeded", r["message"]
+        assert q(conn, "SELECT count(*) FROM aout_info")[0][0] == 2
+        best = q(conn, "SELECT mst_key, compile_params FROM aout_info "
+                       "ORDER BY training_loss_final LIMIT 1")[0]
+        assert r["best_mst_key"] == best[0] and best[1] in r["best_config"]
+        assert q(conn, "SELECT count(*) FROM amst")[0][0] == 1
+        assert q(conn, "SELECT model_selection_table FROM aout_summary")[0][0] == "amst"
+        assert q(conn, "SELECT model_output_table, model_selection_table FROM cerebro_db.fits "
+                       "WHERE fit_id = %s", (r["fit_id"],))[0] == ("aout", "amst")
+        assert staging_tables(conn) == []
+    finally:
+        q(conn, "DELETE FROM cerebro_db.jobs WHERE job_name = 'tuned'")
+        q(conn, "DROP TABLE IF EXISTS jsrc, jarch, apacked, apacked_summary, aout, aout_info, "
+                "aout_summary, amst CASCADE")
