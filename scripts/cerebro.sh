@@ -101,12 +101,9 @@ CONF
   local added=0
   ensure_cron_conf && added=1
   if pg_running; then
-    if [ "$added" = 1 ]; then
-      log "restarting PostgreSQL to load pg_cron"
-      as_pg "$PG_BIN/pg_ctl" -D "$PGDATA" -m fast -w restart >/dev/null \
-        || { tail -n 20 "$PGLOG" >&2; die "the server did not restart (log: $PGLOG)"; }
-    fi
-    return 0
+    [ "$added" = 1 ] || return 0
+    log "restarting PostgreSQL to load pg_cron"
+    cmd_stop
   fi
   local sp; sp=$(site_packages)
   log "starting PostgreSQL $PG_VERSION on port $PGPORT (socket in $PGSOCK)"

@@ -39,6 +39,7 @@ from ..names import NAMEDATALEN, TableName, quote_ident, quote_literal, split_co
 from . import entrypoint, require_output_schema
 
 DUPLICATE_OBJECT = "42710"
+QUERY_CANCELED = "57014"
 METHODS = {"fit": "madlib_keras_fit_multiple_model", "automl": "madlib_keras_automl"}
 # Arguments of the training function the job sets itself.
 JOB_SET = {"source_table", "model_output_table", "model_selection_table", "warm_start"}
@@ -442,8 +443,10 @@ def _failed(cat: Catalog, job: dict[str, Any], run_id: int, step: str, e: BaseEx
     """Record a failed attempt; 'retry' while the job has retries left, else 'failed'."""
     attempts = cat.query(f"SELECT attempts FROM {cat.ext('job_runs')} WHERE run_id = $1",
                          [run_id], ["int8"])[0]["attempts"]
-    again = attempts <= int(job["retries"])
-    text = f"attempt {attempts}, {step}: {_error_text(e)}"
+    cancelled = getattr(e, "sqlstate", None) == QUERY_CANCELED  # by a person: not retried
+    again = attempts <= int(job["retries"]) and not cancelled
+    text = f"attempt {attempts}, {step}: {_error_text(e)}" + (" (not retried)" if cancelled
+                                                                 else "")
     if not isinstance(e, CerebroError) and not hasattr(e, "sqlstate"):
         text += "\n" + traceback.format_exc(limit=5)
     cat.query(

@@ -211,3 +211,28 @@ def test_cli_output_and_exit_codes(fit, url, tmp_path):
     bad = "postgresql://nobody@127.0.0.1:1/x"
     r = subprocess.run([CLI, "--url", bad, "fits"], capture_output=True, text=True)
     assert r.returncode == 5 and "cannot connect" in r.stderr
+
+
+def test_client_on_an_engine_a_connection_or_the_pg_variables(fit, url, dbname):
+    import os
+
+    import sqlalchemy as sa
+
+    from cerebro_db.client import Client
+
+    engine = sa.create_engine(url.replace("postgresql://", "postgresql+psycopg2://"))
+    try:
+        assert fit["fit_id"] in Client(engine).fits()["fit_id"].tolist()
+        with engine.connect() as conn:  # the caller's connection and transaction
+            c = Client(conn)
+            assert c.progress(fit["fit_id"])["status"] == "done"
+            assert c.call("cerebro_db_version") == c.df("SELECT cerebro_db_version() AS v")["v"][0]
+            assert conn.in_transaction()
+    finally:
+        engine.dispose()
+    p = server_params()
+    env = {**os.environ, "PGHOST": p["host"], "PGPORT": str(p["port"]), "PGUSER": p["user"],
+           "PGDATABASE": dbname}
+    r = subprocess.run([CLI, "fits", "--format", "csv"], capture_output=True, text=True,
+                       env=env, timeout=120)
+    assert r.returncode == 0 and r.stdout.startswith("fit_id,kind,status"), r.stderr
