@@ -324,7 +324,7 @@ def test_new_rows_with_a_new_class_or_fewer_rows_than_partitions(session_conn):
                 "jfull_summary CASCADE")
 
 
-def test_an_automl_job_publishes_the_best_configuration(session_conn):
+def test_an_automl_job_publishes_the_best_configuration(session_conn, dbname):
     conn = session_conn
     q(conn, "DROP TABLE IF EXISTS jsrc, jarch CASCADE")
     q(conn, "CREATE TABLE jsrc (id integer PRIMARY KEY, x real[], y integer)")
@@ -354,6 +354,21 @@ def test_an_automl_job_publishes_the_best_configuration(session_conn):
         assert q(conn, "SELECT model_output_table, model_selection_table FROM cerebro_db.fits "
                        "WHERE fit_id = %s", (r["fit_id"],))[0] == ("aout", "amst")
         assert staging_tables(conn) == []
+        # the AutoML timeline of the job's fit: a bar per training unit, a mark per decision
+        from cerebro_db.client import Client
+
+        from ..conftest import server_params
+
+        p = server_params()
+        c = Client(f"postgresql://{p['user']}@/{dbname}?host={p['host']}&port={p['port']}")
+        fig = c.plot_automl(r["fit_id"])
+        (ax,) = fig.axes
+        units, decisions = c.units(r["fit_id"]), c.automl_decisions(r["fit_id"])
+        assert len(decisions) >= 2 and set(decisions["decision"]) >= {"launch"}
+        assert len([b for b in ax.patches if (b.get_gid() or "").startswith("trial:")]) == \
+            (units["kind"] == "train").sum()
+        assert {ln.get_gid() for ln in ax.get_lines() if ln.get_gid()} == \
+            {f"decision:{d}" for d in decisions["decision_id"]}
     finally:
         q(conn, "DELETE FROM cerebro_db.jobs WHERE job_name = 'tuned'")
         q(conn, "DROP TABLE IF EXISTS jsrc, jarch, apacked, apacked_summary, aout, aout_info, "
