@@ -17,7 +17,7 @@ KIND_STYLE = {  # height, alpha, hatch
     "eval_train": (0.35, 0.5, "////"),
     "eval_valid": (0.35, 0.5, "...."),
 }
-DECISION_MARK = {"launch": ("^", "tab:green"), "extend": (">", "tab:blue"),
+DECISION_MARK = {"launch": ("^", "tab:green"), "extend": (">", "black"),
                  "stop": ("x", "tab:red"), "free": ("o", "tab:gray")}
 
 
@@ -177,7 +177,8 @@ def automl_timeline(units: pd.DataFrame, trials: pd.DataFrame, decisions: pd.Dat
         k = int(u.mst_key)
         start, end = _seconds(u.started_at, t0), _seconds(u.ended_at, t0)
         bars = ax.barh(row[k], end - start, left=start, height=0.6,
-                       color=palette.get(groups.get(k, ""), "tab:gray"), alpha=0.8)
+                       color=palette.get(groups.get(k, ""), "tab:gray"), alpha=0.8,
+                       edgecolor="white", linewidth=0.8)
         bars.patches[0].set_gid(f"trial:{k}")
     launched: dict[int, float] = {}
     for d in decisions.itertuples(index=False):
