@@ -38,7 +38,9 @@ def tiny(session_conn):
             "$$loss='categorical_crossentropy', optimizer='Adam(learning_rate=0.01)', "
             "metrics=['accuracy']$$], ARRAY['batch_size=16'])")
     yield conn
-    q(conn, "DELETE FROM cerebro_db.jobs WHERE job_name LIKE 'cron%%'")
+    # a test that failed half-way must not leave pg_cron running a job on a dropped database
+    q(conn, "SELECT unschedule_model_selection(job_name) FROM cerebro_db.jobs "
+            "WHERE job_name LIKE 'cron%%'")
     q(conn, "DROP TABLE IF EXISTS jsrc, jarch, jmst, jmst_summary, cpacked, cpacked_summary, "
             "cout, cout_summary, cout_info CASCADE")
 
