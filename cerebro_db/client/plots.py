@@ -127,18 +127,28 @@ def learning_curves(units: pd.DataFrame, num_partitions: int,
     kinds = [("eval_train", "-", "training"), ("eval_valid", "--", "validation")]
     if not g["kind"].isin(["eval_train", "eval_valid"]).any():
         kinds = [("train", "-", "training (mean of its units)")]
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for mst in sorted(g["mst_key"].unique()):
-        for kind, style, label in kinds:
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import MaxNLocator
+
+    configs = sorted(g["mst_key"].unique())
+    fig, ax = plt.subplots(figsize=(9 if len(configs) > 6 else 8, 4.5))
+    for mst in configs:
+        for i, (kind, style, _) in enumerate(kinds):
             s = g[(g["mst_key"] == mst) & (g["kind"] == kind)].sort_values("epoch")
             if s.empty:
                 continue
             (line,) = ax.plot(s["epoch"], s["loss"], style, marker="o", markersize=3,
-                              color=cmap((int(mst) - 1) % 20), label=f"config {mst} {label}")
+                              color=cmap((int(mst) - 1) % 20),
+                              label=f"config {mst}" if i == 0 else None)
             line.set_gid(f"curve:{int(mst)}:{kind}")
+    handles, _ = ax.get_legend_handles_labels()
+    handles += [Line2D([], [], color="black", linestyle=style, label=label)
+                for _, style, label in kinds]
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("epoch")
     ax.set_ylabel("loss")
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(handles=handles, fontsize=7, ncol=1 if len(configs) <= 6 else 2,
+              loc="upper left", bbox_to_anchor=(1.01, 1.0))
     if title:
         ax.set_title(title, fontsize=9)
     fig.tight_layout()
