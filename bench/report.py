@@ -131,29 +131,25 @@ def _plt():
 
 
 def gantt(run: dict, title: str, path: Path) -> None:
-    plt = _plt()
+    """The client's Gantt chart (cerebro_db.client.plots.gantt) of a run's unit log, plus the
+    end of the SQL call (dashed)."""
+    import pandas as pd
+
+    from cerebro_db.client import plots
+
     units = run["units"]
-    t0 = run.get("fit_start") or min(u["start"] for u in units)
-    cmap = plt.get_cmap("tab20")
-    workers = sorted({u["worker"] for u in units})
-    fig, ax = plt.subplots(figsize=(11, 1.2 + 0.7 * len(workers)))
-    for u in units:
-        y = workers.index(u["worker"])
-        train = u["kind"] == "train"
-        ax.barh(y, u["end"] - u["start"], left=u["start"] - t0, height=0.8 if train else 0.4,
-                color=cmap((u["config"] - 1) % 20), edgecolor="black" if train else "none",
-                linewidth=0.3, alpha=1.0 if train else 0.45)
-        if train and u["end"] - u["start"] > 0.04 * run["makespan"]:
-            ax.text((u["start"] + u["end"]) / 2 - t0, y, f"{u['config']}.{u['epoch']}",
-                    ha="center", va="center", fontsize=6)
-    ax.axvline(run["makespan"], color="red", linestyle="--", linewidth=0.8)
-    ax.set_yticks(range(len(workers)), [f"worker {w}" for w in workers])
-    ax.set_xlabel("seconds since the fit started (tall bars: training units labelled "
-                  "config.epoch; short bars: evaluation; dashed: end of the SQL call)")
-    ax.set_title(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    df = pd.DataFrame({
+        "unit_id": range(len(units)), "mst_key": [u["config"] for u in units],
+        "epoch": [u["epoch"] for u in units], "worker": [u["worker"] for u in units],
+        "kind": [u["kind"] for u in units],
+        "started_at": pd.to_datetime([u["start"] for u in units], unit="s", utc=True),
+        "ended_at": pd.to_datetime([u["end"] for u in units], unit="s", utc=True)})
+    fig = plots.gantt(df, title=title)
+    first = min(u["start"] for u in units)
+    ax = fig.axes[0]
+    ax.axvline(run["makespan"] - (first - (run.get("fit_start") or first)), color="red",
+               linestyle="--", linewidth=0.8)
+    plots.save(fig, str(path))
 
 
 def bars(rows: list[tuple[str, dict[str, float]]], title: str, ylabel: str, path: Path,

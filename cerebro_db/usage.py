@@ -190,4 +190,31 @@ hyperband_schedule: the brackets Hyperband runs for R, eta and skip_last
 
 SELECT hyperband_schedule(schedule_table, r, eta DEFAULT 3, skip_last DEFAULT 0);
 Output: s (bracket), i (round), n_i (configurations), r_i (iterations each).""",
+    "schedule_model_selection": """\
+schedule_model_selection: a model selection job, run now and then (pg_cron) or by hand
+
+SELECT schedule_model_selection(
+    job_name,              -- unique name of the job
+    schedule,              -- pg_cron schedule ('0 3 * * *'); NULL: run it yourself with
+                           --   CALL run_model_selection_job(job_name)
+    source_table,          -- rows to train on (packed again by every run)
+    packed_table,          -- the job's packed table (created and owned by the job)
+    dependent_varname, independent_varname,
+    model_output_table,    -- published (with _summary, _info) under this stable name
+    model_selection_table, -- method 'fit': the configurations; 'automl': the output
+    method,                -- 'fit' (madlib_keras_fit_multiple_model) or 'automl'
+    fit_options,           -- JSONB of the training function's other named arguments,
+                           --   e.g. '{"num_iterations": 5, "validation_table": "v"}'
+    preprocess_options,    -- JSONB of training_preprocessor_dl's named arguments
+    key_column,            -- a growing key: later runs pack only rows above the last key
+    warm_start,            -- start from the previous run's weights (method 'fit')
+    retries,               -- failed attempts retried this many times (default 0)
+    retry_delay            -- wait between attempts (default '1 minute')
+);
+Returns the job id. Jobs: model_selection_jobs; runs: job_runs.""",
+    "unschedule_model_selection": """\
+unschedule_model_selection: remove a job and its pg_cron entry
+
+SELECT unschedule_model_selection(job_name);
+Its outputs, packed table and job_runs history stay.""",
 }

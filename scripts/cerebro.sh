@@ -25,7 +25,7 @@ PGDATABASE=${CEREBRO_DB:-cerebro}
 PGSUPER=postgres
 VENV=${CEREBRO_VENV:-$ROOT/.venv}
 SERVER_PY=/usr/bin/python3
-APT_PACKAGES="postgresql-$PG_VERSION postgresql-plpython3-$PG_VERSION postgresql-contrib python3-venv dataset-fashion-mnist"
+APT_PACKAGES="postgresql-$PG_VERSION postgresql-plpython3-$PG_VERSION postgresql-contrib postgresql-$PG_VERSION-cron python3-venv dataset-fashion-mnist"
 
 log() { printf '[cerebro] %s\n' "$*" >&2; }
 die() { printf '[cerebro] error: %s\n' "$*" >&2; exit 1; }
@@ -98,12 +98,33 @@ maintenance_work_mem = 256MB
 log_min_messages = warning
 CONF
   fi
-  if pg_running; then return 0; fi
+  local added=0
+  ensure_cron_conf && added=1
+  if pg_running; then
+    [ "$added" = 1 ] || return 0
+    log "restarting PostgreSQL to load pg_cron"
+    cmd_stop
+  fi
   local sp; sp=$(site_packages)
   log "starting PostgreSQL $PG_VERSION on port $PGPORT (socket in $PGSOCK)"
   as_pg env PYTHONPATH="$sp" TF_CPP_MIN_LOG_LEVEL=2 PYTHONDONTWRITEBYTECODE=1 \
     "$PG_BIN/pg_ctl" -D "$PGDATA" -l "$PGLOG" -w -t 60 start >/dev/null \
     || { tail -n 20 "$PGLOG" >&2; die "the server did not start (log: $PGLOG)"; }
+}
+
+# pg_cron (scheduled model selection jobs): loaded at start, its metadata in the database
+# 'postgres' (jobs target other databases with cron.schedule_in_database), connecting over
+# the socket (trust). Clusters made before this are given the lines too; returns 0 when it
+# added them.
+ensure_cron_conf() {
+  if as_pg grep -q "^cron.database_name" "$PGDATA/postgresql.conf"; then return 1; fi
+  as_pg tee -a "$PGDATA/postgresql.conf" >/dev/null <<CONF
+# cerebro_db: scheduled model selection jobs (pg_cron)
+shared_preload_libraries = 'pg_cron'
+cron.database_name = 'postgres'
+cron.host = '$PGSOCK'
+CONF
+  return 0
 }
 
 cmd_stop() {

@@ -480,3 +480,91 @@ CREATE OR REPLACE FUNCTION @extschema@.hyperband_schedule(message VARCHAR DEFAUL
 RETURNS TEXT LANGUAGE plpython3u IMMUTABLE AS $python$
 @usage hyperband_schedule@
 $python$;
+
+------------------------------------------------------------------------------------------
+-- Scheduled model selection (since 0.2.0; pg_cron optional)
+------------------------------------------------------------------------------------------
+-- @entrypoint
+CREATE OR REPLACE FUNCTION @extschema@.schedule_model_selection(
+    job_name              TEXT,
+    schedule              TEXT,
+    source_table          VARCHAR,
+    packed_table          VARCHAR,
+    dependent_varname     VARCHAR,
+    independent_varname   VARCHAR,
+    model_output_table    VARCHAR,
+    model_selection_table VARCHAR DEFAULT NULL,
+    method                TEXT    DEFAULT 'fit',
+    fit_options           JSONB   DEFAULT '{}',
+    preprocess_options    JSONB   DEFAULT '{}',
+    key_column            VARCHAR DEFAULT NULL,
+    warm_start            BOOLEAN DEFAULT FALSE,
+    retries               INTEGER DEFAULT 0,
+    retry_delay           INTERVAL DEFAULT '1 minute'
+) RETURNS BIGINT LANGUAGE plpython3u VOLATILE AS $python$
+@plpython schedule_model_selection@
+$python$;
+COMMENT ON FUNCTION @extschema@.schedule_model_selection(TEXT, TEXT, VARCHAR, VARCHAR, VARCHAR,
+    VARCHAR, VARCHAR, VARCHAR, TEXT, JSONB, JSONB, VARCHAR, BOOLEAN, INTEGER, INTERVAL) IS
+'Define a model selection job (pack, train, publish under stable names) and, with a schedule, run it by pg_cron; returns the job id';
+
+CREATE OR REPLACE FUNCTION @extschema@.schedule_model_selection(message VARCHAR DEFAULT NULL)
+RETURNS TEXT LANGUAGE plpython3u IMMUTABLE AS $python$
+@usage schedule_model_selection@
+$python$;
+
+-- @entrypoint
+CREATE OR REPLACE FUNCTION @extschema@.unschedule_model_selection(
+    job_name TEXT
+) RETURNS BOOLEAN LANGUAGE plpython3u VOLATILE AS $python$
+@plpython unschedule_model_selection@
+$python$;
+COMMENT ON FUNCTION @extschema@.unschedule_model_selection(TEXT) IS
+'Remove a model selection job and its pg_cron entry; its outputs and run history stay';
+
+-- One step of a job's run (internal): 'begin' (lock, history row; NULL when the previous run
+-- still holds the lock), 'pack', 'train' (train into staging tables and publish them), 'end'.
+-- Each step is its own transaction; 'pack' and 'train' catch their errors and record them.
+CREATE OR REPLACE FUNCTION @extschema@.__job_step(job_name TEXT, run_id BIGINT, step TEXT)
+RETURNS TEXT LANGUAGE plpython3u VOLATILE AS $python$
+@plpython __job_step@
+$python$;
+
+-- What pg_cron calls (CALL, not SELECT: the steps commit on their own so that the worker
+-- sessions of the fit read the packed data).
+CREATE OR REPLACE PROCEDURE @extschema@.run_model_selection_job(job_name TEXT)
+LANGUAGE plpgsql AS $run_job$
+DECLARE
+    run   bigint;
+    st    text;
+    delay interval;
+BEGIN
+    IF job_name IS NULL THEN
+        RAISE EXCEPTION 'job_name must not be NULL' USING ERRCODE = '22004';
+    END IF;
+    SELECT j.retry_delay INTO delay FROM @extschema@.jobs j WHERE j.job_name = $1;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'model selection job "%" does not exist', job_name
+            USING ERRCODE = '42704', HINT = 'The jobs are listed in model_selection_jobs.';
+    END IF;
+    run := @extschema@.__job_step(job_name, NULL, 'begin')::bigint;
+    COMMIT;
+    IF run IS NULL THEN
+        RETURN;
+    END IF;
+    LOOP
+        st := @extschema@.__job_step(job_name, run, 'pack');
+        COMMIT;
+        IF st = 'ok' THEN
+            st := @extschema@.__job_step(job_name, run, 'train');
+            COMMIT;
+        END IF;
+        EXIT WHEN st <> 'retry';
+        PERFORM pg_catalog.pg_sleep(extract(epoch FROM delay));
+    END LOOP;
+    PERFORM @extschema@.__job_step(job_name, run, 'end');
+    COMMIT;
+END
+$run_job$;
+COMMENT ON PROCEDURE @extschema@.run_model_selection_job(TEXT) IS
+'Run a model selection job now (what pg_cron calls): pack new rows, train, publish atomically, record the run in job_runs';

@@ -1,0 +1,314 @@
+"""``Client``: SQL functions with named arguments, the catalog as DataFrames, watching,
+cancelling, resuming and resizing fits, and the pictures (``plots``)."""
+from __future__ import annotations
+
+import contextlib
+import re
+import sys
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import IO, Any
+
+import pandas as pd
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from ..names import TableName, quote_ident
+
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+FINAL = ("done", "failed", "interrupted", "cancelled")
+
+
+class ClientError(Exception):
+    """An error of the server (with its SQLSTATE) or of the client's use."""
+
+    def __init__(self, message: str, sqlstate: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.sqlstate = sqlstate
+
+    def __str__(self) -> str:
+        return f"{self.message} (SQLSTATE {self.sqlstate})" if self.sqlstate else self.message
+
+
+def url_from_env() -> str:
+    """A URL that leaves everything to libpq: PGHOST, PGPORT, PGUSER, PGDATABASE,
+    PGPASSWORD (or ~/.pgpass), PGSSLMODE, ... are read by psycopg2 itself."""
+    return "postgresql+psycopg2://"
+
+
+def _driver_url(url: str) -> str:
+    for scheme in ("postgresql://", "postgres://"):
+        if url.startswith(scheme):
+            return "postgresql+psycopg2://" + url[len(scheme):]
+    return url
+
+
+def _error(e: sa.exc.DBAPIError) -> ClientError:
+    orig = getattr(e, "orig", None)
+    diag = getattr(orig, "diag", None)
+    msg = getattr(diag, "message_primary", None) or str(orig or e).strip().splitlines()[0]
+    hint = getattr(diag, "message_hint", None)
+    return ClientError(msg + (f" (hint: {hint})" if hint else ""),
+                       getattr(orig, "pgcode", None))
+
+
+def _ident(name: str, what: str) -> str:
+    if not isinstance(name, str) or not _IDENT.match(name):
+        raise ClientError(f"{what} must be a plain SQL name, got {name!r}")
+    return quote_ident(name)
+
+
+class Client:
+    """A cerebro_db database, reached through SQLAlchemy.
+
+    ``bind`` is a URL (``postgresql://...``; the psycopg2 driver is used), an ``Engine`` or
+    a ``Connection`` (then the caller owns its transactions; a fit's worker sessions commit
+    on their own either way). ``schema`` is the extension's schema.
+    """
+
+    def __init__(self, bind: str | Engine | Connection | None = None, *,
+                 schema: str = "cerebro_db") -> None:
+        if bind is None:
+            bind = url_from_env()
+        if isinstance(bind, str):
+            bind = sa.create_engine(_driver_url(bind), poolclass=sa.pool.NullPool)
+        if not isinstance(bind, (Engine, Connection)):
+            raise ClientError(f"bind must be a URL, an Engine or a Connection, got {type(bind)}")
+        self.bind = bind
+        self.schema = schema
+        self._s = _ident(schema, "schema")
+
+    # -- plumbing -----------------------------------------------------------------------
+    @contextlib.contextmanager
+    def connection(self, autocommit: bool = True) -> Iterator[Connection]:
+        """The given connection, or a new one of the engine (autocommit: each statement,
+        and each step of a procedure, commits on its own)."""
+        try:
+            if isinstance(self.bind, Connection):
+                yield self.bind
+                return
+            with self.bind.connect() as c:
+                if autocommit:
+                    c = c.execution_options(isolation_level="AUTOCOMMIT")
+                yield c
+        except sa.exc.DBAPIError as e:
+            raise _error(e) from None
+
+    def _fresh(self) -> contextlib.AbstractContextManager[Connection]:
+        """A connection of its own (for watching), even when the client wraps a Connection."""
+        engine = self.bind.engine if isinstance(self.bind, Connection) else self.bind
+        return self.__class__(engine, schema=self.schema).connection()
+
+    def _sql(self, name: str) -> str:
+        return f"{self._s}.{_ident(name, 'name')}"
+
+    def df(self, sql: str, **params: Any) -> pd.DataFrame:
+        """A query (``:name`` placeholders, bound) as a DataFrame."""
+        with self.connection() as c:
+            try:
+                return pd.read_sql(sa.text(sql), c, params=params)
+            except sa.exc.DBAPIError as e:
+                raise _error(e) from None
+
+    def call(self, function: str, /, **args: Any) -> Any:
+        """``SELECT schema.function(name => value, ...)`` with bound values; returns the
+        scalar result (None for VOID)."""
+        params = {f"p{i}": v for i, v in enumerate(args.values())}
+        named = ", ".join(f"{_ident(k, 'argument name')} => :p{i}" for i, k in enumerate(args))
+        with self.connection() as c:
+            try:
+                r = c.execute(sa.text(f"SELECT {self._sql(function)}({named})"), params)
+                return r.scalar()
+            except sa.exc.DBAPIError as e:
+                raise _error(e) from None
+
+    def call_procedure(self, procedure: str, /, **args: Any) -> None:
+        """``CALL schema.procedure(name => value, ...)`` (autocommit: it commits itself)."""
+        params = {f"p{i}": v for i, v in enumerate(args.values())}
+        named = ", ".join(f"{_ident(k, 'argument name')} => :p{i}" for i, k in enumerate(args))
+        with self.connection() as c:
+            try:
+                c.execute(sa.text(f"CALL {self._sql(procedure)}({named})"), params)
+            except sa.exc.DBAPIError as e:
+                raise _error(e) from None
+
+    # -- the catalog as DataFrames ------------------------------------------------------
+    def fits(self, status: str | None = None, limit: int | None = None) -> pd.DataFrame:
+        """Every fit with its progress (``fit_progress`` plus the fit's kind, tables and
+        times), newest first; ``status`` filters (as fit_progress shows it)."""
+        sql = (f"SELECT p.fit_id, f.kind, p.status, p.model_output_table, f.source_table, "
+               f"f.validation_table, p.policy, p.num_partitions, f.num_iterations, "
+               f"p.units_done, p.total_units, p.percent, p.best_loss, p.best_mst_key, "
+               f"f.started_at, f.ended_at, p.elapsed, p.eta, f.message "
+               f"FROM {self._sql('fit_progress')} p JOIN {self._sql('fits')} f USING (fit_id) "
+               "WHERE (CAST(:status AS text) IS NULL OR p.status = :status) "
+               "ORDER BY p.fit_id DESC LIMIT :limit")
+        return self.df(sql, status=status, limit=limit)
+
+    def progress(self, fit_id: int) -> dict[str, Any]:
+        """One fit's row of ``fit_progress``."""
+        d = self.df(f"SELECT * FROM {self._sql('fit_progress')} WHERE fit_id = :f", f=fit_id)
+        if d.empty:
+            raise ClientError(f"fit {fit_id} does not exist (or is not yours)", "42704")
+        return d.iloc[0].to_dict()
+
+    def units(self, fit_id: int) -> pd.DataFrame:
+        """Every unit of a fit (training and evaluation), in the order they started."""
+        return self.df(f"SELECT * FROM {self._sql('units')} WHERE fit_id = :f "
+                       "ORDER BY started_at, unit_id", f=fit_id)
+
+    def configs(self, fit_id: int) -> pd.DataFrame:
+        """Per configuration: ``fit_config_progress``."""
+        return self.df(f"SELECT * FROM {self._sql('fit_config_progress')} WHERE fit_id = :f "
+                       "ORDER BY mst_key", f=fit_id)
+
+    def info(self, model_output_table: str) -> pd.DataFrame:
+        """The ``<model_output_table>_info`` table."""
+        t = TableName.parse(model_output_table, "model_output_table")
+        return self.df(f"SELECT * FROM {t.with_suffix('_info', 'model_output_table').sql} "
+                       "ORDER BY mst_key")
+
+    def summary(self, model_output_table: str) -> dict[str, Any]:
+        t = TableName.parse(model_output_table, "model_output_table")
+        d = self.df(f"SELECT * FROM {t.with_suffix('_summary', 'model_output_table').sql}")
+        return d.iloc[0].to_dict() if not d.empty else {}
+
+    def automl_trials(self, fit_id: int) -> pd.DataFrame:
+        return self.df(f"SELECT * FROM {self._sql('automl_trials')} WHERE fit_id = :f "
+                       "ORDER BY mst_key", f=fit_id)
+
+    def automl_decisions(self, fit_id: int) -> pd.DataFrame:
+        return self.df(f"SELECT * FROM {self._sql('automl_decisions')} WHERE fit_id = :f "
+                       "ORDER BY seq, decision_id", f=fit_id)
+
+    def workers(self, fit_id: int) -> pd.DataFrame:
+        """The availability map of a fit's worker sessions (``fit_workers``)."""
+        return self.df(f"SELECT * FROM {self._sql('fit_workers')} WHERE fit_id = :f "
+                       "ORDER BY worker", f=fit_id)
+
+    def jobs(self) -> pd.DataFrame:
+        """Scheduled model selection jobs with their last run (``model_selection_jobs``)."""
+        return self.df(f"SELECT * FROM {self._sql('model_selection_jobs')} ORDER BY job_id")
+
+    def job_runs(self, job_name: str | None = None) -> pd.DataFrame:
+        """Run history of the jobs (``job_runs``), newest first."""
+        return self.df(f"SELECT * FROM {self._sql('job_runs')} WHERE "
+                       "(CAST(:j AS text) IS NULL OR job_name = :j) ORDER BY run_id DESC",
+                       j=job_name)
+
+    # -- acting on fits and jobs --------------------------------------------------------
+    def cancel(self, fit_id: int) -> bool:
+        """Ask a running fit to stop between units (``cerebro_db_cancel_fit``); True when
+        the fit was running and is now asked to stop."""
+        return bool(self.call("cerebro_db_cancel_fit", fit_id=int(fit_id)))
+
+    def resume(self, fit_id: int) -> None:
+        """Continue an interrupted or failed fit (``madlib_keras_fit_resume``; blocks)."""
+        self.call("madlib_keras_fit_resume", fit_id=int(fit_id))
+
+    def resize(self, fit_id: int, num_workers: int) -> None:
+        """Ask a running fit for ``num_workers`` worker sessions (``cerebro_db_fit_workers``)."""
+        self.call("cerebro_db_fit_workers", fit_id=int(fit_id), num_workers=int(num_workers))
+
+    def schedule_model_selection(self, job_name: str, schedule: str | None,
+                                 **args: Any) -> int:
+        """``schedule_model_selection`` with named arguments (dicts for the JSONB ones)."""
+        import json
+
+        for k in ("fit_options", "preprocess_options"):
+            if isinstance(args.get(k), dict):
+                args[k] = json.dumps(args[k])
+        return int(self.call("schedule_model_selection", job_name=job_name, schedule=schedule,
+                             **args))
+
+    def run_job(self, job_name: str) -> dict[str, Any]:
+        """Run a job now (``CALL run_model_selection_job``); returns its history row."""
+        self.call_procedure("run_model_selection_job", job_name=job_name)
+        return self.job_runs(job_name).iloc[0].to_dict()
+
+    def unschedule_model_selection(self, job_name: str) -> bool:
+        return bool(self.call("unschedule_model_selection", job_name=job_name))
+
+    # -- watching -----------------------------------------------------------------------
+    def watch(self, fit_id: int, *, interval: float = 1.0, timeout: float | None = None,
+              out: IO[str] | None = None, width: int = 30) -> dict[str, Any]:
+        """Show a progress bar of a fit (units done/total, best loss, ETA) until it ends,
+        polling ``fit_progress`` from a connection of its own; returns the last row. On a
+        terminal the bar redraws in place, otherwise a line is printed when it changes.
+        Raises ``TimeoutError`` after ``timeout`` seconds."""
+        out = out if out is not None else sys.stderr
+        tty = hasattr(out, "isatty") and out.isatty()
+        t0 = time.monotonic()
+        last = None
+        while True:
+            with self._fresh() as c:
+                try:
+                    d = pd.read_sql(sa.text(f"SELECT * FROM {self._sql('fit_progress')} "
+                                            "WHERE fit_id = :f"), c, params={"f": fit_id})
+                except sa.exc.DBAPIError as e:
+                    raise _error(e) from None
+            if d.empty:
+                raise ClientError(f"fit {fit_id} does not exist (or is not yours)", "42704")
+            p = d.iloc[0].to_dict()
+            line = progress_line(p, width)
+            if tty:
+                out.write("\r" + line)
+            elif line != last:
+                out.write(line + "\n")
+            out.flush()
+            last = line
+            if p["status"] != "running":
+                if tty:
+                    out.write("\n")
+                return p
+            if timeout is not None and time.monotonic() - t0 > timeout:
+                if tty:
+                    out.write("\n")
+                raise TimeoutError(f"fit {fit_id} still running after {timeout} s")
+            time.sleep(interval)
+
+    # -- pictures -----------------------------------------------------------------------
+    def plot_gantt(self, fit_id: int, path: str | None = None) -> Any:
+        from . import plots
+
+        return plots.save(plots.gantt(self.units(fit_id), title=f"fit {fit_id}"), path)
+
+    def plot_curves(self, fit_id: int, path: str | None = None) -> Any:
+        from . import plots
+
+        p = self.progress(fit_id)
+        return plots.save(plots.learning_curves(self.units(fit_id), int(p["num_partitions"]),
+                                                title=f"fit {fit_id}"), path)
+
+    def plot_automl(self, fit_id: int, path: str | None = None) -> Any:
+        from . import plots
+
+        return plots.save(plots.automl_timeline(self.units(fit_id), self.automl_trials(fit_id),
+                                                self.automl_decisions(fit_id),
+                                                title=f"AutoML fit {fit_id}"), path)
+
+
+def _td(v: Any) -> str:
+    if v is None or pd.isna(v):
+        return "-"
+    if isinstance(v, pd.Timedelta):
+        v = v.to_pytimedelta()
+    if isinstance(v, timedelta):
+        s = int(v.total_seconds())
+        return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
+    return str(v)
+
+
+def progress_line(p: dict[str, Any], width: int = 30) -> str:
+    """``fit 7 [#######.......] 12/40 units  30.0%  best loss 0.5120  ETA 0:01:23  running``."""
+    done, total = int(p.get("units_done") or 0), int(p.get("total_units") or 0)
+    fill = round(width * done / total) if total else 0
+    bar = "#" * fill + "." * (width - fill)
+    best = p.get("best_loss")
+    best_s = "-" if best is None or pd.isna(best) else f"{best:.4f}"
+    pct = 100.0 * done / total if total else 0.0
+    return (f"fit {p['fit_id']} [{bar}] {done}/{total} units {pct:5.1f}%  best loss {best_s}  "
+            f"ETA {_td(p.get('eta')) if p['status'] == 'running' else '-'}  "
+            f"elapsed {_td(p.get('elapsed'))}  {p['status']}")

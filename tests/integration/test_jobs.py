@@ -1,0 +1,375 @@
+"""Scheduled model selection without pg_cron: a job's runs, called by hand as pg_cron would.
+
+One job over a small synthetic table (4 features, 3 classes, a serial key), two
+configurations of a tiny MLP, 1 iteration on 2 partitions. The tests run in file order and
+share the job: first run, incremental repack + warm start, readers during a run, a failed
+run keeping the outputs, an overlapping run, unscheduling.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import psycopg2
+import pytest
+
+pytestmark = pytest.mark.db
+
+LOCK_CLASS = 1128416836  # cerebro_db.entrypoints.jobs.LOCK_CLASS
+
+
+def q(conn, sql, args=None):
+    with conn.cursor() as cur:
+        cur.execute(sql, args)
+        return cur.fetchall() if cur.description else None
+
+
+def sqlstate_of(conn, sql, args=None) -> str:
+    with pytest.raises(psycopg2.Error) as e:
+        q(conn, sql, args)
+    return e.value.pgcode
+
+
+def mlp_json() -> str:
+    import keras
+
+    return keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"),
+                             keras.layers.Dense(3, activation="softmax")]).to_json()
+
+
+def add_rows(conn, lo: int, hi: int) -> None:
+    """Rows lo..hi-1 of a deterministic synthetic table (features from the row number)."""
+    q(conn, "INSERT INTO jsrc (id, x, y) SELECT g, ARRAY[sin(g), cos(g), sin(2 * g), "
+            "(g %% 7) / 7.0]::real[], (g %% 3) FROM generate_series(%s, %s) g", (lo, hi - 1))
+
+
+def weights(conn, table: str) -> dict[int, bytes]:
+    return {k: bytes(w) for k, w in q(conn, f"SELECT mst_key, model_weights FROM {table}")}
+
+
+def runs(conn, job: str) -> list[dict]:
+    with conn.cursor() as cur:
+        cur.execute("SELECT * FROM cerebro_db.job_runs WHERE job_name = %s ORDER BY run", (job,))
+        cols = [d[0] for d in cur.description]
+        return [dict(zip(cols, r)) for r in cur.fetchall()]
+
+
+def staging_tables(conn) -> list[str]:
+    return [r[0] for r in q(conn, "SELECT relname FROM pg_class WHERE relname LIKE "
+                                  "'\\_\\_cerebro\\_job\\_%%'")]
+
+
+def decoded_rows(conn, table: str) -> np.ndarray:
+    """Every packed row as one float vector (features then one-hot label), sorted."""
+    out = []
+    for x, y, xs, ys in q(conn, f"SELECT x, y, x_shape, y_shape FROM {table}"):
+        xa = np.frombuffer(bytes(x), "<f4").reshape(xs)
+        ya = np.frombuffer(bytes(y), "<i2").reshape(ys).astype(np.float32)
+        out.append(np.concatenate([xa, ya], axis=1))
+    rows = np.concatenate(out)
+    return rows[np.lexsort(rows.T[::-1])]
+
+
+@pytest.fixture(scope="module")
+def job(session_conn):
+    conn = session_conn
+    q(conn, "DROP TABLE IF EXISTS jsrc, jarch, jmst, jmst_summary CASCADE")
+    q(conn, "CREATE TABLE jsrc (id integer PRIMARY KEY, x real[], y integer)")
+    add_rows(conn, 0, 300)
+    q(conn, "SELECT load_keras_model('jarch', %s)", (mlp_json(),))
+    q(conn, "SELECT load_model_selection_table('jarch', 'jmst', ARRAY[1], ARRAY["
+            "$$loss='categorical_crossentropy', optimizer='Adam(learning_rate=0.01)', "
+            "metrics=['accuracy']$$, $$loss='categorical_crossentropy', "
+            "optimizer='SGD(learning_rate=0.1)', metrics=['accuracy']$$], "
+            "ARRAY['batch_size=16'])")
+    job_id = q(conn, """SELECT schedule_model_selection('nightly', NULL, 'jsrc', 'jpacked', 'y',
+        'x', 'jout', 'jmst', fit_options => '{"num_iterations": 1, "random_state": 5}',
+        preprocess_options => '{"num_partitions": 2, "random_state": 3}', key_column => 'id',
+        warm_start => TRUE, retries => 1, retry_delay => '0 seconds')""")[0][0]
+    yield conn, job_id
+    q(conn, "DROP TABLE IF EXISTS jsrc, jarch, jmst, jmst_summary, jpacked, jpacked_summary, "
+            "jout, jout_summary, jout_info, jfull, jfull_summary CASCADE")
+    q(conn, "DELETE FROM cerebro_db.jobs WHERE job_name = 'nightly'")
+
+
+def test_schedule_checks_its_arguments_and_leaves_nothing(job):
+    conn, _ = job
+    base = ("'jsrc', 'jp2', 'y', 'x', 'jo2', 'jmst'")
+    cases = [
+        (f"SELECT schedule_model_selection(NULL, NULL, {base})", "22004"),
+        (f"SELECT schedule_model_selection('nightly', NULL, {base}, "
+         "fit_options => '{\"num_iterations\": 1}')", "42710"),
+        ("SELECT schedule_model_selection('j2', NULL, 'nosuch', 'jp2', 'y', 'x', 'jo2', 'jmst', "
+         "fit_options => '{\"num_iterations\": 1}')", "42P01"),
+        (f"SELECT schedule_model_selection('j2', NULL, {base}, "
+         "fit_options => '{\"num_iterations\": 1}', key_column => 'nope')", "42703"),
+        (f"SELECT schedule_model_selection('j2', NULL, {base}, method => 'magic', "
+         "fit_options => '{\"num_iterations\": 1}')", "22023"),
+        (f"SELECT schedule_model_selection('j2', NULL, {base})", "22023"),  # num_iterations
+        (f"SELECT schedule_model_selection('j2', NULL, {base}, "
+         "fit_options => '{\"num_iterations\": 1, \"bogus\": 2}')", "22023"),
+        (f"SELECT schedule_model_selection('j2', NULL, {base}, "
+         "fit_options => '{\"num_iterations\": \"many\"}')", "22023"),
+        (f"SELECT schedule_model_selection('j2', NULL, {base}, "
+         "fit_options => '{\"num_iterations\": 1, \"source_table\": \"x\"}')", "22023"),
+        ("SELECT schedule_model_selection('j2', NULL, 'jsrc', 'jp2', 'y', 'x', 'jo2', 'jmst2', "
+         "method => 'automl', warm_start => TRUE)", "0A000"),
+        ("SELECT schedule_model_selection('j2', NULL, 'jsrc', 'jp2', 'y', 'x', 'jmst', 'jmst', "
+         "fit_options => '{\"num_iterations\": 1}')", "42P07"),  # output exists
+        (f"SELECT schedule_model_selection('j2', NULL, {base}, "
+         "fit_options => '{\"num_iterations\": 1}', retries => -1)", "22023"),
+    ]
+    for sql, state in cases:
+        assert sqlstate_of(conn, sql) == state, sql
+    assert q(conn, "SELECT count(*) FROM cerebro_db.jobs")[0][0] == 1
+    assert q(conn, "SELECT to_regclass('jp2'), to_regclass('jo2')")[0] == (None, None)
+    # an unknown job
+    assert sqlstate_of(conn, "CALL run_model_selection_job('nosuch')") == "42704"
+    assert sqlstate_of(conn, "SELECT unschedule_model_selection('nosuch')") == "42704"
+
+
+def test_first_run_packs_trains_publishes_and_records(job):
+    conn, job_id = job
+    q(conn, "CALL run_model_selection_job('nightly')")
+    (r,) = runs(conn, "nightly")
+    assert (r["run"], r["status"], r["attempts"]) == (1, "succeeded", 1), r["message"]
+    assert (r["new_rows"], r["rows_trained"]) == (300, 300)
+    assert r["ended_at"] >= r["started_at"]
+    fit = q(conn, "SELECT model_output_table, status, source_table FROM cerebro_db.fits "
+                  "WHERE fit_id = %s", (r["fit_id"],))[0]
+    assert fit[0] == "jout" and fit[1] == "done"
+    # the best configuration is the _info row with the smallest training loss (no validation)
+    best = q(conn, "SELECT mst_key, training_loss_final, fit_id FROM jout_info "
+                   "ORDER BY training_loss_final LIMIT 1")[0]
+    assert (r["best_mst_key"], r["best_metric_name"]) == (best[0], "training_loss")
+    assert r["best_metric"] == pytest.approx(best[1])
+    assert best[2] == r["fit_id"]
+    assert f"mst_key={best[0]}," in r["best_config"]
+    assert q(conn, "SELECT model, model_info FROM jout_summary")[0] == ("jout", "jout_info")
+    assert set(weights(conn, "jout")) == {1, 2}
+    assert staging_tables(conn) == []
+    view = q(conn, "SELECT last_run, last_status, packed_rows, packed_through "
+                   "FROM cerebro_db.model_selection_jobs WHERE job_id = %s", (job_id,))[0]
+    assert view == (1, "succeeded", 300, "299")
+
+
+def test_incremental_repack_equals_a_full_repack_and_warm_start(job):
+    conn, _ = job
+    before = weights(conn, "jout")
+    buffers = q(conn, "SELECT count(*) FROM jpacked")[0][0]
+    add_rows(conn, 300, 315)  # 5 % more rows
+    q(conn, "CALL run_model_selection_job('nightly')")
+    r = runs(conn, "nightly")[-1]
+    assert (r["run"], r["status"]) == (2, "succeeded"), r["message"]
+    assert (r["new_rows"], r["rows_trained"]) == (15, 315)
+    # only new buffers were added: the first run's buffers are still there
+    assert q(conn, "SELECT count(*) FROM jpacked WHERE buffer_id < %s", (buffers,))[0][0] \
+        == buffers
+    assert q(conn, "SELECT num_rows FROM jpacked_summary")[0][0] == 315
+    q(conn, "DROP TABLE IF EXISTS jfull, jfull_summary")
+    q(conn, "SELECT training_preprocessor_dl('jsrc', 'jfull', 'y', 'x', NULL, 1.0, NULL, NULL, "
+            "2, 3)")
+    inc, full = decoded_rows(conn, "jpacked"), decoded_rows(conn, "jfull")
+    assert inc.shape == (315, 4 + 3)
+    np.testing.assert_array_equal(inc, full)
+    cols = "y_class_values, normalizing_const, num_classes, num_partitions, num_rows"
+    assert q(conn, f"SELECT {cols} FROM jpacked_summary") == \
+        q(conn, f"SELECT {cols} FROM jfull_summary")
+    # both partitions still hold data
+    assert q(conn, "SELECT count(DISTINCT __dist_key__) FROM jpacked")[0][0] == 2
+    # warm start: the second fit started from the first run's published weights
+    init = {k: bytes(w) for k, w in q(conn, "SELECT mst_key, init_weights FROM "
+                                            "cerebro_db.fit_configs WHERE fit_id = %s",
+                                      (r["fit_id"],))}
+    assert init == before
+    assert weights(conn, "jout") != before
+
+
+def test_readers_see_the_previous_outputs_until_the_new_are_complete(job, dsn):
+    conn, _ = job
+    before = weights(conn, "jout")
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        c = psycopg2.connect(dsn)
+        c.autocommit = True
+        try:
+            q(c, "CALL run_model_selection_job('nightly')")
+        except BaseException as e:  # noqa: BLE001 - re-raised in the test thread
+            errors.append(e)
+        finally:
+            c.close()
+
+    last_fit = q(conn, "SELECT max(fit_id) FROM cerebro_db.fits")[0][0]
+    t = threading.Thread(target=run)
+    t.start()
+    seen_running = 0
+    deadline = time.monotonic() + 300
+    while t.is_alive() and time.monotonic() < deadline:
+        running = q(conn, "SELECT count(*) FROM cerebro_db.fits WHERE fit_id > %s AND "
+                          "status = 'running'", (last_fit,))[0][0]
+        if running:
+            seen_running += 1
+            assert weights(conn, "jout") == before
+            assert staging_tables(conn) == []  # the staging tables are not committed yet
+        time.sleep(0.2)
+    t.join()
+    assert not errors, errors
+    assert seen_running > 0
+    r = runs(conn, "nightly")[-1]
+    assert (r["run"], r["status"], r["new_rows"]) == (3, "succeeded", 0), r["message"]
+    assert weights(conn, "jout") != before
+    assert q(conn, "SELECT DISTINCT fit_id FROM jout_info")[0][0] == r["fit_id"]
+
+
+def test_a_failed_run_keeps_the_outputs_records_and_retries(job):
+    conn, _ = job
+    before = weights(conn, "jout")
+    info = q(conn, "SELECT * FROM jout_info ORDER BY mst_key")
+    q(conn, "ALTER TABLE jmst RENAME TO jmst_away")
+    try:
+        q(conn, "CALL run_model_selection_job('nightly')")
+    finally:
+        q(conn, "ALTER TABLE jmst_away RENAME TO jmst")
+    r = runs(conn, "nightly")[-1]
+    assert (r["run"], r["status"], r["attempts"]) == (4, "failed", 2)
+    assert r["ended_at"] is not None
+    lines = r["message"].splitlines()
+    assert lines[0].startswith("attempt 1, train: ") and "jmst" in lines[0]
+    assert "42P01" in lines[0]
+    assert lines[1].startswith("attempt 2, train: ")
+    assert weights(conn, "jout") == before
+    assert q(conn, "SELECT * FROM jout_info ORDER BY mst_key") == info
+    assert staging_tables(conn) == []
+    view = q(conn, "SELECT last_status, last_run FROM cerebro_db.model_selection_jobs "
+                   "WHERE job_name = 'nightly'")[0]
+    assert view == ("failed", 4)
+
+
+def test_a_run_that_finds_the_previous_still_going_records_that_and_leaves(job, dsn):
+    conn, job_id = job
+    before = weights(conn, "jout")
+    other = psycopg2.connect(dsn)
+    other.autocommit = True
+    try:
+        q(other, "SELECT pg_advisory_lock(%s, %s)", (LOCK_CLASS, job_id))
+        t0 = time.monotonic()
+        q(conn, "CALL run_model_selection_job('nightly')")
+        assert time.monotonic() - t0 < 10
+    finally:
+        other.close()
+    r = runs(conn, "nightly")[-1]
+    assert (r["run"], r["status"]) == (5, "skipped")
+    assert "still going" in r["message"]
+    assert r["fit_id"] is None
+    assert weights(conn, "jout") == before
+
+
+def test_unschedule_keeps_outputs_and_history(job):
+    conn, _ = job
+    assert q(conn, "SELECT unschedule_model_selection('nightly')")[0][0] is True
+    assert q(conn, "SELECT count(*) FROM cerebro_db.model_selection_jobs")[0][0] == 0
+    assert len(runs(conn, "nightly")) == 5
+    assert q(conn, "SELECT count(*) FROM jout")[0][0] == 2
+
+
+def pack_step(conn, job: str) -> str:
+    run = q(conn, "SELECT cerebro_db.__job_step(%s, NULL, 'begin')", (job,))[0][0]
+    try:
+        return q(conn, "SELECT cerebro_db.__job_step(%s, %s, 'pack')", (job, run))[0][0]
+    finally:
+        q(conn, "SELECT cerebro_db.__job_step(%s, %s, 'end')", (job, run))
+
+
+def test_new_rows_with_a_new_class_or_fewer_rows_than_partitions(session_conn):
+    """The pack step alone: one new row (fewer than the 2 partitions) is appended; a new
+    class value makes the run pack every row again; both equal a full repack."""
+    conn = session_conn
+    q(conn, "DROP TABLE IF EXISTS jsrc, jmst2 CASCADE")
+    q(conn, "CREATE TABLE jsrc (id integer PRIMARY KEY, x real[], y integer)")
+    q(conn, "CREATE TABLE jmst2 (mst_key integer)")  # only checked to exist here
+    add_rows(conn, 0, 60)
+    q(conn, """SELECT schedule_model_selection('packonly', NULL, 'jsrc', 'kpacked', 'y', 'x',
+        'kout', 'jmst2', fit_options => '{"num_iterations": 1}',
+        preprocess_options => '{"num_partitions": 2, "random_state": 3}', key_column => 'id')""")
+    try:
+        assert pack_step(conn, "packonly") == "ok"
+        n_buf = q(conn, "SELECT count(*) FROM kpacked")[0][0]
+        add_rows(conn, 60, 61)
+        assert pack_step(conn, "packonly") == "ok"
+        assert q(conn, "SELECT count(*) FROM kpacked")[0][0] == n_buf + 1
+        q(conn, "DROP TABLE IF EXISTS jfull, jfull_summary")
+        q(conn, "SELECT training_preprocessor_dl('jsrc', 'jfull', 'y', 'x', NULL, 1.0, NULL, "
+                "NULL, 2, 3)")
+        np.testing.assert_array_equal(decoded_rows(conn, "kpacked"), decoded_rows(conn, "jfull"))
+        # a class the packed table does not have: everything is packed again
+        q(conn, "INSERT INTO jsrc VALUES (61, ARRAY[1, 2, 3, 4]::real[], 7)")
+        assert pack_step(conn, "packonly") == "ok"
+        assert q(conn, "SELECT y_class_values, num_rows FROM kpacked_summary")[0] == \
+            ([0, 1, 2, 7], 62)
+        q(conn, "DROP TABLE IF EXISTS jfull, jfull_summary")
+        q(conn, "SELECT training_preprocessor_dl('jsrc', 'jfull', 'y', 'x', NULL, 1.0, NULL, "
+                "NULL, 2, 3)")
+        # a full repack of the same rows with the same seed: the same buffers
+        assert q(conn, "SELECT __dist_key__, buffer_id, x, y FROM kpacked ORDER BY buffer_id") \
+            == q(conn, "SELECT __dist_key__, buffer_id, x, y FROM jfull ORDER BY buffer_id")
+        assert [r["new_rows"] for r in runs(conn, "packonly")] == [60, 1, 62]
+        assert q(conn, "SELECT packed_through, packed_rows FROM cerebro_db.jobs "
+                       "WHERE job_name = 'packonly'")[0] == ("61", 62)
+        assert staging_tables(conn) == []
+    finally:
+        q(conn, "DELETE FROM cerebro_db.jobs WHERE job_name = 'packonly'")
+        q(conn, "DROP TABLE IF EXISTS jsrc, jmst2, kpacked, kpacked_summary, jfull, "
+                "jfull_summary CASCADE")
+
+
+def test_an_automl_job_publishes_the_best_configuration(session_conn, dbname):
+    conn = session_conn
+    q(conn, "DROP TABLE IF EXISTS jsrc, jarch CASCADE")
+    q(conn, "CREATE TABLE jsrc (id integer PRIMARY KEY, x real[], y integer)")
+    add_rows(conn, 0, 120)
+    q(conn, "SELECT load_keras_model('jarch', %s)", (mlp_json(),))
+    import json
+
+    opts = {"model_arch_table": "jarch", "model_id_list": [1],
+            "compile_params_grid": "{'loss': ['categorical_crossentropy'], "
+            "'optimizer_params_list': [{'optimizer': ['Adam'], 'lr': [0.001, 0.01]}], "
+            "'metrics': ['accuracy']}",
+            "fit_params_grid": "{'batch_size': [16]}", "automl_method": "grid",
+            "automl_params": "num_iterations=1", "random_state": 2}
+    q(conn, "SELECT schedule_model_selection('tuned', NULL, 'jsrc', 'apacked', 'y', 'x', "
+            "'aout', 'amst', method => 'automl', fit_options => %s, "
+            "preprocess_options => '{\"num_partitions\": 2}')", (json.dumps(opts),))
+    try:
+        q(conn, "CALL run_model_selection_job('tuned')")
+        (r,) = runs(conn, "tuned")
+        assert r["status"] == "succeeded", r["message"]
+        assert q(conn, "SELECT count(*) FROM aout_info")[0][0] == 2
+        best = q(conn, "SELECT mst_key, compile_params FROM aout_info "
+                       "ORDER BY training_loss_final LIMIT 1")[0]
+        assert r["best_mst_key"] == best[0] and best[1] in r["best_config"]
+        assert q(conn, "SELECT count(*) FROM amst")[0][0] == 1
+        assert q(conn, "SELECT model_selection_table FROM aout_summary")[0][0] == "amst"
+        assert q(conn, "SELECT model_output_table, model_selection_table FROM cerebro_db.fits "
+                       "WHERE fit_id = %s", (r["fit_id"],))[0] == ("aout", "amst")
+        assert staging_tables(conn) == []
+        # the AutoML timeline of the job's fit: a bar per training unit, a mark per decision
+        from cerebro_db.client import Client
+
+        from ..conftest import server_params
+
+        p = server_params()
+        c = Client(f"postgresql://{p['user']}@/{dbname}?host={p['host']}&port={p['port']}")
+        fig = c.plot_automl(r["fit_id"])
+        (ax,) = fig.axes
+        units, decisions = c.units(r["fit_id"]), c.automl_decisions(r["fit_id"])
+        assert len(decisions) >= 2 and set(decisions["decision"]) >= {"launch"}
+        assert len([b for b in ax.patches if (b.get_gid() or "").startswith("trial:")]) == \
+            (units["kind"] == "train").sum()
+        assert {ln.get_gid() for ln in ax.get_lines() if ln.get_gid()} == \
+            {f"decision:{d}" for d in decisions["decision_id"]}
+    finally:
+        q(conn, "DELETE FROM cerebro_db.jobs WHERE job_name = 'tuned'")
+        q(conn, "DROP TABLE IF EXISTS jsrc, jarch, apacked, apacked_summary, aout, aout_info, "
+                "aout_summary, amst CASCADE")

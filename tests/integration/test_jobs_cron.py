@@ -1,0 +1,101 @@
+"""Scheduled model selection on the embedded server's pg_cron (loaded by scripts/cerebro.sh,
+metadata in the database cron.database_name; jobs target the test database with
+cron.schedule_in_database over a dblink session)."""
+from __future__ import annotations
+
+import time
+
+import psycopg2
+import pytest
+
+from ..conftest import _connect
+from .test_jobs import add_rows, mlp_json, q, runs
+
+pytestmark = pytest.mark.db
+
+
+@pytest.fixture(scope="module")
+def cron_conn(session_conn):
+    """A connection to pg_cron's database, with the extension created there."""
+    db = q(session_conn, "SELECT current_setting('cron.database_name', true)")[0][0]
+    if db is None:
+        pytest.skip("the server does not load pg_cron (restart it with scripts/cerebro.sh start)")
+    c = _connect(db)
+    c.autocommit = True
+    q(c, "CREATE EXTENSION IF NOT EXISTS pg_cron")
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="module")
+def tiny(session_conn):
+    conn = session_conn
+    q(conn, "DROP TABLE IF EXISTS jsrc, jarch, jmst, jmst_summary CASCADE")
+    q(conn, "CREATE TABLE jsrc (id integer PRIMARY KEY, x real[], y integer)")
+    add_rows(conn, 0, 200)
+    q(conn, "SELECT load_keras_model('jarch', %s)", (mlp_json(),))
+    q(conn, "SELECT load_model_selection_table('jarch', 'jmst', ARRAY[1], ARRAY["
+            "$$loss='categorical_crossentropy', optimizer='Adam(learning_rate=0.01)', "
+            "metrics=['accuracy']$$], ARRAY['batch_size=16'])")
+    yield conn
+    # a test that failed half-way must not leave pg_cron running a job on a dropped database
+    q(conn, "SELECT unschedule_model_selection(job_name) FROM cerebro_db.jobs "
+            "WHERE job_name LIKE 'cron%%'")
+    q(conn, "DROP TABLE IF EXISTS jsrc, jarch, jmst, jmst_summary, cpacked, cpacked_summary, "
+            "cout, cout_summary, cout_info CASCADE")
+
+
+def schedule(conn, name: str, when: str) -> int:
+    return q(conn, f"""SELECT schedule_model_selection(%s, %s, 'jsrc', 'cpacked', 'y', 'x',
+        'cout', 'jmst', fit_options => '{{"num_iterations": 1, "random_state": 5}}',
+        preprocess_options => '{{"num_partitions": 2, "random_state": 3}}',
+        key_column => 'id')""", (name, when))[0][0]
+
+
+def test_schedule_makes_and_unschedule_removes_the_pg_cron_job(tiny, cron_conn):
+    conn = tiny
+    db = q(conn, "SELECT current_database()")[0][0]
+    schedule(conn, "cron_a", "30 3 * * *")
+    cron_id, cron_db = q(conn, "SELECT cron_jobid, cron_database FROM cerebro_db.jobs "
+                               "WHERE job_name = 'cron_a'")[0]
+    row = q(cron_conn, "SELECT schedule, command, database, username, active, jobname "
+                       "FROM cron.job WHERE jobid = %s", (cron_id,))
+    assert row == [("30 3 * * *", "CALL \"cerebro_db\".\"run_model_selection_job\"('cron_a')", db,
+                    "postgres", True, f"cerebro_db:{db}:cron_a")]
+    assert cron_db == q(cron_conn, "SELECT current_database()")[0][0]
+    assert q(conn, "SELECT schedule, cron_jobid FROM cerebro_db.model_selection_jobs "
+                   "WHERE job_name = 'cron_a'")[0] == ("30 3 * * *", cron_id)
+    # a bad schedule is pg_cron's error, and no job is left behind
+    with pytest.raises(psycopg2.Error) as e:
+        schedule(conn, "cron_b", "every now and then")
+    assert "schedule" in str(e.value)
+    assert q(conn, "SELECT count(*) FROM cerebro_db.jobs WHERE job_name = 'cron_b'")[0][0] == 0
+    assert q(conn, "SELECT unschedule_model_selection('cron_a')")[0][0] is True
+    assert q(cron_conn, "SELECT count(*) FROM cron.job WHERE jobid = %s", (cron_id,))[0][0] == 0
+
+
+@pytest.mark.slow
+def test_pg_cron_runs_the_job(tiny, cron_conn):
+    """pg_cron 1.4 schedules by the minute: wait for the next minute's run (at most ~2 min)."""
+    conn = tiny
+    schedule(conn, "cron_run", "* * * * *")
+    cron_id = q(conn, "SELECT cron_jobid FROM cerebro_db.jobs WHERE job_name = 'cron_run'")[0][0]
+    try:
+        deadline = time.monotonic() + 180
+        done = []
+        while time.monotonic() < deadline:
+            done = [r for r in runs(conn, "cron_run") if r["status"] != "running"]
+            if done:
+                break
+            time.sleep(2)
+    finally:
+        q(conn, "SELECT unschedule_model_selection('cron_run')")
+    assert done, "pg_cron did not run the job within 3 minutes"
+    r = done[0]
+    assert r["status"] == "succeeded", r["message"]
+    assert r["rows_trained"] == 200
+    assert q(conn, "SELECT count(*) FROM cout")[0][0] == 1
+    details = q(cron_conn, "SELECT status, command FROM cron.job_run_details WHERE jobid = %s "
+                           "ORDER BY runid", (cron_id,))
+    assert details and details[0][1].endswith("run_model_selection_job\"('cron_run')")
+    assert details[0][0] in ("running", "succeeded")

@@ -1,0 +1,61 @@
+"""A job of a role that is not a superuser, run as pg_cron runs it: a login of that role over
+the socket calls the procedure, and the fit's worker sessions are opened by
+__worker_connect as that role."""
+from __future__ import annotations
+
+import uuid
+
+import psycopg2
+import pytest
+
+from ..conftest import server_params
+from .test_jobs import add_rows, mlp_json, q, runs
+
+pytestmark = pytest.mark.db
+
+
+@pytest.fixture
+def role(session_conn, dbname):
+    name = f"jobrole_{uuid.uuid4().hex[:8]}"
+    q(session_conn, f'CREATE ROLE "{name}" LOGIN')
+    q(session_conn, f'GRANT USAGE ON SCHEMA cerebro_db TO "{name}"')
+    q(session_conn, f'GRANT CREATE ON SCHEMA public TO "{name}"')
+    p = server_params()
+    c = psycopg2.connect(dbname=dbname, host=p["host"], port=p["port"], user=name)
+    c.autocommit = True
+    yield name, c
+    c.close()
+    q(session_conn, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE usename = %s", (name,))
+    q(session_conn, f'DROP OWNED BY "{name}" CASCADE')
+    q(session_conn, f'DROP ROLE "{name}"')
+
+
+def test_a_roles_job_runs_with_worker_sessions_of_that_role(role, session_conn):
+    name, c = role
+    q(c, "CREATE TABLE jsrc (id integer PRIMARY KEY, x real[], y integer)")
+    add_rows(c, 0, 120)
+    q(c, "SELECT load_keras_model('jarch', %s)", (mlp_json(),))
+    q(c, "SELECT load_model_selection_table('jarch', 'jmst', ARRAY[1], ARRAY["
+         "$$loss='categorical_crossentropy', optimizer='Adam(learning_rate=0.01)', "
+         "metrics=['accuracy']$$], ARRAY['batch_size=16'])")
+    args = ("'jsrc', 'jpacked', 'y', 'x', 'jout', 'jmst', "
+            "fit_options => '{\"num_iterations\": 1}', "
+            "preprocess_options => '{\"num_partitions\": 2}'")
+    # pg_cron lives in another database: a role that is not a superuser cannot schedule
+    # there, and is told what a superuser would run; nothing is left behind
+    with pytest.raises(psycopg2.Error) as e:
+        q(c, f"SELECT schedule_model_selection('rolejob', '0 3 * * *', {args})")
+    assert e.value.pgcode == "42501"
+    assert "cron.schedule_in_database" in (e.value.diag.message_hint or ""), str(e.value)
+    assert q(c, "SELECT count(*) FROM cerebro_db.jobs")[0][0] == 0
+    q(c, f"SELECT schedule_model_selection('rolejob', NULL, {args})")
+    q(c, "CALL run_model_selection_job('rolejob')")
+    (r,) = runs(c, "rolejob")
+    assert r["status"] == "succeeded", r["message"]
+    assert r["owner"] == name and r["rows_trained"] == 120
+    owners = q(session_conn, "SELECT DISTINCT owner FROM cerebro_db.units WHERE fit_id = %s",
+               (r["fit_id"],))
+    assert owners == [(name,)]
+    assert q(c, "SELECT count(*) FROM jout")[0][0] == 1
+    q(c, "SELECT unschedule_model_selection('rolejob')")
