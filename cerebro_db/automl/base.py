@@ -30,8 +30,11 @@ Contract of a :class:`Tuner` (checked by property tests on the engine, :mod:`.si
   sequence of calls, so a seeded procedure is reproducible, and
   ``Tuner.from_state_json(t.state_json())`` continues exactly as ``t`` would;
 - trial ids are the ``mst_key`` s of the outputs: positive, unique, never reused;
-- :meth:`Tuner.on_idle` is called when fewer trials are training than there are workers
-  (``view.num_workers``): a procedure that can use the capacity launches or extends trials;
+- :meth:`Tuner.on_idle` is called when fewer trials are in flight (training, or waiting
+  for their evaluation) than there are workers (``view.num_workers``): a procedure that can
+  use the capacity launches or extends trials. A procedure that launches only from
+  :meth:`Tuner.on_idle`, one trial per free slot, never has more trials in flight than
+  workers, so each decision sees the results of all but those;
 - :meth:`Tuner.done` becomes true once the procedure wants nothing more; the engine then
   finishes what is running and writes the outputs.
 
@@ -203,19 +206,23 @@ class EngineView:
     """What the engine is doing, handed to :meth:`Tuner.on_idle`.
 
     ``training``: trials with epochs left before their target; ``paused``: trials at their
-    target waiting for a decision; ``num_workers``: worker sessions; ``now``: seconds since
-    the run started.
+    target waiting for a decision; ``evaluating``: trials with an evaluation still to run or
+    running (a trial at its target is in it until its result is reported); ``num_workers``:
+    worker sessions; ``now``: seconds since the run started.
     """
 
     num_workers: int
     training: frozenset[int]
     paused: frozenset[int]
     now: float
+    evaluating: frozenset[int] = frozenset()
 
     @property
     def free_slots(self) -> int:
-        """Workers that would idle: ``num_workers`` minus trials training (at least 0)."""
-        return max(0, self.num_workers - len(self.training))
+        """Workers that would idle: ``num_workers`` minus the trials in flight, training or
+        evaluating (at least 0). A trial waiting for its evaluation counts: its result is
+        not known yet, and its evaluation units need a worker."""
+        return max(0, self.num_workers - len(self.training | self.evaluating))
 
 
 class Tuner(ABC):

@@ -12,9 +12,10 @@ nested ``hp.choice`` of one dict per entry; distributions ``linear`` -> ``hp.uni
 ``hp.qloguniform``) and cast. Values are rounded as random search rounds them (3
 significant digits) and rendered with :mod:`cerebro_db.configs`, so the strings parse back.
 
-Schedule: ``num_workers`` trials at the start, then one new trial each time a trial reaches
-its target (and more when workers would idle), so the workers stay busy while TPE
-conditions every suggestion on all the results known at that moment. Each suggestion is
+Schedule: ``num_workers`` trials at the start, then one new trial per free slot
+(:meth:`HyperoptSearch.on_idle`): a trial holds its slot until its result is reported (its
+evaluation counts), so at most ``num_workers`` trials are in flight and TPE conditions every
+suggestion on the results of all trials but those. Each suggestion is
 one call of ``tpe.suggest`` / ``rand.suggest`` with a seed derived from ``random_state``
 and a counter. A suggestion equal to an earlier configuration is asked again (up to 5
 times), then replaced by a random one (up to 20 draws; TPE tends to repeat the best point
@@ -255,7 +256,7 @@ class HyperoptSearch(Tuner):
         self.told.append(t)
         if self._hyperopt is not None:
             self._insert(h)
-        return self._launch(1)
+        return []  # the slot it leaves is filled from on_idle, knowing this result
 
     def on_idle(self, view: EngineView) -> list[Decision]:
         if not self.started:

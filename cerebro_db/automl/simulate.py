@@ -40,6 +40,9 @@ from .base import (
     Decision,
     EngineView,
     EpochReport,
+    Extend,
+    Launch,
+    Stop,
     TrialSpec,
     Tuner,
     UnitReport,
@@ -395,6 +398,27 @@ class SimResult:
 
     def specs(self) -> dict[int, TrialSpec]:
         return {k: t.spec for k, t in self.trials.items()}
+
+    def max_in_flight(self) -> int:
+        """Most trials in flight at once, as the procedure saw them: a trial is in flight
+        from its launch (or an extension) until it is reported at its target or stopped,
+        its evaluation included. A procedure that launches only into free slots keeps this
+        at most the number of workers."""
+        flying: set[int] = set()
+        most = 0
+        for kind, x in self.log:
+            if kind == "decision":
+                d = x.decision
+                if isinstance(d, Launch):
+                    flying.add(d.spec.trial_id)
+                elif isinstance(d, Extend):
+                    flying.add(d.trial_id)
+                elif isinstance(d, Stop):
+                    flying.discard(d.trial_id)
+                most = max(most, len(flying))
+            elif kind == "epoch" and x.at_target:
+                flying.discard(x.trial_id)
+        return most
 
 
 # --------------------------------------------------------------------------------------------

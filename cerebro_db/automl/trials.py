@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..errors import INTERNAL_ERROR, CerebroError
-from ..scheduling import Progress
+from ..scheduling import TRAIN, Progress
 from .base import (
     Decision,
     EngineView,
@@ -119,8 +119,18 @@ class TrialBook:
         return frozenset(c for c, t in self.trials.items()
                          if not t.stopped and p.completed[c] >= p.targets[c])
 
+    def evaluating(self) -> frozenset[int]:
+        """Trials with an evaluation unit pending or running. Their results reach the tuner
+        when the last unit of the epoch ends, so a trial at its target is in flight until
+        then. Derived from ``progress`` alone, which a resumed run rebuilds from the unit log
+        (an evaluation cut short is queued again), so it needs no state of its own."""
+        p = self.progress
+        return frozenset({u.config for u in p.pending_evals}
+                         | {u.config for u in p.running.values() if u.kind != TRAIN})
+
     def view(self, now: float) -> EngineView:
-        return EngineView(len(self.progress.workers), self.training(), self.paused(), now)
+        return EngineView(len(self.progress.workers), self.training(), self.paused(), now,
+                          self.evaluating())
 
     def total_units(self) -> int:
         """Training units the current targets add up to (grows as the procedure decides)."""

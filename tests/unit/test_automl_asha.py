@@ -119,6 +119,8 @@ def test_asha_properties(seed: int, workers: int, parts: int, eta: int, max_r: i
                        metrics_compute_frequency=freq, loss_model=RandomScores(seed),
                        unit_time=random_times(seed), seed=seed)
     check_asha(r, t)
+    # a trial waiting for its evaluation holds its worker's slot
+    assert r.max_in_flight() <= workers
     # JSON round trip after every step continues identically
     t2 = asha(params, workers, seed)
     r2 = simulate_tuner(t2, num_partitions=parts, num_workers=workers,

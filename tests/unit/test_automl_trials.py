@@ -217,3 +217,48 @@ def test_book_round_trips_through_json_with_what_the_tuner_was_told() -> None:
     t2 = again.trials[2]
     assert t2.freed and t2.stopped and t2.reason == "done" and t2.last_epoch == 1
     assert math.isnan(t2.score) and again.trials[1].spec == book.trials[1].spec
+
+
+def test_a_trial_waiting_for_its_evaluation_holds_its_slot_also_after_a_resume() -> None:
+    """A trial at its target is in flight until its evaluation ends: it counts against the
+    free slots with its evaluation units pending or running. A resumed run rebuilds the
+    scheduling progress from the unit log (an evaluation unit cut short is queued again)
+    and the book from its JSON state, and sees the same."""
+    import json
+
+    from cerebro_db.automl.trials import EvalEpochs
+    from cerebro_db.scheduling import EVAL, Progress
+
+    book, _ = book_with(Scripted([Launch(spec(1), 1), Launch(spec(2), 2)]))
+    book.start()
+    p = book.progress
+    log: list[dict] = []
+
+    def unit(w: int, config: int, epoch: int, q: int, kind: str, finish: bool = True) -> None:
+        p.start(Assignment(w, config, epoch, q, kind))
+        if finish:
+            p.finish(w, True)
+            log.append({"config": config, "epoch": epoch, "partition": q, "worker": w,
+                        "kind": kind, "start": len(log), "end": len(log) + 1, "ok": True})
+
+    def seen(b: TrialBook) -> tuple:
+        v = b.view(0.0)
+        return v.training, v.paused, v.evaluating, v.free_slots
+
+    assert seen(book) == ({1, 2}, set(), set(), 0)
+    unit(0, 1, 1, 0, TRAIN)
+    unit(1, 1, 1, 1, TRAIN)  # trial 1 reaches its target: two evaluation units pending
+    assert seen(book) == ({2}, {1}, {1}, 0)
+    unit(0, 1, 1, 0, EVAL)
+    unit(1, 1, 1, 1, EVAL, finish=False)  # the last one runs
+    assert seen(book) == ({2}, {1}, {1}, 0)
+
+    again, _ = book_with(Scripted())
+    targets = again.restore(json.loads(json.dumps(book.to_json())))
+    again.progress = Progress(targets, 2, {0: {0}, 1: {1}})  # the targets EvalEpochs reads
+    again.progress = Progress.from_log(log, targets, 2, {0: {0}, 1: {1}}, EvalEpochs(again))
+    assert [(u.config, u.partition) for u in again.progress.pending_evals] == [(1, 1)]
+    assert seen(again) == seen(book)
+
+    p.finish(1, True)  # the evaluation ends: the slot is free
+    assert seen(book) == ({2}, {1}, set(), 1)
