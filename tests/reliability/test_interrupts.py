@@ -514,3 +514,23 @@ def test_table_locked_by_the_calling_transaction_fails_the_fit_not_hangs(it):
     assert q(it, "SELECT status FROM cerebro_db.fits WHERE fit_id = %s", (fit_id,)) == \
         [("failed",)]
     assert no_worker_sessions(it)
+
+
+@pytest.mark.parametrize("setting,value", [
+    ("cerebro_db.unit_timeout", "abc"), ("cerebro_db.unit_timeout", "-1"),
+    ("cerebro_db.unit_timeout_floor", "nan"), ("cerebro_db.unit_timeout_factor", "-2"),
+    ("cerebro_db.unit_timeout_first", "infinity")])
+def test_bad_stall_settings_are_refused_before_any_work(it, setting, value):
+    out = "it_bad"
+    drop_outputs(it, out)
+    n0 = max_fit(it)
+    q(it, "SELECT set_config(%s, %s, false)", (setting, value))
+    try:
+        with pytest.raises(psycopg2.Error) as e:
+            fit(it, out)
+    finally:
+        q(it, f"RESET {setting}")
+    assert e.value.pgcode == "22023", e.value.pgerror
+    assert setting in e.value.pgerror and repr(value) in e.value.pgerror
+    assert max_fit(it) == n0
+    assert q(it, "SELECT to_regclass(%s) IS NULL", (out,))[0][0]
