@@ -75,10 +75,16 @@ COMPILE_KEYS: tuple[str, ...] = (
     "steps_per_execution",
     "run_eagerly",
     "auto_scale_loss",
+    "sample_weight_mode",
 )
+
+# Keras 2 compile() keys accepted and ignored: sample_weight_mode only shapes per-sample
+# weights, and no sample weights are ever passed to fit here (MADlib passes none either).
+_COMPILE_IGNORED = frozenset({"sample_weight_mode"})
 
 FIT_KEYS: tuple[str, ...] = (
     "batch_size", "epochs", "shuffle", "class_weight", "verbose", "callbacks",
+    "initial_epoch", "steps_per_epoch",
 )
 
 # Callbacks a fit_params string may name (lower-case name -> Keras class name).
@@ -93,8 +99,6 @@ _FIT_FORBIDDEN: dict[str, str] = {
     "validation_steps": "pass a validation_table argument instead",
     "validation_batch_size": "pass a validation_table argument instead",
     "validation_freq": "use the metrics_compute_frequency argument instead",
-    "steps_per_epoch": "cerebro_db decides how much data one training unit sees",
-    "initial_epoch": "cerebro_db tracks epochs itself; use warm_start to continue training",
     "workers": "data loading is done by cerebro_db",
     "use_multiprocessing": "data loading is done by cerebro_db",
     "max_queue_size": "data loading is done by cerebro_db",
@@ -456,6 +460,25 @@ def resolve_optimizer_name(name: str, what: str = "compile_params") -> str:
     return entry[0]
 
 
+KERAS2_EPSILON = 1e-7
+"""Keras 2's backend epsilon (``keras.backend.epsilon()``): what ``epsilon=None`` meant."""
+
+
+@functools.lru_cache(maxsize=64)
+def _float_arguments(name: str) -> frozenset[str]:
+    """Arguments of the named optimizer whose default is a float (an int given is converted)."""
+    try:
+        keras = _import_keras()
+    except ImportError:
+        return frozenset({"learning_rate"})
+    cls = getattr(keras.optimizers, name, None)
+    if cls is None:
+        return frozenset({"learning_rate"})
+    params = inspect.signature(cls.__init__).parameters.values()
+    out = {p.name for p in params if isinstance(p.default, float)}
+    return frozenset(out | {"learning_rate"})
+
+
 def optimizer_arguments(name: str) -> frozenset[str] | None:
     """Keyword arguments the named optimizer's constructor accepts (None when unknown)."""
     entry = _optimizer_table().get(name.lower())
@@ -471,7 +494,11 @@ def optimizer_arguments(name: str) -> frozenset[str] | None:
 class OptimizerSpec:
     """An optimizer: Keras class name (canonical spelling) and literal keyword arguments.
 
-    ``kwargs`` keeps the user's order with ``lr`` renamed to ``learning_rate``.
+    ``kwargs`` keeps the user's order with ``lr`` renamed to ``learning_rate``. Keras 2's
+    ``decay`` (learning-rate decay, removed in Keras 3) is kept as ``decay`` and built as
+    the inverse-time schedule Keras 2 applied: ``lr_t = lr / (1 + decay * iterations)``,
+    with ``iterations`` the optimizer's step counter before the step (Keras 2's
+    ``_decayed_lr``), i.e. ``InverseTimeDecay(lr, decay_steps=1, decay_rate=decay)``.
     """
 
     name: str
@@ -496,12 +523,43 @@ class OptimizerSpec:
         """Build the Keras optimizer object (imports Keras)."""
         keras = _keras_or_error("compile_params")
         cls = getattr(keras.optimizers, self.name)
+        kwargs = dict(self.kwargs)
+        decay = kwargs.pop("decay", None) if "decay" not in (optimizer_arguments(self.name)
+                                                             or ()) else None
         try:
-            return cls(**self.kwargs)
+            if decay:
+                lr = kwargs.get("learning_rate", default_learning_rate(self.name))
+                kwargs["learning_rate"] = keras.optimizers.schedules.InverseTimeDecay(
+                    initial_learning_rate=float(lr), decay_steps=1, decay_rate=decay)
+            return cls(**kwargs)
         except Exception as e:  # noqa: BLE001 - built from the user's literals: a user error
             reason = str(e).strip().rstrip(".").replace("`", "")
             msg = f"compile_params: optimizer {self.canonical()} is invalid: {reason}"
             raise invalid(msg) from None
+
+
+    @property
+    def decayed(self) -> bool:
+        """Whether the learning rate follows Keras 2's ``decay`` schedule (fixed at build)."""
+        return bool(self.kwargs.get("decay")) and "decay" not in (
+            optimizer_arguments(self.name) or ())
+
+
+@functools.lru_cache(maxsize=64)
+def default_learning_rate(name: str) -> float | None:
+    """The named optimizer class' default learning rate (None when it has none)."""
+    try:
+        keras = _import_keras()
+    except ImportError:
+        return None
+    cls = getattr(keras.optimizers, name, None)
+    if cls is None:
+        return None
+    param = inspect.signature(cls.__init__).parameters.get("learning_rate")
+    default = None if param is None else param.default
+    if isinstance(default, (int, float)) and not isinstance(default, bool):
+        return float(default)
+    return None
 
 
 def _optimizer_from_call(call: _Call, what: str) -> OptimizerSpec:
@@ -515,13 +573,25 @@ def _optimizer_from_call(call: _Call, what: str) -> OptimizerSpec:
             )
         kwargs = {("learning_rate" if k == "lr" else k): v for k, v in kwargs.items()}
     accepted = optimizer_arguments(name)
-    for key in kwargs:
-        if key == "decay" and (accepted is None or "decay" not in accepted):
+    if "decay" in kwargs and (accepted is None or "decay" not in accepted):
+        decay = kwargs["decay"]
+        if isinstance(decay, bool) or not isinstance(decay, (int, float)) or decay < 0:
             raise invalid(
-                f"{what}: optimizer {name} has no argument 'decay' (removed in Keras 3)",
-                hint="use weight_decay for weight decay; learning-rate decay needs a "
-                "learning-rate schedule",
+                f"{what}: optimizer {name}: decay must be a non-negative number, got {decay!r}",
+                hint="decay is Keras 2's learning-rate decay: lr / (1 + decay * iterations)",
             )
+        if decay == 0:  # Keras 2's default: no decay
+            kwargs.pop("decay")
+        else:
+            kwargs["decay"] = float(decay)
+    if kwargs.get("epsilon", 0) is None and (accepted is None or "epsilon" in accepted):
+        kwargs["epsilon"] = KERAS2_EPSILON  # Keras 2: None meant the backend's epsilon
+    floats = _float_arguments(name)
+    for key in kwargs:
+        if key == "decay":
+            continue
+        if key in floats and isinstance(kwargs[key], int) and not isinstance(kwargs[key], bool):
+            kwargs[key] = float(kwargs[key])  # Keras 3 checks isinstance(..., float)
         if accepted is not None and key not in accepted:
             raise invalid(
                 f"{what}: optimizer {name} has no argument {key!r}",
@@ -653,6 +723,8 @@ class CompileParams:
         loss: Any = list(self.loss) if isinstance(self.loss, tuple) else self.loss
         items: list[tuple[str, Any]] = [("loss", loss), ("metrics", list(self.metrics))]
         for key in COMPILE_KEYS[3:]:
+            if key in _COMPILE_IGNORED:
+                continue
             v = getattr(self, key)
             if v is not None:
                 items.append((key, list(v) if isinstance(v, tuple) else v))
@@ -718,6 +790,12 @@ def parse_compile_params(text: str | None, what: str = "compile_params") -> Comp
         v = d.get(key)
         if v is not None and not isinstance(v, bool):
             raise invalid(f"{what}: {key} must be True or False, got {v!r}")
+    swm = d.get("sample_weight_mode")
+    swm_items = list(swm.values()) if isinstance(swm, dict) else (
+        list(swm) if isinstance(swm, (list, tuple)) else [swm])
+    if any(v is not None and v != "temporal" for v in swm_items):
+        raise invalid(f"{what}: sample_weight_mode must be None or 'temporal' (per output in a "
+                      f"list or dict), got {render_literal(swm)}")
     return CompileParams(
         optimizer=parse_optimizer_spec(d["optimizer"], what),
         loss=_parse_loss(d["loss"], what),
@@ -790,11 +868,18 @@ class FitParams:
     class_weight: dict[int, float] | None = None
     verbose: int | str | None = None
     callbacks: tuple[str, ...] = ()
+    initial_epoch: int | None = None
+    steps_per_epoch: int | None = None
+
+    @property
+    def passes(self) -> int:
+        """Passes over the data one unit makes: ``epochs - initial_epoch`` (Keras' meaning)."""
+        return self.epochs - (self.initial_epoch or 0)
 
     def canonical(self) -> str:
         """A stable normalised string: batch_size and epochs always, other keys when given."""
         parts = [f"batch_size={self.batch_size}", f"epochs={self.epochs}"]
-        for key in ("shuffle", "class_weight", "verbose"):
+        for key in ("shuffle", "class_weight", "verbose", "initial_epoch", "steps_per_epoch"):
             v = getattr(self, key)
             if v is not None:
                 parts.append(f"{key}={render_literal(v)}")
@@ -813,7 +898,7 @@ class FitParams:
     def to_keras(self) -> dict[str, Any]:
         """Keyword arguments for ``model.fit(...)``; callbacks are built (imports Keras then)."""
         out: dict[str, Any] = {"batch_size": self.batch_size, "epochs": self.epochs}
-        for key in ("shuffle", "class_weight", "verbose"):
+        for key in ("shuffle", "class_weight", "verbose", "initial_epoch", "steps_per_epoch"):
             v = getattr(self, key)
             if v is not None:
                 out[key] = dict(v) if isinstance(v, dict) else v
@@ -857,6 +942,20 @@ def parse_fit_params(text: str | None, what: str = "fit_params") -> FitParams:
         kwargs["batch_size"] = _int_at_least(d["batch_size"], f"{what}: batch_size", 1)
     if "epochs" in d:
         kwargs["epochs"] = _int_at_least(d["epochs"], f"{what}: epochs", 1)
+    if d.get("steps_per_epoch") is not None:
+        kwargs["steps_per_epoch"] = _int_at_least(
+            d["steps_per_epoch"], f"{what}: steps_per_epoch", 1)
+    if d.get("initial_epoch") is not None:
+        first = _int_at_least(d["initial_epoch"], f"{what}: initial_epoch", 0)
+        epochs = kwargs.get("epochs", 1)
+        if first >= epochs:
+            raise invalid(
+                f"{what}: initial_epoch must be less than epochs ({epochs}), got {first}",
+                hint="Keras trains epochs - initial_epoch passes per call: this would train "
+                "nothing",
+            )
+        if first:
+            kwargs["initial_epoch"] = first
     if d.get("shuffle") is not None:
         if not isinstance(d["shuffle"], bool):
             raise invalid(f"{what}: shuffle must be True or False, got {d['shuffle']!r}")

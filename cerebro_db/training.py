@@ -297,7 +297,14 @@ def _fit_params(value: FitInput) -> FitParams:
 
 
 def _learning_rate(cp: CompileParams) -> float | None:
-    """The configuration's learning rate: given, else the optimizer class' default."""
+    """The configuration's learning rate: given, else the optimizer class' default.
+
+    None for Keras 2's ``decay``: the learning rate is then a schedule built into the
+    optimizer from ``compile_params`` (part of :func:`_rebuild_key`), a function of the
+    optimizer's ``iterations``, which travels with the state.
+    """
+    if cp.optimizer.decayed:
+        return None
     lr = cp.optimizer.kwargs.get("learning_rate")
     if isinstance(lr, (int, float)) and not isinstance(lr, bool):
         return float(lr)
@@ -319,7 +326,9 @@ def _default_learning_rate(name: str) -> float | None:
 
 
 def _rebuild_key(cp: CompileParams) -> str:
-    """Canonical compile parameters with the learning rate left out."""
+    """Canonical compile parameters with the learning rate left out (kept with ``decay``)."""
+    if cp.optimizer.decayed:
+        return cp.canonical()
     kwargs = {k: v for k, v in cp.optimizer.kwargs.items() if k != "learning_rate"}
     return replace(cp, optimizer=OptimizerSpec(cp.optimizer.name, kwargs)).canonical()
 
@@ -753,7 +762,9 @@ def _fit(
     _seed_layers(entry, seed)
     kwargs = fp.to_keras()
     kwargs["verbose"] = 0
-    epochs = int(kwargs.pop("epochs", 1) or 1)
+    kwargs.pop("epochs", None)
+    kwargs.pop("initial_epoch", None)
+    epochs = fp.passes
     shuffle = kwargs.pop("shuffle", True)
     batch_size = int(kwargs.pop("batch_size", 32) or 32)
     kwargs["shuffle"] = False
@@ -960,7 +971,7 @@ def train_unit(
         rows = _rows(entry.model, x, y)
         state = load_state(entry, cp, state_bytes, reset_optimizer)
         loss, metrics = _fit(entry, fp, x, y, seed)
-        meta = _next_meta(state, rows, fp.epochs, completes_epoch, info)
+        meta = _next_meta(state, rows, fp.passes, completes_epoch, info)
         new_state = save_state(entry, meta)
     except CerebroError:
         raise
@@ -972,7 +983,7 @@ def train_unit(
         loss=loss,
         seconds=time.perf_counter() - start,
         metrics=metrics,
-        epochs=fp.epochs,
+        epochs=fp.passes,
         rebuilt=rebuilt,
     )
     return new_state, result
@@ -1033,7 +1044,7 @@ def replay(
     for x, y, seed in units:
         _fit(entry, fp, x, y, _seed(seed))
         meta["units_done"] = meta.get("units_done", 0) + 1
-        meta["samples_seen"] = meta.get("samples_seen", 0) + _rows(entry.model, x, y) * fp.epochs
+        meta["samples_seen"] = meta.get("samples_seen", 0) + _rows(entry.model, x, y) * fp.passes
     return save_state(entry, meta)
 
 

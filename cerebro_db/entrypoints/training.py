@@ -891,9 +891,9 @@ def madlib_keras_fit(
     arch_t = TableName.parse(model_arch_table, "model_arch_table")
     if model_id is None:
         raise CerebroError("model_id must not be NULL", NULL_VALUE_NOT_ALLOWED)
-    for label, v in (("compile_params", compile_params), ("fit_params", fit_params)):
-        if v is None:
-            raise CerebroError(f"{label} must not be NULL", NULL_VALUE_NOT_ALLOWED)
+    if compile_params is None:
+        raise CerebroError("compile_params must not be NULL", NULL_VALUE_NOT_ALLOWED)
+    fit_params = fit_params or ""  # NULL: Keras' defaults, as in MADlib
     cp = params.parse_compile_params(compile_params)
     params.validate_compile_params(cp)
     fp = check_fit_bounds(params.parse_fit_params(fit_params))
