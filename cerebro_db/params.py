@@ -19,7 +19,7 @@ import json
 import math
 import warnings
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Union
 
 from .errors import (
@@ -718,6 +718,19 @@ class CompileParams:
     steps_per_execution: int | None = None
     run_eagerly: bool | None = None
     auto_scale_loss: bool | None = None
+    custom: tuple[tuple[str, str], ...] = ()
+    """Custom function names used here and their references (from an object table)."""
+
+    def names(self) -> list[str]:
+        """Every loss and metric name used (for object-table look-ups)."""
+        losses = [self.loss] if isinstance(self.loss, str) else list(
+            self.loss.values() if isinstance(self.loss, dict) else self.loss)
+        return losses + list(self.metrics) + list(self.weighted_metrics or ())
+
+    def with_custom(self, references: Mapping[str, str]) -> "CompileParams":
+        """These parameters with the custom functions among ``references`` they use."""
+        used = tuple(sorted((n, references[n]) for n in set(self.names()) if n in references))
+        return replace(self, custom=used)
 
     def _items(self) -> list[tuple[str, Any]]:
         loss: Any = list(self.loss) if isinstance(self.loss, tuple) else self.loss
@@ -734,6 +747,8 @@ class CompileParams:
         """A stable normalised string; equal for strings that configure the same compile."""
         parts = [f"optimizer={render_literal(self.optimizer.canonical())}"]
         parts += [f"{k}={render_literal(v)}" for k, v in self._items()]
+        if self.custom:
+            parts.append(f"custom={render_literal(dict(self.custom))}")
         return ",".join(parts)
 
     def __eq__(self, other: object) -> bool:
@@ -753,6 +768,21 @@ class CompileParams:
         out: dict[str, Any] = {"optimizer": self.optimizer.to_keras()}
         for k, v in self._items():
             out[k] = v
+        if self.custom:
+            from .custom_functions import keras_object
+
+            refs = dict(self.custom)
+
+            def sub(name: Any, kind: str) -> Any:
+                return keras_object(refs[name], name, kind) if name in refs else name
+
+            loss = out["loss"]
+            out["loss"] = {k: sub(v, "loss") for k, v in loss.items()} if isinstance(
+                loss, dict) else [sub(v, "loss") for v in loss] if isinstance(
+                loss, list) else sub(loss, "loss")
+            for key in ("metrics", "weighted_metrics"):
+                if out.get(key):
+                    out[key] = [sub(m, "metric") for m in out[key]]
         return out
 
 

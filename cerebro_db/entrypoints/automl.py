@@ -278,24 +278,28 @@ def _write_outputs(cat: Catalog, req: FitRequest, book: TrialBook, sink: _Catalo
     best = sink.configs[ranking[0]]
     src_summary = req.source.table.with_suffix("_summary", "source_table")
     cv = '"' + (req.source.y + "_class_values").replace('"', '""') + '"'
+    # MADlib's AutoML summary columns exactly; our own facts (fit_id, best_mst_key,
+    # num_trials) are in the catalog (cerebro_db.fits.options) and fit_id in <out>_info
     cat.query(
         f"CREATE TABLE {summ.sql} AS SELECT $1::text AS source_table, "
         "$2::text AS validation_table, $3::text AS model, $4::text AS model_info, "
         "s.dependent_varname, s.independent_varname, $5::text AS model_arch_table, "
         "$6::text AS model_selection_table, $7::text AS automl_method, "
-        "$8::text AS automl_params, $9::int AS random_state, NULL::text AS object_table, "
+        "$8::text AS automl_params, $9::text AS random_state, $16::text AS object_table, "
         "$10::boolean AS use_gpus, $11::int AS metrics_compute_frequency, $12::text AS name, "
         "$13::text AS description, to_timestamp($14)::timestamp AS start_training_time, "
         "clock_timestamp()::timestamp AS end_training_time, $15::text AS madlib_version, "
-        f"s.num_classes, s.{cv}, s.dependent_vartype, s.normalizing_const, "
-        "$16::bigint AS fit_id, $17::int AS best_mst_key, $18::int AS num_trials, "
-        f"s.num_partitions FROM {src_summary.sql} s",
+        f"s.num_classes, s.{cv}, s.dependent_vartype, s.normalizing_const "
+        f"FROM {src_summary.sql} s",
         [str(req.source.table), str(req.validation.table) if req.validation else None,
          str(out), str(info), str(req.arch_table), str(mst), method,
-         automl_params, random_state, use_gpus, req.frequency, name, description, t0,
-         __version__, fit_id, best.mst_key, len(book.trials)],
-        ["text", "text", "text", "text", "text", "text", "text", "text", "int4", "bool",
-         "int4", "text", "text", "float8", "text", "int8", "int4", "int4"])
+         automl_params, str(random_state), use_gpus, req.frequency, name, description, t0,
+         __version__, object_table],
+        ["text", "text", "text", "text", "text", "text", "text", "text", "text", "bool",
+         "int4", "text", "text", "float8", "text", "text"])
+    sink.ex.control(f"UPDATE {cat.ext('fits')} SET options = options || "
+                    f"jsonb_build_object('best_mst_key', {int(best.mst_key)}, 'num_trials', "
+                    f"{len(book.trials)}) WHERE fit_id = {int(fit_id)}")
     # MADlib leaves the model selection table holding the best configuration
     cat.create_table(mst, [("mst_key", "integer PRIMARY KEY"), ("model_id", "integer"),
                            ("compile_params", "varchar"), ("fit_params", "varchar")])

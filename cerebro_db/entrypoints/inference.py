@@ -312,5 +312,5 @@ def madlib_keras_evaluate(cat: Catalog, *, model_table: str, test_table: str, ou
     loss_type = cp.loss if isinstance(cp.loss, str) else str(cp.loss)
     cat.insert(out, ["loss", "metric", "metrics_type", "loss_type", "metrics"],
                ["float8", "float8", "text[]", "text", "float8[]"],
-               [[res.loss, metrics[0] if metrics else None, cp.metric_names(), loss_type,
-                 metrics]])
+               [[res.loss, metrics[0] if metrics else None, cp.metric_names() or None,
+                 loss_type, metrics or None]])

@@ -93,6 +93,10 @@ def _key(model_id: int, compile_params: str, fit_params: str) -> tuple[int, str,
 def _create_mst(cat: Catalog, mst: TableName, summary: TableName, arch: TableName) -> None:
     cat.create_table(mst, MST_COLUMNS)
     cat.db.execute(f"ALTER TABLE {mst.sql} ADD UNIQUE (model_id, compile_params, fit_params)")
+    _create_summary(cat, summary, arch)
+
+
+def _create_summary(cat: Catalog, summary: TableName, arch: TableName) -> None:
     cat.create_table(summary, [("model_arch_table", "varchar"), ("object_table", "varchar")])
     cat.insert(summary, ["model_arch_table", "object_table"], ["text", "text"], [[str(arch), None]])
 
@@ -126,14 +130,16 @@ def load_model_selection_table(cat: Catalog, *, model_arch_table: str, model_sel
 
 
 def _existing(cat: Catalog, mst: TableName, summary: TableName, arch: TableName
-              ) -> list[tuple[int, str, str]]:
-    """Rows of an existing model selection table made for the same architecture table."""
+              ) -> list[tuple[int, str, str]] | None:
+    """Rows of an existing model selection table made for the same architecture table;
+    None when its summary table is missing (it is then re-created for ``arch``, as MADlib
+    does)."""
     oid = cat.require_table(mst, "model_selection_table")
     cols = cat.columns(oid)
     if not {"mst_key", "model_id", "compile_params", "fit_params"} <= set(cols):
         raise invalid(f'model_selection_table "{mst}" is not a model selection table')
     if cat.relation_oid(summary) is None:
-        raise invalid(f'model_selection_table "{mst}" has no summary table "{summary}"')
+        return None
     srow = cat.select(summary, ["model_arch_table"])
     their = srow[0]["model_arch_table"] if srow else None
     same = their is not None and cat.relation_oid(
@@ -172,11 +178,18 @@ def generate_model_configs(cat: Catalog, *, model_arch_table: str, model_selecti
         rows = [(m, c, f) for m in ids for c, f in pairs]
     _validate_compiles([c for _, c, _ in rows])
     _validate_fits([f for _, _, f in rows])
-    existing: list[tuple[int, str, str]] = []
+    existing: list[tuple[int, str, str]] | None = []
     if cat.relation_oid(mst) is None:
         _create_mst(cat, mst, summary, arch)
     else:
         existing = _existing(cat, mst, summary, arch)
+        if existing is None:
+            existing = [(r["model_id"], r["compile_params"], r["fit_params"]) for r in
+                        cat.select(mst, ["model_id", "compile_params", "fit_params"],
+                                   order_by=["mst_key"])]
+            _create_summary(cat, summary, arch)
+            cat.notice(f'generate_model_configs: "{summary}" was missing and was re-created '
+                       f'for model_arch_table "{arch}"')
     seen = {_key(*r) for r in existing}
     new: list[tuple[int, str, str]] = []
     for r in rows:

@@ -661,12 +661,14 @@ def info_rows(req: FitRequest, fit_id: int, outcome: FitOutcome,
         vl, vm = _series(r, epochs, "eval_valid") if req.validation else ([], [])
         loss = c.cp.loss if isinstance(c.cp.loss, str) else json.dumps(c.cp.loss)
         elapsed = [r.eval_done_at.get(e) for e in epochs]
+        has = bool(c.cp.metrics)  # without metrics MADlib writes NULL, not '{}' / '{NULL}'
         rows.append([
             c.mst_key, c.model_id, c.compile_params, c.fit_params, "madlib_keras",
-            sizes[c.mst_key] / 1024.0, elapsed, c.cp.metric_names(), loss,
-            tm[-1][0] if tm and tm[-1] else None, tl[-1] if tl else None, _first(tm), tl,
+            sizes[c.mst_key] / 1024.0, elapsed, c.cp.metric_names() if has else None, loss,
+            tm[-1][0] if tm and tm[-1] else None, tl[-1] if tl else None,
+            _first(tm) if has else None, tl,
             (vm[-1][0] if vm and vm[-1] else None) if req.validation else None,
-            vl[-1] if vl else None, _first(vm) if req.validation else None,
+            vl[-1] if vl else None, _first(vm) if req.validation and has else None,
             vl if req.validation else None, epochs,
             tm if all(tm) and tm and tm[0] else None,
             vm if req.validation and vm and all(vm) and vm[0] else None, fit_id,
