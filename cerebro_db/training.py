@@ -356,6 +356,14 @@ class CachedModel:
     n_params: int
     rng_vars: list[Any] = field(default_factory=list)
     uses: int = 0
+    metric_order: tuple[str, ...] = ()
+
+    def in_compile_order(self, logs: dict[str, float]) -> dict[str, float]:
+        """Keras reports logs sorted by name; metrics in the order compile_params list them
+        (the order of ``metrics_type``), any other keys after."""
+        out = {k: logs[k] for k in self.metric_order if k in logs}
+        out.update((k, v) for k, v in logs.items() if k not in out)
+        return out
 
     @property
     def optimizer(self) -> Any:
@@ -480,6 +488,7 @@ def _build_entry(
         compiled=cp is not None,
         n_params=keras_arch.count_params(model),
         rng_vars=_rng_vars(model),
+        metric_order=tuple(cp.metrics) + tuple(cp.weighted_metrics or ()) if cp else (),
     )
 
 
@@ -779,7 +788,7 @@ def _fit(
         h = entry.model.fit(feed.dataset, epochs=1, **kwargs).history
         hist = {k: _last(v) for k, v in h.items()}
     loss = hist.pop("loss", float("nan"))
-    return loss, hist
+    return loss, entry.in_compile_order(hist)
 
 
 def _fit_buffers(
@@ -1083,7 +1092,7 @@ def evaluate(
     except Exception as exc:  # noqa: BLE001
         cache.discard(entry)
         raise _keras_failure("evaluation", exc) from None
-    out = {k: float(v) for k, v in out.items()}
+    out = entry.in_compile_order({k: float(v) for k, v in out.items()})
     loss = out.pop("loss", float("nan"))
     return EvalResult(loss=loss, metrics=out, rows=rows)
 
@@ -1099,7 +1108,7 @@ def _evaluate_buffers(cache: ModelCache, entry: CachedModel, source: BufferSourc
                 continue
             out = entry.model.evaluate(xs, ys, batch_size=batch_size, verbose=0,
                                        return_dict=True)
-            out = {k: float(v) for k, v in out.items()}
+            out = entry.in_compile_order({k: float(v) for k, v in out.items()})
             loss = out.pop("loss", float("nan"))
             parts.append(EvalResult(loss=loss, metrics=out, rows=int(xs.shape[0])))
             del xs, ys

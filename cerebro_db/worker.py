@@ -143,6 +143,27 @@ def _config_row(cat: Catalog, fit_id: int, mst_key: int) -> dict[str, Any]:
     return row
 
 
+def compile_params_of(cat: Catalog, fit: dict[str, Any], cfg: dict[str, Any]) -> Any:
+    """A configuration's compile parameters with the fit's custom functions; this session
+    checks itself that the current role may import each referenced module (the fit's
+    catalog row is not trusted for that). Cached with the configuration's row."""
+    cp = cfg.get("_compile")
+    if cp is None:
+        from .custom_functions import parse_reference, require_allowed
+        from .params import parse_compile_params
+
+        cp = parse_compile_params(cfg["compile_params"])
+        refs = fit["options"].get("custom_functions") or {}
+        if refs:
+            cp = cp.with_custom(refs)
+            if cp.custom:
+                allowed = cat.custom_function_modules()
+                for name, ref in cp.custom:
+                    require_allowed(parse_reference(ref), allowed, name)
+        cfg["_compile"] = cp
+    return cp
+
+
 def partition_data(cat: Catalog, table: str, xcol: str, ycol: str, partition: int,
                    use_caching: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """The concatenated buffers of one partition (in buffer_id order) as (x, y)."""
@@ -283,6 +304,7 @@ def _run_unit(cat: Catalog, fit_id: int, mst_key: int, epoch: int, partition: in
     fopts = fit["options"]
     _runtime(fopts.get("worker_threads"))
     cfg = _config_row(cat, fit_id, mst_key)
+    cp = compile_params_of(cat, fit, cfg)
     chunk = int(fopts.get("state_chunk_size") or DEFAULT_CHUNK_SIZE)
     if kind == "train":
         if fopts.get("use_caching", True):
@@ -293,13 +315,13 @@ def _run_unit(cat: Catalog, fit_id: int, mst_key: int, epoch: int, partition: in
                                      partition, cfg["compile_params"]), None
         state = load_state(cat, fit_id, mst_key, "current")
         if state is None:
-            state = training.initial_state(cfg["model_arch"], cfg["compile_params"],
+            state = training.initial_state(cfg["model_arch"], cp,
                                            unit_seed(fit["random_state"], mst_key, 0, 0, 1),
                                            cfg["init_weights"])
         _hook(cat, "before_train", mst_key, epoch, partition, options)
         t1 = time.time()
         new_state, res = training.train_unit(
-            model_cache(), cfg["model_arch"], cfg["compile_params"], cfg["fit_params"], state,
+            model_cache(), cfg["model_arch"], cp, cfg["fit_params"], state,
             x, y, unit_seed(fit["random_state"], mst_key, epoch, partition),
             bool(options.get("reset_optimizer")),
             completes_epoch=bool(options.get("completes_epoch")))
@@ -332,7 +354,7 @@ def _run_unit(cat: Catalog, fit_id: int, mst_key: int, epoch: int, partition: in
             x, y = partition_buffers(cat, table, fopts["x"], fopts["y"], partition,
                                      cfg["compile_params"]), None
         t2 = time.time()
-        ev = training.evaluate(model_cache(), cfg["model_arch"], cfg["compile_params"], state,
+        ev = training.evaluate(model_cache(), cfg["model_arch"], cp, state,
                                x, y, batch_size=bs)
         t3 = time.time()
         _log_unit(cat, fit_id, mst_key, epoch, partition, worker, ek, t1, t3, ev.rows, ev.loss,

@@ -39,7 +39,7 @@ from ..scheduling import Progress, get_policy
 from . import entrypoint, require_output_schema
 from .models import require_arch_table
 from .preprocessing import resolve_seed
-from .selection import _no_object_table
+from .compat import custom_references, grid_names
 from .training import (
     INFO_COLUMNS,
     INFO_TYPES,
@@ -294,7 +294,7 @@ def _write_outputs(cat: Catalog, req: FitRequest, book: TrialBook, sink: _Catalo
         [str(req.source.table), str(req.validation.table) if req.validation else None,
          str(out), str(info), str(req.arch_table), str(mst), method,
          automl_params, str(random_state), use_gpus, req.frequency, name, description, t0,
-         __version__, object_table],
+         __version__, req.object_table],
         ["text", "text", "text", "text", "text", "text", "text", "text", "text", "bool",
          "int4", "text", "text", "float8", "text", "text"])
     sink.ex.control(f"UPDATE {cat.ext('fits')} SET options = options || "
@@ -309,7 +309,7 @@ def _write_outputs(cat: Catalog, req: FitRequest, book: TrialBook, sink: _Catalo
     mst_summary = mst.with_suffix("_summary", "model_selection_table")
     cat.create_table(mst_summary, [("model_arch_table", "varchar"), ("object_table", "varchar")])
     cat.insert(mst_summary, ["model_arch_table", "object_table"], ["text", "text"],
-               [[str(req.arch_table), None]])
+               [[str(req.arch_table), req.object_table]])
     return best.mst_key
 
 
@@ -351,7 +351,6 @@ def madlib_keras_automl(
     if metrics_compute_frequency is not None and metrics_compute_frequency < 1:
         raise invalid(f"metrics_compute_frequency must be at least 1, got "
                       f"{metrics_compute_frequency}")
-    _no_object_table(object_table)
     out = TableName.parse(model_output_table, "model_output_table")
     arch = TableName.parse(model_arch_table, "model_arch_table")
     mst = TableName.parse(model_selection_table, "model_selection_table")
@@ -365,6 +364,10 @@ def madlib_keras_automl(
     src = packed_table(cat, source_table, "source_table")
     val = _validation(cat, validation_table, src)
     space = SearchSpace(ids, compile_params_grid, fit_params_grid)
+    from ..configs import parse_grid
+
+    obj, refs = custom_references(cat, object_table,
+                                  grid_names(parse_grid(compile_params_grid, "compile")))
     tuner = get_tuner(method, automl_params, model_ids=ids, compile_grid=compile_params_grid,
                       fit_grid=fit_params_grid, num_workers=src.partitions, random_state=seed)
     _outputs_absent(cat, out, ("", "_summary", "_info"), False)
@@ -384,7 +387,8 @@ def madlib_keras_automl(
                       "model_id_list": ids, "use_gpus": bool(use_gpus),
                       "compile_params_grid": compile_params_grid,
                       "fit_params_grid": fit_params_grid}, seed,
-                     src.partitions, bool(use_caching), mst, arch, False, name, description)
+                     src.partitions, bool(use_caching), mst, arch, False, name, description,
+                     object_table=str(obj) if obj else None, custom_functions=refs)
     fit_id, best, outcome, book = _execute(cat, req, tuner, archs, method, automl_params, seed,
                                            bool(use_gpus), name, description, mst)
     cat.notice(f"madlib_keras_automl ({method}): fit {fit_id} trained {len(book.trials)} "
@@ -483,7 +487,9 @@ def resume_automl(cat: Catalog, f: Mapping[str, Any], opts: Mapping[str, Any],
                       num_workers=src.partitions, random_state=seed)
     req = FitRequest("automl", src, val, out, [], 0, opts.get("frequency"), "mop", pp, seed,
                      src.partitions, bool(opts.get("use_caching")), mst, arch, False,
-                     opts.get("name"), opts.get("description"))
+                     opts.get("name"), opts.get("description"),
+                     object_table=opts.get("object_table"),
+                     custom_functions=dict(opts.get("custom_functions") or {}))
     _, best, outcome, book = _execute(cat, req, tuner, archs, method, automl_params, seed,
                                       bool(pp.get("use_gpus")), req.name, req.description, mst,
                                       ResumePoint(fit_id, opts.get("executor_tag")))

@@ -119,10 +119,30 @@ def check_reference(cat: Catalog, reference: str, name: str) -> cf.Reference:
     return ref
 
 
+def grid_names(grid: Any) -> list[str]:
+    """The loss and metric names a compile_params grid (parsed) can produce."""
+    out: list[str] = []
+
+    def walk(v: Any) -> None:
+        if isinstance(v, str):
+            out.append(v)
+        elif isinstance(v, dict):
+            for x in v.values():
+                walk(x)
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                walk(x)
+
+    for key in ("loss", "metrics", "weighted_metrics"):
+        walk(grid.get(key) if isinstance(grid, dict) else None)
+    return out
+
+
 def custom_references(cat: Catalog, object_table: str | None,
-                      cps: Sequence[params.CompileParams]) -> tuple[TableName | None,
-                                                                    dict[str, str]]:
-    """The object table and ``{name: reference}`` of the custom functions ``cps`` use.
+                      cps: Sequence[params.CompileParams] | Sequence[str]
+                      ) -> tuple[TableName | None, dict[str, str]]:
+    """The object table and ``{name: reference}`` of the custom functions ``cps`` use
+    (compile parameters, or the loss and metric names themselves).
 
     A name used in a compile_params that has a row in the object table is that row's
     function; every reference is checked (the role may use its module, it imports and is
@@ -132,7 +152,7 @@ def custom_references(cat: Catalog, object_table: str | None,
     if table is None:
         return None, {}
     cols = _require_object_table(cat, table, "object_table")
-    names = sorted({n for cp in cps for n in cp.names()})
+    names = sorted({n for cp in cps for n in ([cp] if isinstance(cp, str) else cp.names())})
     ref_col = "reference" if "reference" in cols else "NULL::text"
     rows = cat.query(f"SELECT name, {ref_col} AS reference, object IS NOT NULL AS pickled "
                      f"FROM {table.sql} WHERE name = ANY($1)", [names], ["text[]"])

@@ -294,7 +294,11 @@ def madlib_keras_evaluate(cat: Catalog, *, model_table: str, test_table: str, ou
         raise invalid(f'cannot find the compile parameters of "{t}"')
     from ..params import parse_compile_params
 
+    from .compat import custom_references
+
     cp = parse_compile_params(cfg["compile_params"])
+    _, refs = custom_references(cat, summ.get("object_table"), [cp])  # MADlib: from the summary
+    cp = cp.with_custom(refs)
     cache = ModelCache(max_models=1)
     parts = []
     for p in range(test.partitions):

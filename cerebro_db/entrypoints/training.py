@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -53,6 +53,7 @@ from ..scheduling import (
 from . import entrypoint, require_output_schema
 from .models import require_arch_table
 from .preprocessing import read_training_summary, resolve_seed
+from .compat import custom_references
 from .selection import check_fit_bounds
 
 CHUNK_SETTING = "cerebro_db.state_chunk_size"
@@ -165,7 +166,8 @@ def _check_config(c: Config, src: PackedTable, checked: dict[str, Any]) -> None:
                       "training data has a regression target")
 
 
-def _load_configs(cat: Catalog, mst: TableName) -> tuple[list[Config], TableName]:
+def _load_configs(cat: Catalog, mst: TableName
+                  ) -> tuple[list[Config], TableName, str | None]:
     oid = cat.require_table(mst, "model_selection_table")
     cols = cat.columns(oid)
     need = {"mst_key", "model_id", "compile_params", "fit_params"}
@@ -177,7 +179,10 @@ def _load_configs(cat: Catalog, mst: TableName) -> tuple[list[Config], TableName
         raise CerebroError(f'model_selection_table "{mst}" has no summary table "{summ}"',
                            UNDEFINED_TABLE, hint="Create it with load_model_selection_table "
                            "or generate_model_configs.")
-    arch_name = cat.select(summ, ["model_arch_table"])[0]["model_arch_table"]
+    srow = cat.select(summ, ["model_arch_table", "object_table"]
+                      if "object_table" in cat.columns(cat.require_table(summ, "summary"))
+                      else ["model_arch_table"])[0]
+    arch_name = srow["model_arch_table"]
     arch = TableName.parse(arch_name, "model_arch_table")
     require_arch_table(cat, arch, "model_arch_table")
     rows = cat.query(f"SELECT m.mst_key, m.model_id, m.compile_params, m.fit_params, "
@@ -197,7 +202,7 @@ def _load_configs(cat: Catalog, mst: TableName) -> tuple[list[Config], TableName
             f"fit_params of mst_key {r['mst_key']}")
         out.append(Config(r["mst_key"], r["model_id"], r["compile_params"], r["fit_params"],
                           r["arch"], r["w"], cp, fp))
-    return out, arch
+    return out, arch, srow.get("object_table")
 
 
 def _conninfo(cat: Catalog) -> str | None:
@@ -259,6 +264,8 @@ class FitRequest:
     name: str | None = None
     description: str | None = None
     replicas: int = 1
+    object_table: str | None = None
+    custom_functions: dict[str, str] = field(default_factory=dict)
 
 
 def _bytea_literal(b: bytes | None) -> str:
@@ -274,7 +281,8 @@ def _register(cat: Catalog, ex: DblinkExecutor, req: FitRequest, total: int) -> 
             "frequency": req.frequency, "arch_table": str(req.arch_table),
             "warm_start": req.warm_start, "name": req.name, "description": req.description,
             "executor_tag": ex.tag, "source_name": str(req.source.table),
-            "validation_name": str(req.validation.table) if req.validation else None}
+            "validation_name": str(req.validation.table) if req.validation else None,
+            "object_table": req.object_table, "custom_functions": req.custom_functions}
     lit = cat.literal
     sql = (f"INSERT INTO {cat.ext('fits')} (kind, source_table, validation_table, "
            "model_output_table, model_selection_table, policy, num_partitions, num_iterations, "
@@ -684,7 +692,7 @@ def summary_select(req: FitRequest) -> str:
         "$1::text AS source_table, $2::text AS validation_table, $3::text AS model, "
         "$4::text AS model_info, s.dependent_varname, s.independent_varname, "
         "$5::text AS model_arch_table, $6::text AS model_selection_table, "
-        "NULL::text AS object_table, $7::int AS num_iterations, "
+        "$17::text AS object_table, $7::int AS num_iterations, "
         "$8::int AS metrics_compute_frequency, $9::boolean AS warm_start, $10::text AS name, "
         "$11::text AS description, to_timestamp($12)::timestamp AS start_training_time, "
         "clock_timestamp()::timestamp AS end_training_time, $13::text AS madlib_version, "
@@ -706,9 +714,10 @@ def create_summary(cat: Catalog, req: FitRequest, summ: TableName, info: TableNa
         [str(req.source.table), str(req.validation.table) if req.validation else None,
          str(req.output), str(info) if info else None, str(req.arch_table),
          str(req.mst_table) if req.mst_table else None, req.num_iterations, req.frequency,
-         warm, name, description, t0, __version__, epochs, fit_id, req.policy],
+         warm, name, description, t0, __version__, epochs, fit_id, req.policy,
+         req.object_table],
         ["text", "text", "text", "text", "text", "text", "int4", "int4", "bool", "text", "text",
-         "float8", "text", "int4[]", "int8", "text"])
+         "float8", "text", "int4[]", "int8", "text", "text"])
 
 
 def write_outputs(cat: Catalog, req: FitRequest, fit_id: int, outcome: FitOutcome, t0: float,
@@ -837,7 +846,8 @@ def madlib_keras_fit_multiple_model(
     src = packed_table(cat, source_table, "source_table")
     val = _validation(cat, validation_table, src)
     _outputs_absent(cat, out, ("", "_summary", "_info"), warm)
-    configs, arch = _load_configs(cat, mst)
+    configs, arch, object_table = _load_configs(cat, mst)
+    obj, refs = custom_references(cat, object_table, [c.cp for c in configs])
     checked: dict[str, Any] = {}
     for c in configs:
         _check_config(c, src, checked)
@@ -846,7 +856,7 @@ def madlib_keras_fit_multiple_model(
     req = FitRequest("fit_multiple", src, val, out, configs, num_iterations,
                      metrics_compute_frequency, pname, popts, seed, src.partitions,
                      _bool(use_caching, False), mst, arch, warm, name, description,
-                     _replicas(cat))
+                     _replicas(cat), str(obj) if obj else None, refs)
     fit_id, outcome = execute_fit(
         cat, req, lambda f, o, t0: write_outputs(cat, req, f, o, t0, warm, name, description))
     cat.notice(f"madlib_keras_fit_multiple_model: fit {fit_id} trained {len(configs)} "
@@ -885,10 +895,9 @@ def madlib_keras_fit(
         object_table: str | None = None, random_state: int | None = None) -> None:
     """Train one configuration: sequential SGD over the partitions, one worker session that
     holds them all (MADlib averages models across segments instead)."""
-    from .selection import _no_object_table
+    from .selection import checked_compiles
 
     _check_common(num_iterations, metrics_compute_frequency, use_gpus)
-    _no_object_table(object_table)
     out = TableName.parse(model, "model")
     arch_t = TableName.parse(model_arch_table, "model_arch_table")
     if model_id is None:
@@ -896,8 +905,8 @@ def madlib_keras_fit(
     if compile_params is None:
         raise CerebroError("compile_params must not be NULL", NULL_VALUE_NOT_ALLOWED)
     fit_params = fit_params or ""  # NULL: Keras' defaults, as in MADlib
+    obj, refs = checked_compiles(cat, [compile_params], object_table)
     cp = params.parse_compile_params(compile_params)
-    params.validate_compile_params(cp)
     fp = check_fit_bounds(params.parse_fit_params(fit_params))
     warm = _bool(warm_start, False)
     seed = resolve_seed(random_state)
@@ -917,7 +926,7 @@ def madlib_keras_fit(
         _warm_weights(cat, out, [cfg], "mst_key")
     req = FitRequest("fit", src, val, out, [cfg], num_iterations, metrics_compute_frequency,
                      pname, popts, seed, 1, True, None, arch_t, warm, name, description,
-                     _replicas(cat))
+                     _replicas(cat), str(obj) if obj else None, refs)
     fit_id, outcome = execute_fit(
         cat, req, lambda f, o, t0: _write_fit_outputs(cat, req, f, o, t0, warm, name,
                                                       description))
@@ -994,7 +1003,8 @@ def madlib_keras_fit_resume(cat: Catalog, *, fit_id: int) -> None:
                      bool(opts.get("use_caching")), mst,
                      TableName.parse(opts["arch_table"], "model_arch_table"), warm,
                      opts.get("name"), opts.get("description"),
-                     int(opts.get("replicas") or 1))
+                     int(opts.get("replicas") or 1), opts.get("object_table"),
+                     dict(opts.get("custom_functions") or {}))
     if req.kind == "fit":
         def finish(fid: int, o: FitOutcome, t0: float) -> None:
             _write_fit_outputs(cat, req, fid, o, t0, warm, req.name, req.description)
