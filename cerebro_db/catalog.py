@@ -268,6 +268,13 @@ class Catalog(DblinkMixin):
             "pg_catalog.pg_has_role(current_user, grantee, 'MEMBER')) ORDER BY module")
         return [r["module"] for r in rows]
 
+    def dba_setting(self, name: str) -> str | None:
+        """A ``cerebro_db.*`` setting as written in the server's configuration files
+        (postgresql.conf, ALTER SYSTEM); a value SET in a session, or for a role or
+        database, is ignored (any role can SET a custom setting)."""
+        v = self.query(f"SELECT {self.ext('__dba_setting')}($1) AS v", [name], ["text"])[0]["v"]
+        return v if v not in (None, "") else None
+
     def setting(self, name: str) -> str | None:
         """A (possibly custom) configuration setting, or None when unset or empty."""
         v = self.query("SELECT pg_catalog.current_setting($1, true) AS v", [name], ["text"])[0]["v"]

@@ -88,7 +88,15 @@ FIT_KEYS: tuple[str, ...] = (
 )
 
 # Callbacks a fit_params string may name (lower-case name -> Keras class name).
-FIT_CALLBACKS: dict[str, str] = {"terminateonnan": "TerminateOnNaN"}
+FIT_CALLBACKS: dict[str, str] = {"terminateonnan": "TerminateOnNaN", "tensorboard": "TensorBoard"}
+
+# TensorBoard's arguments a fit_params string may give (name -> accepted types). log_dir is
+# confined to the directory the DBA sets in TENSORBOARD_SETTING (see confine_log_dir).
+TENSORBOARD_ARGS: dict[str, tuple[type, ...]] = {
+    "log_dir": (str,), "histogram_freq": (int,), "write_graph": (bool,),
+    "write_images": (bool,), "write_steps_per_second": (bool,), "update_freq": (str, int),
+}
+TENSORBOARD_SETTING = "cerebro_db.tensorboard_log_dir"
 
 _FIT_FORBIDDEN: dict[str, str] = {
     "x": "the training data comes from source_table",
@@ -263,6 +271,7 @@ def parse_keyword_string(
     *,
     bare_name_keys: Collection[str] = (),
     call_keys: Collection[str] = (),
+    call_list_keys: Collection[str] = (),
     key_normalizer: Callable[[str], str] | None = None,
     key_check: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
@@ -306,6 +315,9 @@ def parse_keyword_string(
             out[key] = _Call(node.id, {})
         elif key in call_keys and isinstance(node, ast.Call):
             out[key] = _call_value(node, where)
+        elif key in call_list_keys and isinstance(node, (ast.List, ast.Tuple)):
+            out[key] = [_call_value(e, where) if isinstance(e, ast.Call) else
+                        _literal(e, where, 1) for e in node.elts]
         else:
             out[key] = _literal(node, where)
     return out
@@ -898,8 +910,16 @@ class FitParams:
     class_weight: dict[int, float] | None = None
     verbose: int | str | None = None
     callbacks: tuple[str, ...] = ()
+    tensorboard: tuple[tuple[str, Any], ...] | None = None
+    """TensorBoard's arguments when the TensorBoard callback is asked for."""
     initial_epoch: int | None = None
     steps_per_epoch: int | None = None
+
+    def with_log_dir(self, path: str) -> "FitParams":
+        """These parameters with TensorBoard writing to ``path`` (an already confined one)."""
+        tb = dict(self.tensorboard or ())
+        tb["log_dir"] = path
+        return replace(self, tensorboard=tuple(sorted(tb.items())))
 
     @property
     def passes(self) -> int:
@@ -914,7 +934,10 @@ class FitParams:
             if v is not None:
                 parts.append(f"{key}={render_literal(v)}")
         if self.callbacks:
-            parts.append(f"callbacks={render_literal(list(self.callbacks))}")
+            items = [render_literal(c) if c != "TensorBoard" else "TensorBoard(" + ",".join(
+                f"{k}={render_literal(v)}" for k, v in self.tensorboard or ()) + ")"
+                for c in self.callbacks]
+            parts.append("callbacks=[" + ",".join(items) + "]")
         return ",".join(parts)
 
     def __eq__(self, other: object) -> bool:
@@ -934,7 +957,10 @@ class FitParams:
                 out[key] = dict(v) if isinstance(v, dict) else v
         if self.callbacks:
             keras = _keras_or_error("fit_params")
-            out["callbacks"] = [getattr(keras.callbacks, name)() for name in self.callbacks]
+            out["callbacks"] = [
+                getattr(keras.callbacks, name)(**dict(self.tensorboard or ()))
+                if name == "TensorBoard" else getattr(keras.callbacks, name)()
+                for name in self.callbacks]
         return out
 
 
@@ -959,6 +985,41 @@ def _int_at_least(value: Any, where: str, low: int) -> int:
     return value
 
 
+def _tensorboard_args(given: Mapping[str, Any], what: str) -> tuple[tuple[str, Any], ...]:
+    for key, value in given.items():
+        types = TENSORBOARD_ARGS.get(key)
+        if types is None:
+            raise invalid(f"{what}: TensorBoard has no argument {key!r} here",
+                          hint="allowed: " + ", ".join(TENSORBOARD_ARGS))
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            raise invalid(f"{what}: TensorBoard {key} must be a "
+                          f"{' or '.join(t.__name__ for t in types)}, got {render_literal(value)}")
+    return tuple(sorted({"log_dir": "logs", **given}.items()))  # Keras' default: 'logs'
+
+
+
+def confine_log_dir(log_dir: str, base: str | None, what: str = "fit_params") -> str:
+    """``log_dir`` (relative to ``base``, or absolute) as an absolute path inside ``base``,
+    after normalisation and resolving symbolic links; raises 42501 when it falls outside (or
+    no base directory is configured)."""
+    import os
+
+    if not base or not os.path.isabs(base):
+        raise CerebroError(
+            f"{what}: the TensorBoard callback needs a log directory configured by the DBA",
+            "42501", hint=f"A superuser sets {TENSORBOARD_SETTING} = '/absolute/dir' in "
+            "postgresql.conf (or with ALTER SYSTEM) and reloads; log_dir is then a directory "
+            "inside it.")
+    root = os.path.realpath(base)
+    path = os.path.realpath(os.path.join(root, log_dir))
+    if os.path.commonpath([root, path]) != root:
+        raise CerebroError(
+            f"{what}: TensorBoard log_dir {log_dir!r} is outside the configured log "
+            f"directory {base!r}", "42501",
+            hint=f"Give a directory inside {base} (relative paths are taken from there).")
+    return path
+
+
 def parse_fit_params(text: str | None, what: str = "fit_params") -> FitParams:
     """Parse and check a ``fit_params`` string; None or empty gives Keras' defaults.
 
@@ -966,7 +1027,8 @@ def parse_fit_params(text: str | None, what: str = "fit_params") -> FitParams:
     class_weight (dict int -> non-negative number), verbose (0, 1, 2 or 'auto') and callbacks
     (names from :data:`FIT_CALLBACKS`). Raises :class:`CerebroError`.
     """
-    d = parse_keyword_string(text, what, key_check=lambda k: _check_fit_key(k, what))
+    d = parse_keyword_string(text, what, key_check=lambda k: _check_fit_key(k, what),
+                             call_list_keys=("callbacks",))
     kwargs: dict[str, Any] = {}
     if "batch_size" in d:
         kwargs["batch_size"] = _int_at_least(d["batch_size"], f"{what}: batch_size", 1)
@@ -1015,7 +1077,17 @@ def parse_fit_params(text: str | None, what: str = "fit_params") -> FitParams:
         kwargs["verbose"] = v
     if d.get("callbacks") is not None:
         names = []
-        for name in _str_list(d["callbacks"], f"{what}: callbacks"):
+        given = d["callbacks"] if isinstance(d["callbacks"], list) else [d["callbacks"]]
+        for item in given:
+            if isinstance(item, _Call):
+                if item.name.lower() != "tensorboard":
+                    raise invalid(f"{what}: callback {item.name!r} is not allowed",
+                                  hint="allowed callbacks: " + ", ".join(
+                                      sorted(FIT_CALLBACKS.values())))
+                kwargs["tensorboard"] = _tensorboard_args(item.kwargs, what)
+                name = "TensorBoard"
+            else:
+                name = _str_list([item], f"{what}: callbacks")[0]
             canonical = FIT_CALLBACKS.get(name.lower())
             if canonical is None:
                 raise invalid(

@@ -164,6 +164,26 @@ def compile_params_of(cat: Catalog, fit: dict[str, Any], cfg: dict[str, Any]) ->
     return cp
 
 
+def fit_params_of(cat: Catalog, fit: dict[str, Any], cfg: dict[str, Any]) -> Any:
+    """A configuration's fit parameters; a TensorBoard log_dir is confined by this session
+    to the DBA's directory (the fit's catalog row is not trusted for that) and gets
+    ``fit_<id>/mst_key_<k>`` appended, so configurations never share event files."""
+    fp = cfg.get("_fit")
+    if fp is None:
+        import os
+
+        from .params import TENSORBOARD_SETTING, confine_log_dir, parse_fit_params
+
+        fp = parse_fit_params(cfg["fit_params"])
+        if fp.tensorboard:
+            root = confine_log_dir(dict(fp.tensorboard)["log_dir"],
+                                   cat.dba_setting(TENSORBOARD_SETTING))
+            fp = fp.with_log_dir(os.path.join(root, f"fit_{fit['fit_id']}",
+                                              f"mst_key_{cfg['mst_key']}"))
+        cfg["_fit"] = fp
+    return fp
+
+
 def partition_data(cat: Catalog, table: str, xcol: str, ycol: str, partition: int,
                    use_caching: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """The concatenated buffers of one partition (in buffer_id order) as (x, y)."""
@@ -321,7 +341,7 @@ def _run_unit(cat: Catalog, fit_id: int, mst_key: int, epoch: int, partition: in
         _hook(cat, "before_train", mst_key, epoch, partition, options)
         t1 = time.time()
         new_state, res = training.train_unit(
-            model_cache(), cfg["model_arch"], cp, cfg["fit_params"], state,
+            model_cache(), cfg["model_arch"], cp, fit_params_of(cat, fit, cfg), state,
             x, y, unit_seed(fit["random_state"], mst_key, epoch, partition),
             bool(options.get("reset_optimizer")),
             completes_epoch=bool(options.get("completes_epoch")))

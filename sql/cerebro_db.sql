@@ -593,3 +593,17 @@ CREATE OR REPLACE FUNCTION @extschema@.delete_custom_function(message VARCHAR DE
 RETURNS TEXT LANGUAGE plpython3u IMMUTABLE AS $python$
 @usage delete_custom_function@
 $python$;
+
+-- A cerebro_db.* setting as the DBA wrote it in postgresql.conf (or with ALTER SYSTEM),
+-- ignoring values SET in a session or for a role: any role can SET a custom setting, so a
+-- setting that confines what the server writes (cerebro_db.tensorboard_log_dir) is read from
+-- the configuration files only. Runs as the extension's owner (pg_file_settings is readable
+-- by superusers only) and answers for cerebro_db.* names only.
+CREATE OR REPLACE FUNCTION @extschema@.__dba_setting(setting_name TEXT)
+RETURNS TEXT LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $dba_setting$
+    SELECT f.setting FROM pg_catalog.pg_file_settings f
+     WHERE f.name = setting_name AND f.error IS NULL
+       AND starts_with(setting_name, 'cerebro_db.')
+     ORDER BY f.seqno DESC LIMIT 1
+$dba_setting$;

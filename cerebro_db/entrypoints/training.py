@@ -166,6 +166,24 @@ def _check_config(c: Config, src: PackedTable, checked: dict[str, Any]) -> None:
                       "training data has a regression target")
 
 
+def check_tensorboard(cat: Catalog, configs: Sequence[Config]) -> None:
+    """A TensorBoard callback's log_dir lies inside the DBA's directory (checked again by
+    every worker session before it writes)."""
+    import importlib.util
+
+    for c in configs:
+        if c.fp.tensorboard:
+            params.confine_log_dir(dict(c.fp.tensorboard)["log_dir"],
+                                   cat.dba_setting(params.TENSORBOARD_SETTING),
+                                   f"fit_params of mst_key {c.mst_key}")
+            if importlib.util.find_spec("tensorboard") is None:
+                raise CerebroError(
+                    "the TensorBoard callback needs the tensorboard package, which the "
+                    "database server's Python environment lacks", FEATURE_NOT_SUPPORTED,
+                    hint="Install tensorboard (the version matching TensorFlow) into the "
+                    "server's environment, or drop the callback from fit_params.")
+
+
 def _load_configs(cat: Catalog, mst: TableName
                   ) -> tuple[list[Config], TableName, str | None]:
     oid = cat.require_table(mst, "model_selection_table")
@@ -848,6 +866,7 @@ def madlib_keras_fit_multiple_model(
     _outputs_absent(cat, out, ("", "_summary", "_info"), warm)
     configs, arch, object_table = _load_configs(cat, mst)
     obj, refs = custom_references(cat, object_table, [c.cp for c in configs])
+    check_tensorboard(cat, configs)
     checked: dict[str, Any] = {}
     for c in configs:
         _check_config(c, src, checked)
@@ -922,6 +941,7 @@ def madlib_keras_fit(
     cfg = Config(1, model_id, compile_params, fit_params, rows[0]["a"],
                  bytes(rows[0]["w"]) if rows[0]["w"] is not None else None, cp, fp)
     _check_config(cfg, src, {})
+    check_tensorboard(cat, [cfg])
     if warm:
         _warm_weights(cat, out, [cfg], "mst_key")
     req = FitRequest("fit", src, val, out, [cfg], num_iterations, metrics_compute_frequency,
