@@ -522,3 +522,18 @@ def test_streaming_holds_one_buffer_in_memory(cache):
     streamed = peak(lambda: T.train_unit(cache, arch, CP, "batch_size=500", init, src, None, 1))
     assert streamed < 3 * buffer_bytes, streamed
     assert peak(whole) > count * buffer_bytes
+
+
+def test_metrics_come_back_in_compile_order():
+    """Keras sorts its logs by name; units report metrics in compile_params' order (the order
+    of metrics_type), e.g. top_k_categorical_accuracy before accuracy."""
+    cp = ("optimizer='Adam(learning_rate=0.01)', loss='categorical_crossentropy', "
+          "metrics=['top_k_categorical_accuracy', 'mse', 'accuracy']")
+    x, y = blobs(64, 1)
+    cache = T.ModelCache()
+    init = T.initial_state(ARCH, cp, 3)
+    state, res = T.train_unit(cache, ARCH, cp, FP, init, x, y, seed=1)
+    assert list(res.metrics) == ["top_k_categorical_accuracy", "mse", "accuracy"]
+    ev = T.evaluate(cache, ARCH, cp, state, x, y, batch_size=16)
+    assert list(ev.metrics) == ["top_k_categorical_accuracy", "mse", "accuracy"]
+    assert ev.metrics["top_k_categorical_accuracy"] == 1.0  # k=5 > 3 classes
