@@ -809,3 +809,29 @@ def test_fit_params_initial_epoch_and_steps_per_epoch():
     e = err(parse_fit_params, "epochs=2, initial_epoch=2")
     assert e.message == "fit_params: initial_epoch must be less than epochs (2), got 2"
     assert "at least 1" in err(parse_fit_params, "steps_per_epoch=0").message
+
+
+def test_tensorboard_callback_and_log_dir_confinement(tmp_path):
+    from cerebro_db.params import confine_log_dir
+
+    fp = parse_fit_params("batch_size=4, callbacks=[TensorBoard(log_dir='/tmp/logs/fit', "
+                          "histogram_freq=1)]")
+    assert fp.callbacks == ("TensorBoard",)
+    assert dict(fp.tensorboard) == {"log_dir": "/tmp/logs/fit", "histogram_freq": 1}
+    assert parse_fit_params(fp.canonical()) == fp
+    assert dict(parse_fit_params("callbacks=[TensorBoard()]").tensorboard) == {"log_dir": "logs"}
+    for bad, words in (("callbacks=[ModelCheckpoint(filepath='x')]", "is not allowed"),
+                       ("callbacks=[TensorBoard(profile_batch=2)]", "no argument"),
+                       ("callbacks=[TensorBoard(log_dir=3)]", "must be a str"),
+                       ("callbacks=[TensorBoard(histogram_freq=True)]", "must be a int")):
+        assert words in err(parse_fit_params, bad).message, bad
+    base = tmp_path / "tb"
+    base.mkdir()
+    (base / "out").symlink_to(tmp_path)
+    assert confine_log_dir("run1", str(base)) == str(base / "run1")
+    assert confine_log_dir(str(base / "a" / ".." / "b"), str(base)) == str(base / "b")
+    for bad in ("/etc", "../x", "a/../../x", "out/x", str(base) + "2"):
+        e = err(confine_log_dir, bad, str(base))
+        assert e.sqlstate == "42501" and "outside" in e.message, bad
+    e = err(confine_log_dir, "run1", None)
+    assert e.sqlstate == "42501" and "cerebro_db.tensorboard_log_dir" in e.hint
