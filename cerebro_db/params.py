@@ -739,7 +739,7 @@ class CompileParams:
             self.loss.values() if isinstance(self.loss, dict) else self.loss)
         return losses + list(self.metrics) + list(self.weighted_metrics or ())
 
-    def with_custom(self, references: Mapping[str, str]) -> "CompileParams":
+    def with_custom(self, references: Mapping[str, str]) -> CompileParams:
         """These parameters with the custom functions among ``references`` they use."""
         used = tuple(sorted((n, references[n]) for n in set(self.names()) if n in references))
         return replace(self, custom=used)
@@ -915,7 +915,7 @@ class FitParams:
     initial_epoch: int | None = None
     steps_per_epoch: int | None = None
 
-    def with_log_dir(self, path: str) -> "FitParams":
+    def with_log_dir(self, path: str) -> FitParams:
         """These parameters with TensorBoard writing to ``path`` (an already confined one)."""
         tb = dict(self.tensorboard or ())
         tb["log_dir"] = path

@@ -25,6 +25,7 @@ from ..automl.registry import get_tuner
 from ..automl.space import SearchSpace
 from ..automl.trials import EvalEpochs, TrialBook, state_for_jsonb, state_from_jsonb
 from ..catalog import Catalog
+from ..configs import parse_grid
 from ..coordinator import ConfigResult, FitOutcome, combine, run_fit
 from ..errors import (
     FEATURE_NOT_SUPPORTED,
@@ -37,9 +38,9 @@ from ..executors import DblinkExecutor
 from ..names import TableName
 from ..scheduling import Progress, get_policy
 from . import entrypoint, require_output_schema
+from .compat import custom_references, grid_names
 from .models import require_arch_table
 from .preprocessing import resolve_seed
-from .compat import custom_references, grid_names
 from .training import (
     INFO_COLUMNS,
     INFO_TYPES,
@@ -364,8 +365,6 @@ def madlib_keras_automl(
     src = packed_table(cat, source_table, "source_table")
     val = _validation(cat, validation_table, src)
     space = SearchSpace(ids, compile_params_grid, fit_params_grid)
-    from ..configs import parse_grid
-
     obj, refs = custom_references(cat, object_table,
                                   grid_names(parse_grid(compile_params_grid, "compile")))
     tuner = get_tuner(method, automl_params, model_ids=ids, compile_grid=compile_params_grid,

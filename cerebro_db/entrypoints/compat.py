@@ -34,7 +34,7 @@ def gpus_from_tensorflow() -> list[str]:
         details: dict[str, Any] = {}
         try:
             details = dict(tf.config.experimental.get_device_details(dev))
-        except Exception:  # noqa: BLE001 - details are optional
+        except Exception:  # noqa: BLE001, S110 - details are optional
             pass
         desc = f"device: {i}, name: {details.get('device_name', dev.name)}"
         cc = details.get("compute_capability")

@@ -293,7 +293,6 @@ def madlib_keras_evaluate(cat: Catalog, *, model_table: str, test_table: str, ou
     else:
         raise invalid(f'cannot find the compile parameters of "{t}"')
     from ..params import parse_compile_params
-
     from .compat import custom_references
 
     cp = parse_compile_params(cfg["compile_params"])

@@ -51,9 +51,9 @@ from ..scheduling import (
     replica_partitions,
 )
 from . import entrypoint, require_output_schema
+from .compat import custom_references
 from .models import require_arch_table
 from .preprocessing import read_training_summary, resolve_seed
-from .compat import custom_references
 from .selection import check_fit_bounds
 
 CHUNK_SETTING = "cerebro_db.state_chunk_size"

@@ -5,7 +5,6 @@ by name in compile_params by fit, fit_multiple, evaluate and AutoML. Pickled byt
 modules the DBA did not allow are refused before anything is imported or trained."""
 from __future__ import annotations
 
-import os
 import shutil
 import sysconfig
 import tempfile
