@@ -216,3 +216,33 @@ def test_delete_custom_function_drops_the_empty_table(fns):
     q(c, "SELECT madlib.delete_custom_function('cf_del', 2)")
     assert q(c, "SELECT to_regclass('madlib.cf_del')") == [(None,)]
     assert "load_custom_function" in q(c, "SELECT madlib.load_custom_function('usage')")[0][0]
+
+
+def test_a_granted_role_registers_and_trains_with_its_module(fns):
+    """A role that is not a superuser, granted the module, registers a reference in its own
+    object table and trains with it (its worker sessions check the grant as that role)."""
+    c = fns
+    q(c, "DO $$BEGIN IF EXISTS (SELECT FROM pg_roles WHERE rolname = 'cf_granted') THEN "
+         "DROP OWNED BY cf_granted; DROP ROLE cf_granted; END IF; END$$; "
+         "CREATE ROLE cf_granted LOGIN; GRANT USAGE ON SCHEMA madlib TO cf_granted; "
+         "GRANT CREATE ON SCHEMA public TO cf_granted; "
+         "GRANT SELECT ON iris_packed, iris_packed_summary, model_arch_library TO cf_granted; "
+         "INSERT INTO madlib.custom_function_modules (module, grantee) "
+         "VALUES ('cerebro_compat_fns.sub', 'cf_granted')")
+    try:
+        q(c, "SET ROLE cf_granted")
+        e = error_of(c, "SELECT madlib.load_custom_function('public.cf_mine', "
+                        "'cerebro_compat_evil:f', 'evil')")
+        assert e.pgcode == "42501"
+        q(c, "SELECT madlib.load_custom_function('public.cf_mine', "
+             "'cerebro_compat_fns:scaled_mse', 'my_loss')")  # the package grant is 'public'
+        q(c, "SELECT madlib.madlib_keras_fit('iris_packed', 'public.cf_granted_out', "
+             "'model_arch_library', 1, $$loss='my_loss', optimizer='Adam'$$, 'batch_size=8', 1, "
+             "FALSE, NULL, NULL, NULL, NULL, NULL, 'public.cf_mine')")
+        assert q(c, "SELECT loss_type, object_table, training_loss_final > 0 "
+                    "FROM public.cf_granted_out_summary") == [("my_loss", "public.cf_mine", True)]
+    finally:
+        q(c, "RESET ROLE; DROP TABLE IF EXISTS public.cf_mine, public.cf_granted_out, "
+             "public.cf_granted_out_summary; DELETE FROM madlib.custom_function_modules "
+             "WHERE grantee = 'cf_granted'; DROP OWNED BY cf_granted; DROP ROLE cf_granted")
+    assert not MARKER.exists()
