@@ -216,7 +216,7 @@ def asha_db(conn: Any, args: argparse.Namespace) -> dict[str, Any]:
             "ARRAY[1, 2], %s, %s, 'asha', %s, %s, NULL, FALSE, 'bench_automl_v', NULL, NULL, "
             "NULL, TRUE)", (out, out + "_mst", COMPILE_GRID, FIT_GRID, params, args.seed))
     wall = time.time() - t0
-    fit_id = q(conn, f"SELECT fit_id FROM {out}_summary")[0][0]
+    fit_id = q(conn, f"SELECT max(fit_id) FROM {out}_info")[0][0]
     started, ended = fit_times(conn, fit_id)
     points = eval_points(conn, fit_id)
     done = epochs_done(conn, fit_id)
@@ -398,7 +398,7 @@ def mltuner_db(conn: Any, args: argparse.Namespace) -> dict[str, Any]:
             "NULL, TRUE)", (out, out + "_mst", HIDDEN.index(MLT_HIDDEN) + 1, cgrid,
                             f"{{'batch_size': [{MLT_BATCH}]}}", params, args.seed))
     wall = time.time() - t0
-    fit_id = q(conn, f"SELECT fit_id FROM {out}_summary")[0][0]
+    fit_id = q(conn, f"SELECT max(fit_id) FROM {out}_info")[0][0]
     started, ended = fit_times(conn, fit_id)
     output, chosen_lr = q(conn, f"SELECT mst_key, learning_rate FROM {out}_info "
                                 f"ORDER BY mst_key LIMIT 1")[0]

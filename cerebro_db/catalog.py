@@ -292,6 +292,22 @@ class Catalog(DblinkMixin):
         """A qualified name of one of the extension's own objects."""
         return quote_ident(self.schema) + "." + quote_ident(name)
 
+    def custom_function_modules(self) -> list[str]:
+        """Modules the current role may reference in custom functions (see
+        ``custom_function_modules`` in the migrations)."""
+        rows = self.query(
+            f"SELECT module FROM {self.ext('custom_function_modules')} WHERE grantee = 'public' "
+            "OR (EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = grantee) AND "
+            "pg_catalog.pg_has_role(current_user, grantee, 'MEMBER')) ORDER BY module")
+        return [r["module"] for r in rows]
+
+    def dba_setting(self, name: str) -> str | None:
+        """A ``cerebro_db.*`` setting as written in the server's configuration files
+        (postgresql.conf, ALTER SYSTEM); a value SET in a session, or for a role or
+        database, is ignored (any role can SET a custom setting)."""
+        v = self.query(f"SELECT {self.ext('__dba_setting')}($1) AS v", [name], ["text"])[0]["v"]
+        return v if v not in (None, "") else None
+
     def setting(self, name: str) -> str | None:
         """A (possibly custom) configuration setting, or None when unset or empty."""
         v = self.query("SELECT pg_catalog.current_setting($1, true) AS v", [name], ["text"])[0]["v"]

@@ -199,7 +199,7 @@ def _validate_optimizer_dict(d: Any, index: int, where: str) -> dict[str, Choice
         if accepted is None:
             continue
         for key in out:
-            if key in ("optimizer", "lr") or key in accepted:
+            if key in ("optimizer", "lr", "decay") or key in accepted:  # decay: Keras 2
                 continue
             raise invalid(f"{where}: optimizer {name} has no argument {key!r} (in {label})",
                           hint=f"{name} accepts: " + ", ".join(sorted(accepted | {"lr"})))

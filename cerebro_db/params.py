@@ -20,7 +20,7 @@ import math
 import sys
 import warnings
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Union
 
 from .errors import (
@@ -76,14 +76,28 @@ COMPILE_KEYS: tuple[str, ...] = (
     "steps_per_execution",
     "run_eagerly",
     "auto_scale_loss",
+    "sample_weight_mode",
 )
+
+# Keras 2 compile() keys accepted and ignored: sample_weight_mode only shapes per-sample
+# weights, and no sample weights are ever passed to fit here (MADlib passes none either).
+_COMPILE_IGNORED = frozenset({"sample_weight_mode"})
 
 FIT_KEYS: tuple[str, ...] = (
     "batch_size", "epochs", "shuffle", "class_weight", "verbose", "callbacks",
+    "initial_epoch", "steps_per_epoch",
 )
 
 # Callbacks a fit_params string may name (lower-case name -> Keras class name).
-FIT_CALLBACKS: dict[str, str] = {"terminateonnan": "TerminateOnNaN"}
+FIT_CALLBACKS: dict[str, str] = {"terminateonnan": "TerminateOnNaN", "tensorboard": "TensorBoard"}
+
+# TensorBoard's arguments a fit_params string may give (name -> accepted types). log_dir is
+# confined to the directory the DBA sets in TENSORBOARD_SETTING (see confine_log_dir).
+TENSORBOARD_ARGS: dict[str, tuple[type, ...]] = {
+    "log_dir": (str,), "histogram_freq": (int,), "write_graph": (bool,),
+    "write_images": (bool,), "write_steps_per_second": (bool,), "update_freq": (str, int),
+}
+TENSORBOARD_SETTING = "cerebro_db.tensorboard_log_dir"
 
 _FIT_FORBIDDEN: dict[str, str] = {
     "x": "the training data comes from source_table",
@@ -94,8 +108,6 @@ _FIT_FORBIDDEN: dict[str, str] = {
     "validation_steps": "pass a validation_table argument instead",
     "validation_batch_size": "pass a validation_table argument instead",
     "validation_freq": "use the metrics_compute_frequency argument instead",
-    "steps_per_epoch": "cerebro_db decides how much data one training unit sees",
-    "initial_epoch": "cerebro_db tracks epochs itself; use warm_start to continue training",
     "workers": "data loading is done by cerebro_db",
     "use_multiprocessing": "data loading is done by cerebro_db",
     "max_queue_size": "data loading is done by cerebro_db",
@@ -272,6 +284,7 @@ def parse_keyword_string(
     *,
     bare_name_keys: Collection[str] = (),
     call_keys: Collection[str] = (),
+    call_list_keys: Collection[str] = (),
     key_normalizer: Callable[[str], str] | None = None,
     key_check: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
@@ -315,6 +328,9 @@ def parse_keyword_string(
             out[key] = _Call(node.id, {})
         elif key in call_keys and isinstance(node, ast.Call):
             out[key] = _call_value(node, where)
+        elif key in call_list_keys and isinstance(node, (ast.List, ast.Tuple)):
+            out[key] = [_call_value(e, where) if isinstance(e, ast.Call) else
+                        _literal(e, where, 1) for e in node.elts]
         else:
             out[key] = _literal(node, where)
     return out
@@ -483,6 +499,25 @@ def resolve_optimizer_name(name: str, what: str = "compile_params") -> str:
     return entry[0]
 
 
+KERAS2_EPSILON = 1e-7
+"""Keras 2's backend epsilon (``keras.backend.epsilon()``): what ``epsilon=None`` meant."""
+
+
+@functools.lru_cache(maxsize=64)
+def _float_arguments(name: str) -> frozenset[str]:
+    """Arguments of the named optimizer whose default is a float (an int given is converted)."""
+    try:
+        keras = _import_keras()
+    except ImportError:
+        return frozenset({"learning_rate"})
+    cls = getattr(keras.optimizers, name, None)
+    if cls is None:
+        return frozenset({"learning_rate"})
+    params = inspect.signature(cls.__init__).parameters.values()
+    out = {p.name for p in params if isinstance(p.default, float)}
+    return frozenset(out | {"learning_rate"})
+
+
 def optimizer_arguments(name: str) -> frozenset[str] | None:
     """Keyword arguments the named optimizer's constructor accepts (None when unknown)."""
     entry = _optimizer_table().get(name.lower())
@@ -498,7 +533,11 @@ def optimizer_arguments(name: str) -> frozenset[str] | None:
 class OptimizerSpec:
     """An optimizer: Keras class name (canonical spelling) and literal keyword arguments.
 
-    ``kwargs`` keeps the user's order with ``lr`` renamed to ``learning_rate``.
+    ``kwargs`` keeps the user's order with ``lr`` renamed to ``learning_rate``. Keras 2's
+    ``decay`` (learning-rate decay, removed in Keras 3) is kept as ``decay`` and built as
+    the inverse-time schedule Keras 2 applied: ``lr_t = lr / (1 + decay * iterations)``,
+    with ``iterations`` the optimizer's step counter before the step (Keras 2's
+    ``_decayed_lr``), i.e. ``InverseTimeDecay(lr, decay_steps=1, decay_rate=decay)``.
     """
 
     name: str
@@ -523,12 +562,43 @@ class OptimizerSpec:
         """Build the Keras optimizer object (imports Keras)."""
         keras = _keras_or_error("compile_params")
         cls = getattr(keras.optimizers, self.name)
+        kwargs = dict(self.kwargs)
+        decay = kwargs.pop("decay", None) if "decay" not in (optimizer_arguments(self.name)
+                                                             or ()) else None
         try:
-            return cls(**self.kwargs)
+            if decay:
+                lr = kwargs.get("learning_rate", default_learning_rate(self.name))
+                kwargs["learning_rate"] = keras.optimizers.schedules.InverseTimeDecay(
+                    initial_learning_rate=float(lr), decay_steps=1, decay_rate=decay)
+            return cls(**kwargs)
         except Exception as e:  # noqa: BLE001 - built from the user's literals: a user error
             reason = str(e).strip().rstrip(".").replace("`", "")
             msg = f"compile_params: optimizer {self.canonical()} is invalid: {reason}"
             raise invalid(msg) from None
+
+
+    @property
+    def decayed(self) -> bool:
+        """Whether the learning rate follows Keras 2's ``decay`` schedule (fixed at build)."""
+        return bool(self.kwargs.get("decay")) and "decay" not in (
+            optimizer_arguments(self.name) or ())
+
+
+@functools.lru_cache(maxsize=64)
+def default_learning_rate(name: str) -> float | None:
+    """The named optimizer class' default learning rate (None when it has none)."""
+    try:
+        keras = _import_keras()
+    except ImportError:
+        return None
+    cls = getattr(keras.optimizers, name, None)
+    if cls is None:
+        return None
+    param = inspect.signature(cls.__init__).parameters.get("learning_rate")
+    default = None if param is None else param.default
+    if isinstance(default, (int, float)) and not isinstance(default, bool):
+        return float(default)
+    return None
 
 
 def _optimizer_from_call(call: _Call, what: str) -> OptimizerSpec:
@@ -542,13 +612,25 @@ def _optimizer_from_call(call: _Call, what: str) -> OptimizerSpec:
             )
         kwargs = {("learning_rate" if k == "lr" else k): v for k, v in kwargs.items()}
     accepted = optimizer_arguments(name)
-    for key in kwargs:
-        if key == "decay" and (accepted is None or "decay" not in accepted):
+    if "decay" in kwargs and (accepted is None or "decay" not in accepted):
+        decay = kwargs["decay"]
+        if isinstance(decay, bool) or not isinstance(decay, (int, float)) or decay < 0:
             raise invalid(
-                f"{what}: optimizer {name} has no argument 'decay' (removed in Keras 3)",
-                hint="use weight_decay for weight decay; learning-rate decay needs a "
-                "learning-rate schedule",
+                f"{what}: optimizer {name}: decay must be a non-negative number, got {decay!r}",
+                hint="decay is Keras 2's learning-rate decay: lr / (1 + decay * iterations)",
             )
+        if decay == 0:  # Keras 2's default: no decay
+            kwargs.pop("decay")
+        else:
+            kwargs["decay"] = float(decay)
+    if kwargs.get("epsilon", 0) is None and (accepted is None or "epsilon" in accepted):
+        kwargs["epsilon"] = KERAS2_EPSILON  # Keras 2: None meant the backend's epsilon
+    floats = _float_arguments(name)
+    for key in kwargs:
+        if key == "decay":
+            continue
+        if key in floats and isinstance(kwargs[key], int) and not isinstance(kwargs[key], bool):
+            kwargs[key] = float(kwargs[key])  # Keras 3 checks isinstance(..., float)
         if accepted is not None and key not in accepted:
             raise invalid(
                 f"{what}: optimizer {name} has no argument {key!r}",
@@ -675,11 +757,26 @@ class CompileParams:
     steps_per_execution: int | None = None
     run_eagerly: bool | None = None
     auto_scale_loss: bool | None = None
+    custom: tuple[tuple[str, str], ...] = ()
+    """Custom function names used here and their references (from an object table)."""
+
+    def names(self) -> list[str]:
+        """Every loss and metric name used (for object-table look-ups)."""
+        losses = [self.loss] if isinstance(self.loss, str) else list(
+            self.loss.values() if isinstance(self.loss, dict) else self.loss)
+        return losses + list(self.metrics) + list(self.weighted_metrics or ())
+
+    def with_custom(self, references: Mapping[str, str]) -> CompileParams:
+        """These parameters with the custom functions among ``references`` they use."""
+        used = tuple(sorted((n, references[n]) for n in set(self.names()) if n in references))
+        return replace(self, custom=used)
 
     def _items(self) -> list[tuple[str, Any]]:
         loss: Any = list(self.loss) if isinstance(self.loss, tuple) else self.loss
         items: list[tuple[str, Any]] = [("loss", loss), ("metrics", list(self.metrics))]
         for key in COMPILE_KEYS[3:]:
+            if key in _COMPILE_IGNORED:
+                continue
             v = getattr(self, key)
             if v is not None:
                 items.append((key, list(v) if isinstance(v, tuple) else v))
@@ -689,6 +786,8 @@ class CompileParams:
         """A stable normalised string; equal for strings that configure the same compile."""
         parts = [f"optimizer={render_literal(self.optimizer.canonical())}"]
         parts += [f"{k}={render_literal(v)}" for k, v in self._items()]
+        if self.custom:
+            parts.append(f"custom={render_literal(dict(self.custom))}")
         return ",".join(parts)
 
     def __eq__(self, other: object) -> bool:
@@ -708,6 +807,21 @@ class CompileParams:
         out: dict[str, Any] = {"optimizer": self.optimizer.to_keras()}
         for k, v in self._items():
             out[k] = v
+        if self.custom:
+            from .custom_functions import keras_object
+
+            refs = dict(self.custom)
+
+            def sub(name: Any, kind: str) -> Any:
+                return keras_object(refs[name], name, kind) if name in refs else name
+
+            loss = out["loss"]
+            out["loss"] = {k: sub(v, "loss") for k, v in loss.items()} if isinstance(
+                loss, dict) else [sub(v, "loss") for v in loss] if isinstance(
+                loss, list) else sub(loss, "loss")
+            for key in ("metrics", "weighted_metrics"):
+                if out.get(key):
+                    out[key] = [sub(m, "metric") for m in out[key]]
         return out
 
 
@@ -745,6 +859,12 @@ def parse_compile_params(text: str | None, what: str = "compile_params") -> Comp
         v = d.get(key)
         if v is not None and not isinstance(v, bool):
             raise invalid(f"{what}: {key} must be True or False, got {v!r}")
+    swm = d.get("sample_weight_mode")
+    swm_items = list(swm.values()) if isinstance(swm, dict) else (
+        list(swm) if isinstance(swm, (list, tuple)) else [swm])
+    if any(v is not None and v != "temporal" for v in swm_items):
+        raise invalid(f"{what}: sample_weight_mode must be None or 'temporal' (per output in a "
+                      f"list or dict), got {render_literal(swm)}")
     return CompileParams(
         optimizer=parse_optimizer_spec(d["optimizer"], what),
         loss=_parse_loss(d["loss"], what),
@@ -817,16 +937,34 @@ class FitParams:
     class_weight: dict[int, float] | None = None
     verbose: int | str | None = None
     callbacks: tuple[str, ...] = ()
+    tensorboard: tuple[tuple[str, Any], ...] | None = None
+    """TensorBoard's arguments when the TensorBoard callback is asked for."""
+    initial_epoch: int | None = None
+    steps_per_epoch: int | None = None
+
+    def with_log_dir(self, path: str) -> FitParams:
+        """These parameters with TensorBoard writing to ``path`` (an already confined one)."""
+        tb = dict(self.tensorboard or ())
+        tb["log_dir"] = path
+        return replace(self, tensorboard=tuple(sorted(tb.items())))
+
+    @property
+    def passes(self) -> int:
+        """Passes over the data one unit makes: ``epochs - initial_epoch`` (Keras' meaning)."""
+        return self.epochs - (self.initial_epoch or 0)
 
     def canonical(self) -> str:
         """A stable normalised string: batch_size and epochs always, other keys when given."""
         parts = [f"batch_size={self.batch_size}", f"epochs={self.epochs}"]
-        for key in ("shuffle", "class_weight", "verbose"):
+        for key in ("shuffle", "class_weight", "verbose", "initial_epoch", "steps_per_epoch"):
             v = getattr(self, key)
             if v is not None:
                 parts.append(f"{key}={render_literal(v)}")
         if self.callbacks:
-            parts.append(f"callbacks={render_literal(list(self.callbacks))}")
+            items = [render_literal(c) if c != "TensorBoard" else "TensorBoard(" + ",".join(
+                f"{k}={render_literal(v)}" for k, v in self.tensorboard or ()) + ")"
+                for c in self.callbacks]
+            parts.append("callbacks=[" + ",".join(items) + "]")
         return ",".join(parts)
 
     def __eq__(self, other: object) -> bool:
@@ -840,13 +978,16 @@ class FitParams:
     def to_keras(self) -> dict[str, Any]:
         """Keyword arguments for ``model.fit(...)``; callbacks are built (imports Keras then)."""
         out: dict[str, Any] = {"batch_size": self.batch_size, "epochs": self.epochs}
-        for key in ("shuffle", "class_weight", "verbose"):
+        for key in ("shuffle", "class_weight", "verbose", "initial_epoch", "steps_per_epoch"):
             v = getattr(self, key)
             if v is not None:
                 out[key] = dict(v) if isinstance(v, dict) else v
         if self.callbacks:
             keras = _keras_or_error("fit_params")
-            out["callbacks"] = [getattr(keras.callbacks, name)() for name in self.callbacks]
+            out["callbacks"] = [
+                getattr(keras.callbacks, name)(**dict(self.tensorboard or ()))
+                if name == "TensorBoard" else getattr(keras.callbacks, name)()
+                for name in self.callbacks]
         return out
 
 
@@ -871,6 +1012,41 @@ def _int_at_least(value: Any, where: str, low: int) -> int:
     return value
 
 
+def _tensorboard_args(given: Mapping[str, Any], what: str) -> tuple[tuple[str, Any], ...]:
+    for key, value in given.items():
+        types = TENSORBOARD_ARGS.get(key)
+        if types is None:
+            raise invalid(f"{what}: TensorBoard has no argument {key!r} here",
+                          hint="allowed: " + ", ".join(TENSORBOARD_ARGS))
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            raise invalid(f"{what}: TensorBoard {key} must be a "
+                          f"{' or '.join(t.__name__ for t in types)}, got {render_literal(value)}")
+    return tuple(sorted({"log_dir": "logs", **given}.items()))  # Keras' default: 'logs'
+
+
+
+def confine_log_dir(log_dir: str, base: str | None, what: str = "fit_params") -> str:
+    """``log_dir`` (relative to ``base``, or absolute) as an absolute path inside ``base``,
+    after normalisation and resolving symbolic links; raises 42501 when it falls outside (or
+    no base directory is configured)."""
+    import os
+
+    if not base or not os.path.isabs(base):
+        raise CerebroError(
+            f"{what}: the TensorBoard callback needs a log directory configured by the DBA",
+            "42501", hint=f"A superuser sets {TENSORBOARD_SETTING} = '/absolute/dir' in "
+            "postgresql.conf (or with ALTER SYSTEM) and reloads; log_dir is then a directory "
+            "inside it.")
+    root = os.path.realpath(base)
+    path = os.path.realpath(os.path.join(root, log_dir))
+    if os.path.commonpath([root, path]) != root:
+        raise CerebroError(
+            f"{what}: TensorBoard log_dir {log_dir!r} is outside the configured log "
+            f"directory {base!r}", "42501",
+            hint=f"Give a directory inside {base} (relative paths are taken from there).")
+    return path
+
+
 def parse_fit_params(text: str | None, what: str = "fit_params") -> FitParams:
     """Parse and check a ``fit_params`` string; None or empty gives Keras' defaults.
 
@@ -878,12 +1054,27 @@ def parse_fit_params(text: str | None, what: str = "fit_params") -> FitParams:
     class_weight (dict int -> non-negative number), verbose (0, 1, 2 or 'auto') and callbacks
     (names from :data:`FIT_CALLBACKS`). Raises :class:`CerebroError`.
     """
-    d = parse_keyword_string(text, what, key_check=lambda k: _check_fit_key(k, what))
+    d = parse_keyword_string(text, what, key_check=lambda k: _check_fit_key(k, what),
+                             call_list_keys=("callbacks",))
     kwargs: dict[str, Any] = {}
     if "batch_size" in d:
         kwargs["batch_size"] = _int_at_least(d["batch_size"], f"{what}: batch_size", 1)
     if "epochs" in d:
         kwargs["epochs"] = _int_at_least(d["epochs"], f"{what}: epochs", 1)
+    if d.get("steps_per_epoch") is not None:
+        kwargs["steps_per_epoch"] = _int_at_least(
+            d["steps_per_epoch"], f"{what}: steps_per_epoch", 1)
+    if d.get("initial_epoch") is not None:
+        first = _int_at_least(d["initial_epoch"], f"{what}: initial_epoch", 0)
+        epochs = kwargs.get("epochs", 1)
+        if first >= epochs:
+            raise invalid(
+                f"{what}: initial_epoch must be less than epochs ({epochs}), got {first}",
+                hint="Keras trains epochs - initial_epoch passes per call: this would train "
+                "nothing",
+            )
+        if first:
+            kwargs["initial_epoch"] = first
     if d.get("shuffle") is not None:
         if not isinstance(d["shuffle"], bool):
             raise invalid(f"{what}: shuffle must be True or False, got {d['shuffle']!r}")
@@ -913,7 +1104,17 @@ def parse_fit_params(text: str | None, what: str = "fit_params") -> FitParams:
         kwargs["verbose"] = v
     if d.get("callbacks") is not None:
         names = []
-        for name in _str_list(d["callbacks"], f"{what}: callbacks"):
+        given = d["callbacks"] if isinstance(d["callbacks"], list) else [d["callbacks"]]
+        for item in given:
+            if isinstance(item, _Call):
+                if item.name.lower() != "tensorboard":
+                    raise invalid(f"{what}: callback {item.name!r} is not allowed",
+                                  hint="allowed callbacks: " + ", ".join(
+                                      sorted(FIT_CALLBACKS.values())))
+                kwargs["tensorboard"] = _tensorboard_args(item.kwargs, what)
+                name = "TensorBoard"
+            else:
+                name = _str_list([item], f"{what}: callbacks")[0]
             canonical = FIT_CALLBACKS.get(name.lower())
             if canonical is None:
                 raise invalid(

@@ -333,7 +333,14 @@ def _fit_params(value: FitInput) -> FitParams:
 
 
 def _learning_rate(cp: CompileParams) -> float | None:
-    """The configuration's learning rate: given, else the optimizer class' default."""
+    """The configuration's learning rate: given, else the optimizer class' default.
+
+    None for Keras 2's ``decay``: the learning rate is then a schedule built into the
+    optimizer from ``compile_params`` (part of :func:`_rebuild_key`), a function of the
+    optimizer's ``iterations``, which travels with the state.
+    """
+    if cp.optimizer.decayed:
+        return None
     lr = cp.optimizer.kwargs.get("learning_rate")
     if isinstance(lr, (int, float)) and not isinstance(lr, bool):
         return float(lr)
@@ -355,7 +362,9 @@ def _default_learning_rate(name: str) -> float | None:
 
 
 def _rebuild_key(cp: CompileParams) -> str:
-    """Canonical compile parameters with the learning rate left out."""
+    """Canonical compile parameters with the learning rate left out (kept with ``decay``)."""
+    if cp.optimizer.decayed:
+        return cp.canonical()
     kwargs = {k: v for k, v in cp.optimizer.kwargs.items() if k != "learning_rate"}
     return replace(cp, optimizer=OptimizerSpec(cp.optimizer.name, kwargs)).canonical()
 
@@ -384,6 +393,14 @@ class CachedModel:
     rng_vars: list[Any] = field(default_factory=list)
     uses: int = 0
     eval_fns: dict[tuple[int, ...], Any] = field(default_factory=dict, repr=False)
+    metric_order: tuple[str, ...] = ()
+
+    def in_compile_order(self, logs: dict[str, float]) -> dict[str, float]:
+        """Keras reports logs sorted by name; metrics in the order compile_params list them
+        (the order of ``metrics_type``), any other keys after."""
+        out = {k: logs[k] for k in self.metric_order if k in logs}
+        out.update((k, v) for k, v in logs.items() if k not in out)
+        return out
 
     @property
     def optimizer(self) -> Any:
@@ -508,6 +525,7 @@ def _build_entry(
         compiled=cp is not None,
         n_params=keras_arch.count_params(model),
         rng_vars=_rng_vars(model),
+        metric_order=tuple(cp.metrics) + tuple(cp.weighted_metrics or ()) if cp else (),
     )
 
 
@@ -790,7 +808,9 @@ def _fit(
     _seed_layers(entry, seed)
     kwargs = fp.to_keras()
     kwargs["verbose"] = 0
-    epochs = int(kwargs.pop("epochs", 1) or 1)
+    kwargs.pop("epochs", None)
+    kwargs.pop("initial_epoch", None)
+    epochs = fp.passes
     shuffle = kwargs.pop("shuffle", True)
     batch_size = int(kwargs.pop("batch_size", 32) or 32)
     kwargs["shuffle"] = False
@@ -805,7 +825,7 @@ def _fit(
         h = entry.model.fit(feed.dataset, epochs=1, **kwargs).history
         hist = {k: _last(v) for k, v in h.items()}
     loss = hist.pop("loss", float("nan"))
-    return loss, hist
+    return loss, entry.in_compile_order(hist)
 
 
 def _fit_buffers(
@@ -1004,7 +1024,7 @@ def train_unit(
         rows = _rows(entry.model, x, y)
         state = load_state(entry, cp, state_bytes, reset_optimizer)
         loss, metrics = _fit(entry, fp, x, y, seed)
-        meta = _next_meta(state, rows, fp.epochs, completes_epoch, info)
+        meta = _next_meta(state, rows, fp.passes, completes_epoch, info)
         new_state = save_state(entry, meta)
     except CerebroError:
         raise
@@ -1016,7 +1036,7 @@ def train_unit(
         loss=loss,
         seconds=time.perf_counter() - start,
         metrics=metrics,
-        epochs=fp.epochs,
+        epochs=fp.passes,
         rebuilt=rebuilt,
     )
     return new_state, result
@@ -1077,7 +1097,7 @@ def replay(
     for x, y, seed in units:
         _fit(entry, fp, x, y, _seed(seed))
         meta["units_done"] = meta.get("units_done", 0) + 1
-        meta["samples_seen"] = meta.get("samples_seen", 0) + _rows(entry.model, x, y) * fp.epochs
+        meta["samples_seen"] = meta.get("samples_seen", 0) + _rows(entry.model, x, y) * fp.passes
     return save_state(entry, meta)
 
 
@@ -1130,6 +1150,7 @@ def evaluate(
     except Exception as exc:  # noqa: BLE001
         cache.discard(entry)
         raise _keras_failure("evaluation", exc) from None
+    out = entry.in_compile_order(out)
     loss = out.pop("loss", float("nan"))
     return EvalResult(loss=loss, metrics=out, rows=rows)
 

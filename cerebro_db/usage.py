@@ -58,7 +58,7 @@ SELECT load_model_selection_table(
     compile_params_list,  -- VARCHAR[], e.g. $$optimizer='Adam(learning_rate=0.001)',
                           --   loss='categorical_crossentropy', metrics=['accuracy']$$
     fit_params_list,      -- VARCHAR[], e.g. 'batch_size=64, epochs=1'
-    object_table          -- not supported (custom objects are never unpickled)
+    object_table          -- custom functions by name (load_custom_function); NULL: none
 );
 Table: mst_key SERIAL, model_id, compile_params, fit_params; plus <table>_summary.""",
     "generate_model_configs": """\
@@ -73,7 +73,7 @@ SELECT generate_model_configs(
     search_type,          -- 'grid' (default) or 'random'
     num_configs,          -- random search only
     random_state,         -- random search only
-    object_table          -- not supported
+    object_table          -- custom functions by name (load_custom_function); NULL: none
 );
 [low, high, 'linear'|'log'|'log_near_one'] is a distribution (random search); any other
 list is a set of choices. Appends to an existing table of the same architecture table.""",
@@ -119,7 +119,7 @@ madlib_keras_fit: train one configuration
 SELECT madlib_keras_fit(
     source_table, model, model_arch_table, model_id, compile_params, fit_params,
     num_iterations, use_gpus, validation_table, metrics_compute_frequency, warm_start,
-    name, description, object_table (not supported), random_state);
+    name, description, object_table (custom functions), random_state);
 Sequential SGD over the partitions (one worker session holds them all). Writes <model>
 (model_weights, model_arch) and <model>_summary (with the metrics).""",
     "madlib_keras_fit_resume": """\
@@ -179,12 +179,45 @@ SELECT madlib_keras_automl(
                                 -- asha 'min_r=1, max_r=9, eta=3, brackets=1, max_configs=27,
                                 --   time_budget=0'; see the README for mltuner, grid, random
     random_state,               -- makes the run reproducible
-    object_table,               -- not supported (NULL)
+    object_table,               -- custom functions by name (load_custom_function)
     use_gpus, validation_table, metrics_compute_frequency, name, description, use_caching
 );
 Configurations are ranked by validation loss when validation_table is given, else by
 training loss. Decisions as they happen: SELECT * FROM cerebro_db.automl_decisions;
 trials: cerebro_db.automl_trials.""",
+    "gpu_configuration": """\
+gpu_configuration: the GPUs the database server sees
+
+SELECT gpu_configuration(
+    output_table,  -- created: hostname ('localhost'), gpu_descr (one row per GPU)
+    source         -- 'tensorflow' (default, NULL) or 'nvidia' (nvidia-smi -L)
+);""",
+    "load_custom_function": """\
+load_custom_function: register a custom loss or metric function by reference
+
+SELECT load_custom_function(
+    object_table,  -- created on first use; unqualified: in the extension's schema (MADlib)
+    reference,     -- 'module.path:function' or 'module.path:function(key=literal, ...)',
+                   --   a Python object in a module installed in the server's environment
+    name,          -- the name compile_params use: loss='name', metrics=['name']
+    description
+);
+The module (or a parent package) must be allowed by a superuser:
+INSERT INTO <extension schema>.custom_function_modules (module, grantee) VALUES ('mypkg', 'public');
+Pickled objects (MADlib's BYTEA form) are refused: user bytes are never unpickled.
+Pass object_table to load_model_selection_table / generate_model_configs / madlib_keras_fit /
+madlib_keras_automl; evaluate and predict read it from the model's summary.""",
+    "load_top_k_accuracy_function": """\
+load_top_k_accuracy_function: add the metric top_<k>_accuracy to an object table
+
+SELECT load_top_k_accuracy_function(object_table, k);
+Then compile_params: metrics=['top_3_accuracy'] with object_table passed to the fit.""",
+    "delete_custom_function": """\
+delete_custom_function: remove a custom function from an object table
+
+SELECT delete_custom_function(object_table, id);
+SELECT delete_custom_function(object_table, name);
+The table is dropped once it is empty.""",
     "hyperband_schedule": """\
 hyperband_schedule: the brackets Hyperband runs for R, eta and skip_last
 

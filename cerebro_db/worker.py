@@ -146,6 +146,47 @@ def _config_row(cat: Catalog, fit_id: int, mst_key: int) -> dict[str, Any]:
     return row
 
 
+def compile_params_of(cat: Catalog, fit: dict[str, Any], cfg: dict[str, Any]) -> Any:
+    """A configuration's compile parameters with the fit's custom functions; this session
+    checks itself that the current role may import each referenced module (the fit's
+    catalog row is not trusted for that). Cached with the configuration's row."""
+    cp = cfg.get("_compile")
+    if cp is None:
+        from .custom_functions import parse_reference, require_allowed
+        from .params import parse_compile_params
+
+        cp = parse_compile_params(cfg["compile_params"])
+        refs = fit["options"].get("custom_functions") or {}
+        if refs:
+            cp = cp.with_custom(refs)
+            if cp.custom:
+                allowed = cat.custom_function_modules()
+                for name, ref in cp.custom:
+                    require_allowed(parse_reference(ref), allowed, name)
+        cfg["_compile"] = cp
+    return cp
+
+
+def fit_params_of(cat: Catalog, fit: dict[str, Any], cfg: dict[str, Any]) -> Any:
+    """A configuration's fit parameters; a TensorBoard log_dir is confined by this session
+    to the DBA's directory (the fit's catalog row is not trusted for that) and gets
+    ``fit_<id>/mst_key_<k>`` appended, so configurations never share event files."""
+    fp = cfg.get("_fit")
+    if fp is None:
+        import os
+
+        from .params import TENSORBOARD_SETTING, confine_log_dir, parse_fit_params
+
+        fp = parse_fit_params(cfg["fit_params"])
+        if fp.tensorboard:
+            root = confine_log_dir(dict(fp.tensorboard)["log_dir"],
+                                   cat.dba_setting(TENSORBOARD_SETTING))
+            fp = fp.with_log_dir(os.path.join(root, f"fit_{fit['fit_id']}",
+                                              f"mst_key_{cfg['mst_key']}"))
+        cfg["_fit"] = fp
+    return fp
+
+
 READ_SLICE = 1 << 20
 """Bytes of a packed feature buffer read per query (``substring`` of the stored value)."""
 
@@ -457,18 +498,19 @@ def _run_unit(cat: Catalog, fit_id: int, mst_key: int, epoch: int, partition: in
     fopts = fit["options"]
     _runtime(fopts.get("worker_threads"))
     cfg = _config_row(cat, fit_id, mst_key)
+    cp = compile_params_of(cat, fit, cfg)
     chunk = int(fopts.get("state_chunk_size") or DEFAULT_CHUNK_SIZE)
     if kind == "train":
         x, y = unit_data(cat, fopts, fit["source_table"], partition, cfg["compile_params"])
         state = load_state(cat, fit_id, mst_key, "current")
         if state is None:
-            state = training.initial_state(cfg["model_arch"], cfg["compile_params"],
+            state = training.initial_state(cfg["model_arch"], cp,
                                            unit_seed(fit["random_state"], mst_key, 0, 0, 1),
                                            cfg["init_weights"])
         _hook(cat, "before_train", mst_key, epoch, partition, options)
         t1 = time.time()
         new_state, res = training.train_unit(
-            model_cache(), cfg["model_arch"], cfg["compile_params"], cfg["fit_params"], state,
+            model_cache(), cfg["model_arch"], cp, fit_params_of(cat, fit, cfg), state,
             x, y, unit_seed(fit["random_state"], mst_key, epoch, partition),
             bool(options.get("reset_optimizer")),
             completes_epoch=bool(options.get("completes_epoch")))
@@ -488,7 +530,7 @@ def _run_unit(cat: Catalog, fit_id: int, mst_key: int, epoch: int, partition: in
     state = load_state(cat, fit_id, mst_key, f"epoch:{epoch}")
     if state is None:
         raise CerebroError(f"no state of configuration {mst_key} at epoch {epoch}", "XX000")
-    entry = model_cache().get(cfg["model_arch"], cfg["compile_params"])
+    entry = model_cache().get(cfg["model_arch"], cp)
     bs = training.eval_batch_size(entry.model, parse_fit_params(cfg["fit_params"]).batch_size)
     _hook(cat, "eval", mst_key, epoch, partition, options)
     evals: dict[str, Any] = {}
@@ -497,7 +539,7 @@ def _run_unit(cat: Catalog, fit_id: int, mst_key: int, epoch: int, partition: in
         table = fit["source_table"] if ek == "eval_train" else fit["validation_table"]
         x, y = unit_data(cat, fopts, table, partition, cfg["compile_params"])
         t2 = time.time()
-        ev = training.evaluate(model_cache(), cfg["model_arch"], cfg["compile_params"], state,
+        ev = training.evaluate(model_cache(), cfg["model_arch"], cp, state,
                                x, y, batch_size=bs)
         t3 = time.time()
         _log_unit(cat, fit_id, mst_key, epoch, partition, worker, ek, t1, t3, ev.rows, ev.loss,

@@ -568,3 +568,174 @@ END
 $run_job$;
 COMMENT ON PROCEDURE @extschema@.run_model_selection_job(TEXT) IS
 'Run a model selection job now (what pg_cron calls): pack new rows, train, publish atomically, record the run in job_runs';
+
+-- MADlib compatibility (since 0.2.0)
+------------------------------------------------------------------------------------------
+-- MADlib's numeric pred_type overloads: an INTEGER is top k, a DOUBLE PRECISION a
+-- probability threshold; both are passed on as their text to the VARCHAR form.
+CREATE OR REPLACE FUNCTION @extschema@.madlib_keras_predict(
+    model_table         VARCHAR,
+    test_table          VARCHAR,
+    id_col              VARCHAR,
+    independent_varname VARCHAR,
+    output_table        VARCHAR,
+    pred_type           INTEGER,
+    use_gpus            BOOLEAN DEFAULT FALSE,
+    mst_key             INTEGER DEFAULT NULL
+) RETURNS VOID LANGUAGE sql VOLATILE AS $sql$
+    SELECT @extschema@.madlib_keras_predict($1, $2, $3, $4, $5, $6::varchar, $7, $8)
+$sql$;
+
+CREATE OR REPLACE FUNCTION @extschema@.madlib_keras_predict(
+    model_table         VARCHAR,
+    test_table          VARCHAR,
+    id_col              VARCHAR,
+    independent_varname VARCHAR,
+    output_table        VARCHAR,
+    pred_type           DOUBLE PRECISION,
+    use_gpus            BOOLEAN DEFAULT FALSE,
+    mst_key             INTEGER DEFAULT NULL
+) RETURNS VOID LANGUAGE sql VOLATILE AS $sql$
+    SELECT @extschema@.madlib_keras_predict($1, $2, $3, $4, $5, $6::varchar, $7, $8)
+$sql$;
+
+CREATE OR REPLACE FUNCTION @extschema@.madlib_keras_predict_byom(
+    model_arch_table    VARCHAR,
+    model_id            INTEGER,
+    test_table          VARCHAR,
+    id_col              VARCHAR,
+    independent_varname VARCHAR,
+    output_table        VARCHAR,
+    pred_type           INTEGER,
+    use_gpus            BOOLEAN DEFAULT NULL,
+    class_values        TEXT[] DEFAULT NULL,
+    normalizing_const   DOUBLE PRECISION DEFAULT NULL,
+    dependent_count     INTEGER DEFAULT 1
+) RETURNS VOID LANGUAGE sql VOLATILE AS $sql$
+    SELECT @extschema@.madlib_keras_predict_byom($1, $2, $3, $4, $5, $6, $7::varchar, $8, $9,
+                                                 $10, $11)
+$sql$;
+
+CREATE OR REPLACE FUNCTION @extschema@.madlib_keras_predict_byom(
+    model_arch_table    VARCHAR,
+    model_id            INTEGER,
+    test_table          VARCHAR,
+    id_col              VARCHAR,
+    independent_varname VARCHAR,
+    output_table        VARCHAR,
+    pred_type           DOUBLE PRECISION,
+    use_gpus            BOOLEAN DEFAULT NULL,
+    class_values        TEXT[] DEFAULT NULL,
+    normalizing_const   DOUBLE PRECISION DEFAULT NULL,
+    dependent_count     INTEGER DEFAULT 1
+) RETURNS VOID LANGUAGE sql VOLATILE AS $sql$
+    SELECT @extschema@.madlib_keras_predict_byom($1, $2, $3, $4, $5, $6, $7::varchar, $8, $9,
+                                                 $10, $11)
+$sql$;
+
+-- @entrypoint
+CREATE OR REPLACE FUNCTION @extschema@.gpu_configuration(
+    output_table VARCHAR,
+    source       VARCHAR
+) RETURNS VOID LANGUAGE plpython3u VOLATILE AS $python$
+@plpython gpu_configuration@
+$python$;
+COMMENT ON FUNCTION @extschema@.gpu_configuration(VARCHAR, VARCHAR) IS
+'The GPUs the database server sees (source ''tensorflow'' (NULL) or ''nvidia''): writes output_table (hostname, gpu_descr), one row per GPU';
+
+CREATE OR REPLACE FUNCTION @extschema@.gpu_configuration(output_table VARCHAR)
+RETURNS VOID LANGUAGE sql VOLATILE AS $sql$
+    SELECT @extschema@.gpu_configuration($1, NULL)
+$sql$;
+
+CREATE OR REPLACE FUNCTION @extschema@.gpu_configuration()
+RETURNS TEXT LANGUAGE plpython3u IMMUTABLE AS $python$
+from cerebro_db.entrypoints import usage
+return usage("gpu_configuration")
+$python$;
+
+-- Custom loss and metric functions: references to installed Python objects, never pickled
+-- bytes (cerebro_db/custom_functions.py). MADlib's BYTEA form is declared so that its scripts
+-- get a clear refusal saying what to do instead.
+-- @entrypoint
+CREATE OR REPLACE FUNCTION @extschema@.load_custom_function(
+    object_table VARCHAR,
+    reference    TEXT,
+    name         TEXT,
+    description  TEXT DEFAULT NULL
+) RETURNS VOID LANGUAGE plpython3u VOLATILE AS $python$
+@plpython load_custom_function@
+$python$;
+COMMENT ON FUNCTION @extschema@.load_custom_function(VARCHAR, TEXT, TEXT, TEXT) IS
+'Register a custom loss or metric as a reference to a Python object in an installed module the DBA allowed (''mypkg.losses:focal_loss''), under name, in an object table';
+
+-- @entrypoint
+CREATE OR REPLACE FUNCTION @extschema@.load_custom_function(
+    object_table VARCHAR,
+    object       BYTEA,
+    name         TEXT,
+    description  TEXT DEFAULT NULL
+) RETURNS VOID LANGUAGE plpython3u VOLATILE AS $python$
+@plpython load_custom_function_pickled@
+$python$;
+COMMENT ON FUNCTION @extschema@.load_custom_function(VARCHAR, BYTEA, TEXT, TEXT) IS
+'MADlib''s pickled form: refused (user bytes are never unpickled); the error says how to register a reference instead';
+
+CREATE OR REPLACE FUNCTION @extschema@.load_custom_function(message VARCHAR DEFAULT NULL)
+RETURNS TEXT LANGUAGE plpython3u IMMUTABLE AS $python$
+@usage load_custom_function@
+$python$;
+
+-- @entrypoint
+CREATE OR REPLACE FUNCTION @extschema@.load_top_k_accuracy_function(
+    object_table VARCHAR,
+    k            INTEGER
+) RETURNS VOID LANGUAGE plpython3u VOLATILE AS $python$
+@plpython load_top_k_accuracy_function@
+$python$;
+COMMENT ON FUNCTION @extschema@.load_top_k_accuracy_function(VARCHAR, INTEGER) IS
+'Add the metric top_<k>_accuracy (Keras'' top-k categorical accuracy) to an object table';
+
+CREATE OR REPLACE FUNCTION @extschema@.load_top_k_accuracy_function(message VARCHAR DEFAULT NULL)
+RETURNS TEXT LANGUAGE plpython3u IMMUTABLE AS $python$
+@usage load_top_k_accuracy_function@
+$python$;
+
+-- @entrypoint
+CREATE OR REPLACE FUNCTION @extschema@.delete_custom_function(
+    object_table VARCHAR,
+    id           INTEGER
+) RETURNS VOID LANGUAGE plpython3u VOLATILE AS $python$
+@plpython delete_custom_function@
+$python$;
+COMMENT ON FUNCTION @extschema@.delete_custom_function(VARCHAR, INTEGER) IS
+'Delete a custom function by id from an object table; drops the table once it is empty';
+
+-- @entrypoint
+CREATE OR REPLACE FUNCTION @extschema@.delete_custom_function(
+    object_table VARCHAR,
+    name         TEXT
+) RETURNS VOID LANGUAGE plpython3u VOLATILE AS $python$
+@plpython delete_custom_function_by_name@
+$python$;
+COMMENT ON FUNCTION @extschema@.delete_custom_function(VARCHAR, TEXT) IS
+'Delete a custom function by name from an object table; drops the table once it is empty';
+
+CREATE OR REPLACE FUNCTION @extschema@.delete_custom_function(message VARCHAR DEFAULT NULL)
+RETURNS TEXT LANGUAGE plpython3u IMMUTABLE AS $python$
+@usage delete_custom_function@
+$python$;
+
+-- A cerebro_db.* setting as the DBA wrote it in postgresql.conf (or with ALTER SYSTEM),
+-- ignoring values SET in a session or for a role: any role can SET a custom setting, so a
+-- setting that confines what the server writes (cerebro_db.tensorboard_log_dir) is read from
+-- the configuration files only. Runs as the extension's owner (pg_file_settings is readable
+-- by superusers only) and answers for cerebro_db.* names only.
+CREATE OR REPLACE FUNCTION @extschema@.__dba_setting(setting_name TEXT)
+RETURNS TEXT LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $dba_setting$
+    SELECT f.setting FROM pg_catalog.pg_file_settings f
+     WHERE f.name = setting_name AND f.error IS NULL
+       AND starts_with(setting_name, 'cerebro_db.')
+     ORDER BY f.seqno DESC LIMIT 1
+$dba_setting$;

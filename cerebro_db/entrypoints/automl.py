@@ -26,6 +26,7 @@ from ..automl.registry import get_tuner
 from ..automl.space import SearchSpace
 from ..automl.trials import EvalEpochs, TrialBook, state_for_jsonb, state_from_jsonb
 from ..catalog import Catalog
+from ..configs import parse_grid
 from ..coordinator import ConfigResult, FitOutcome
 from ..errors import (
     FEATURE_NOT_SUPPORTED,
@@ -38,9 +39,9 @@ from ..executors import DblinkExecutor
 from ..names import TableName
 from ..scheduling import Progress
 from . import entrypoint, require_output_schema
+from .compat import custom_references, grid_names
 from .models import require_arch_table
 from .preprocessing import resolve_seed
-from .selection import _no_object_table
 from .training import (
     INFO_COLUMNS,
     INFO_TYPES,
@@ -252,24 +253,28 @@ def _write_outputs(cat: Catalog, req: FitRequest, book: TrialBook, sink: _Catalo
     best = sink.configs[ranking[0]]
     src_summary = req.source.table.with_suffix("_summary", "source_table")
     cv = '"' + (req.source.y + "_class_values").replace('"', '""') + '"'
+    # MADlib's AutoML summary columns exactly; our own facts (fit_id, best_mst_key,
+    # num_trials) are in the catalog (cerebro_db.fits.options) and fit_id in <out>_info
     cat.query(
         f"CREATE TABLE {summ.sql} AS SELECT $1::text AS source_table, "
         "$2::text AS validation_table, $3::text AS model, $4::text AS model_info, "
         "s.dependent_varname, s.independent_varname, $5::text AS model_arch_table, "
         "$6::text AS model_selection_table, $7::text AS automl_method, "
-        "$8::text AS automl_params, $9::int AS random_state, NULL::text AS object_table, "
+        "$8::text AS automl_params, $9::text AS random_state, $16::text AS object_table, "
         "$10::boolean AS use_gpus, $11::int AS metrics_compute_frequency, $12::text AS name, "
         "$13::text AS description, to_timestamp($14)::timestamp AS start_training_time, "
         "clock_timestamp()::timestamp AS end_training_time, $15::text AS madlib_version, "
-        f"s.num_classes, s.{cv}, s.dependent_vartype, s.normalizing_const, "
-        "$16::bigint AS fit_id, $17::int AS best_mst_key, $18::int AS num_trials, "
-        f"s.num_partitions FROM {src_summary.sql} s",
+        f"s.num_classes, s.{cv}, s.dependent_vartype, s.normalizing_const "
+        f"FROM {src_summary.sql} s",
         [str(req.source.table), str(req.validation.table) if req.validation else None,
          str(out), str(info), str(req.arch_table), str(mst), method,
-         automl_params, random_state, use_gpus, req.frequency, name, description, t0,
-         __version__, fit_id, best.mst_key, len(book.trials)],
-        ["text", "text", "text", "text", "text", "text", "text", "text", "int4", "bool",
-         "int4", "text", "text", "float8", "text", "int8", "int4", "int4"])
+         automl_params, str(random_state), use_gpus, req.frequency, name, description, t0,
+         __version__, req.object_table],
+        ["text", "text", "text", "text", "text", "text", "text", "text", "text", "bool",
+         "int4", "text", "text", "float8", "text", "text"])
+    sink.ex.control(f"UPDATE {cat.ext('fits')} SET options = options || "
+                    f"jsonb_build_object('best_mst_key', {int(best.mst_key)}, 'num_trials', "
+                    f"{len(book.trials)}) WHERE fit_id = {int(fit_id)}")
     # MADlib leaves the model selection table holding the best configuration
     cat.create_table(mst, [("mst_key", "integer PRIMARY KEY"), ("model_id", "integer"),
                            ("compile_params", "varchar"), ("fit_params", "varchar")])
@@ -279,7 +284,7 @@ def _write_outputs(cat: Catalog, req: FitRequest, book: TrialBook, sink: _Catalo
     mst_summary = mst.with_suffix("_summary", "model_selection_table")
     cat.create_table(mst_summary, [("model_arch_table", "varchar"), ("object_table", "varchar")])
     cat.insert(mst_summary, ["model_arch_table", "object_table"], ["text", "text"],
-               [[str(req.arch_table), None]])
+               [[str(req.arch_table), req.object_table]])
     return best.mst_key
 
 
@@ -322,7 +327,6 @@ def madlib_keras_automl(
     if metrics_compute_frequency is not None and metrics_compute_frequency < 1:
         raise invalid(f"metrics_compute_frequency must be at least 1, got "
                       f"{metrics_compute_frequency}")
-    _no_object_table(object_table)
     out = cat.table(model_output_table, "model_output_table")
     arch = cat.table(model_arch_table, "model_arch_table")
     mst = cat.table(model_selection_table, "model_selection_table")
@@ -336,6 +340,9 @@ def madlib_keras_automl(
     src = packed_table(cat, source_table, "source_table")
     val = _validation(cat, validation_table, src)
     space = SearchSpace(ids, compile_params_grid, fit_params_grid)
+    obj, refs = custom_references(cat, object_table,
+                                  grid_names(parse_grid(compile_params_grid, "compile")),
+                                  resolve=False)
     tuner = get_tuner(method, automl_params, model_ids=ids, compile_grid=compile_params_grid,
                       fit_grid=fit_params_grid, num_workers=src.partitions, random_state=seed)
     _outputs_absent(cat, out, ("", "_summary", "_info"), False)
@@ -357,7 +364,8 @@ def madlib_keras_automl(
                       "compile_params_grid": compile_params_grid,
                       "fit_params_grid": fit_params_grid}, seed,
                      src.partitions, use_caching, mst, arch, False, name, description,
-                     checks=checks)
+                     checks=checks, object_table=str(obj) if obj else None,
+                     custom_functions=refs)
     fit_id, best, outcome, book = _execute(cat, req, tuner, archs, method, automl_params, seed,
                                            bool(use_gpus), name, description, mst)
     cat.notice(f"madlib_keras_automl ({method}): fit {fit_id} trained {len(book.trials)} "
@@ -387,7 +395,8 @@ def _execute(cat: Catalog, req: FitRequest, tuner: Tuner,
     try:
         ex.open(forward)
         refuse_uncommitted(cat, ex, [req.source, req.validation])
-        worker_checks(ex, check_spec(req.source, req.checks or [], p))
+        worker_checks(ex, check_spec(req.source, req.checks or [], p,
+                                     custom_functions=req.custom_functions))
         _mark_interrupted(cat, ex)
         eval_kinds = ["eval_train"] + (["eval_valid"] if req.validation else [])
         results, done, spent = None, 0, 0.0
@@ -458,7 +467,9 @@ def resume_automl(cat: Catalog, f: Mapping[str, Any], opts: Mapping[str, Any],
                       num_workers=src.partitions, random_state=seed)
     req = FitRequest("automl", src, val, out, [], 0, opts.get("frequency"), "mop", pp, seed,
                      src.partitions, opts.get("use_caching"), mst, arch, False,
-                     opts.get("name"), opts.get("description"))
+                     opts.get("name"), opts.get("description"),
+                     object_table=opts.get("object_table"),
+                     custom_functions=dict(opts.get("custom_functions") or {}))
     _, best, outcome, book = _execute(cat, req, tuner, archs, method, automl_params, seed,
                                       bool(pp.get("use_gpus")), req.name, req.description, mst,
                                       ResumePoint(fit_id, opts.get("executor_tag")))

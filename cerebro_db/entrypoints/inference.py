@@ -293,8 +293,11 @@ def madlib_keras_evaluate(cat: Catalog, *, model_table: str, test_table: str, ou
     else:
         raise invalid(f'cannot find the compile parameters of "{t}"')
     from ..params import parse_compile_params
+    from .compat import custom_references
 
     cp = parse_compile_params(cfg["compile_params"])
+    _, refs = custom_references(cat, summ.get("object_table"), [cp])  # MADlib: from the summary
+    cp = cp.with_custom(refs)
     cache = ModelCache(max_models=1)
     parts = []
     for p in range(test.partitions):
@@ -312,5 +315,5 @@ def madlib_keras_evaluate(cat: Catalog, *, model_table: str, test_table: str, ou
     loss_type = cp.loss if isinstance(cp.loss, str) else str(cp.loss)
     cat.insert(out, ["loss", "metric", "metrics_type", "loss_type", "metrics"],
                ["float8", "float8", "text[]", "text", "float8[]"],
-               [[res.loss, metrics[0] if metrics else None, cp.metric_names(), loss_type,
-                 metrics]])
+               [[res.loss, metrics[0] if metrics else None, cp.metric_names() or None,
+                 loss_type, metrics or None]])

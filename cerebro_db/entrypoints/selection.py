@@ -8,7 +8,6 @@ import numpy as np
 from .. import configs, params
 from ..catalog import Catalog
 from ..errors import (
-    FEATURE_NOT_SUPPORTED,
     NULL_VALUE_NOT_ALLOWED,
     UNDEFINED_OBJECT,
     CerebroError,
@@ -26,13 +25,17 @@ MST_COLUMNS = [
 ]
 
 
-def _no_object_table(object_table: str | None) -> None:
-    if object_table is not None:
-        raise CerebroError(
-            "object_table is not supported: cerebro_db never unpickles user-supplied objects",
-            FEATURE_NOT_SUPPORTED,
-            hint="Use Keras' built-in losses and metrics by name; leave object_table NULL.",
-        )
+def checked_compiles(cat: Catalog, strings: Sequence[str], object_table: str | None,
+                     what: str = "compile_params") -> tuple[TableName | None, dict[str, str]]:
+    """Check compile_params strings (names against Keras and the object table's custom
+    functions); returns the object table and the references the strings use."""
+    from .compat import custom_references
+
+    cps = [params.parse_compile_params(s, what) for s in dict.fromkeys(strings)]
+    table, refs = custom_references(cat, object_table, cps)
+    for cp in cps:
+        params.validate_compile_params(cp, what, custom_functions=refs)
+    return table, refs
 
 
 def _check_model_ids(cat: Catalog, arch: TableName, ids: Sequence[int] | None) -> list[int]:
@@ -76,25 +79,23 @@ def _validate_fits(strings: Sequence[str]) -> None:
         check_fit_bounds(params.parse_fit_params(s), "fit_params")
 
 
-def _validate_compiles(strings: Sequence[str]) -> None:
-    seen: set[str] = set()
-    for s in strings:
-        if s in seen:
-            continue
-        seen.add(s)
-        params.validate_compile_params(params.parse_compile_params(s), "compile_params")
-
-
 def _key(model_id: int, compile_params: str, fit_params: str) -> tuple[int, str, str]:
     return (int(model_id), params.parse_compile_params(compile_params).canonical(),
             params.parse_fit_params(fit_params).canonical())
 
 
-def _create_mst(cat: Catalog, mst: TableName, summary: TableName, arch: TableName) -> None:
+def _create_mst(cat: Catalog, mst: TableName, summary: TableName, arch: TableName,
+                obj: TableName | None) -> None:
     cat.create_table(mst, MST_COLUMNS)
     cat.db.execute(f"ALTER TABLE {mst.sql} ADD UNIQUE (model_id, compile_params, fit_params)")
+    _create_summary(cat, summary, arch, obj)
+
+
+def _create_summary(cat: Catalog, summary: TableName, arch: TableName,
+                    obj: TableName | None) -> None:
     cat.create_table(summary, [("model_arch_table", "varchar"), ("object_table", "varchar")])
-    cat.insert(summary, ["model_arch_table", "object_table"], ["text", "text"], [[str(arch), None]])
+    cat.insert(summary, ["model_arch_table", "object_table"], ["text", "text"],
+               [[str(arch), str(obj) if obj else None]])
 
 
 def _insert(cat: Catalog, mst: TableName, rows: list[tuple[int, str, str]]) -> None:
@@ -111,29 +112,30 @@ def load_model_selection_table(cat: Catalog, *, model_arch_table: str, model_sel
     arch = cat.table(model_arch_table, "model_arch_table")
     mst = cat.table(model_selection_table, "model_selection_table")
     summary = mst.with_suffix("_summary", "model_selection_table")
-    _no_object_table(object_table)
     require_arch_table(cat, arch, "model_arch_table")
     cat.require_absent(mst, "model_selection_table",
                        hint="Drop it first, or use generate_model_configs to append to it.")
     cat.require_absent(summary, "model selection summary table")
     ids = _check_model_ids(cat, arch, model_id_list)
     rows = configs.product_configs(ids, compile_params_list, fit_params_list)  # type: ignore[arg-type]
-    _validate_compiles([c for _, c, _ in rows])
+    obj, _ = checked_compiles(cat, [c for _, c, _ in rows], object_table)
     _validate_fits([f for _, _, f in rows])
-    _create_mst(cat, mst, summary, arch)
+    _create_mst(cat, mst, summary, arch, obj)
     _insert(cat, mst, rows)
     cat.notice(f"load_model_selection_table: {len(rows)} configurations in {mst}")
 
 
 def _existing(cat: Catalog, mst: TableName, summary: TableName, arch: TableName
-              ) -> list[tuple[int, str, str]]:
-    """Rows of an existing model selection table made for the same architecture table."""
+              ) -> list[tuple[int, str, str]] | None:
+    """Rows of an existing model selection table made for the same architecture table;
+    None when its summary table is missing (it is then re-created for ``arch``, as MADlib
+    does)."""
     oid = cat.require_table(mst, "model_selection_table")
     cols = cat.columns(oid)
     if not {"mst_key", "model_id", "compile_params", "fit_params"} <= set(cols):
         raise invalid(f'model_selection_table "{mst}" is not a model selection table')
     if cat.relation_oid(summary) is None:
-        raise invalid(f'model_selection_table "{mst}" has no summary table "{summary}"')
+        return None
     srow = cat.select(summary, ["model_arch_table"])
     their = srow[0]["model_arch_table"] if srow else None
     same = their is not None and cat.relation_oid(
@@ -156,7 +158,6 @@ def generate_model_configs(cat: Catalog, *, model_arch_table: str, model_selecti
     arch = cat.table(model_arch_table, "model_arch_table")
     mst = cat.table(model_selection_table, "model_selection_table")
     summary = mst.with_suffix("_summary", "model_selection_table")
-    _no_object_table(object_table)
     for name, v in (("compile_params_grid", compile_params_grid),
                     ("fit_params_grid", fit_params_grid), ("search_type", search_type)):
         if v is None:
@@ -170,13 +171,20 @@ def generate_model_configs(cat: Catalog, *, model_arch_table: str, model_selecti
         rows = [(int(ids[int(rng.integers(len(ids)))]), c, f) for c, f in pairs]
     else:
         rows = [(m, c, f) for m in ids for c, f in pairs]
-    _validate_compiles([c for _, c, _ in rows])
+    obj, _ = checked_compiles(cat, [c for _, c, _ in rows], object_table)
     _validate_fits([f for _, _, f in rows])
-    existing: list[tuple[int, str, str]] = []
+    existing: list[tuple[int, str, str]] | None = []
     if cat.relation_oid(mst) is None:
-        _create_mst(cat, mst, summary, arch)
+        _create_mst(cat, mst, summary, arch, obj)
     else:
         existing = _existing(cat, mst, summary, arch)
+        if existing is None:
+            existing = [(r["model_id"], r["compile_params"], r["fit_params"]) for r in
+                        cat.select(mst, ["model_id", "compile_params", "fit_params"],
+                                   order_by=["mst_key"])]
+            _create_summary(cat, summary, arch, obj)
+            cat.notice(f'generate_model_configs: "{summary}" was missing and was re-created '
+                       f'for model_arch_table "{arch}"')
     seen = {_key(*r) for r in existing}
     new: list[tuple[int, str, str]] = []
     for r in rows:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -51,6 +51,7 @@ from ..scheduling import (
     replica_partitions,
 )
 from . import entrypoint, require_output_schema
+from .compat import custom_references
 from .models import require_arch_table
 from .preprocessing import read_training_summary, resolve_seed
 from .selection import check_fit_bounds
@@ -224,15 +225,17 @@ def check_item(c: Config, what: str = "compile_params") -> dict[str, Any]:
 
 
 def check_spec(src: PackedTable, items: list[dict[str, Any]], num_workers: int,
-               validate_compile: bool = False) -> dict[str, Any]:
+               validate_compile: bool = False,
+               custom_functions: dict[str, str] | None = None) -> dict[str, Any]:
     """What the worker sessions check before a fit writes anything (see :func:`check_configs`);
-    also their warm-up: the check imports TensorFlow with the fit's thread count."""
+    also their warm-up: the check imports TensorFlow with the fit's thread count.
+    ``custom_functions``: the fit's ``{name: reference}`` (imported by the workers only)."""
     return {"configs": items, "x_size": src.x_size, "y_width": src.y_width, "kind": src.kind,
-            "validate_compile": validate_compile,
+            "validate_compile": validate_compile, "custom_functions": custom_functions or {},
             "worker_threads": max(1, (os.cpu_count() or 1) // max(1, num_workers))}
 
 
-def check_configs(spec: dict[str, Any]) -> None:
+def check_configs(spec: dict[str, Any], cat: Catalog | None = None) -> None:
     """The checks that need Keras, run in a worker session (which imports TensorFlow anyway)
     so that the coordinator never does: each architecture builds and fits the packed data
     (:func:`_check_config`), and with ``validate_compile`` the loss, metric and optimizer
@@ -244,11 +247,20 @@ def check_configs(spec: dict[str, Any]) -> None:
 
     worker._runtime(int(spec.get("worker_threads") or 0) or None)
     src = SimpleNamespace(x_size=spec["x_size"], y_width=spec["y_width"], kind=spec["kind"])
+    refs = dict(spec.get("custom_functions") or {})
+    if refs:  # this session checks the grants itself before importing anything
+        from ..custom_functions import parse_reference, require_allowed
+
+        allowed = cat.custom_function_modules() if cat is not None else []
+        for name, ref in refs.items():
+            require_allowed(parse_reference(ref), allowed, name)
     checked: dict[str, Any] = {}
     for item in spec.get("configs") or []:
         cp = params.parse_compile_params(item["compile_params"], item["what"])
+        if refs:
+            cp = cp.with_custom(refs)
         if spec.get("validate_compile"):
-            params.validate_compile_params(cp)
+            params.validate_compile_params(cp, item["what"], custom_functions=refs)
         c = Config(item["mst_key"], item["model_id"], item["compile_params"], item["fit_params"],
                    item["arch"], None, cp, None)  # type: ignore[arg-type]
         _check_config(c, src, checked)  # type: ignore[arg-type]
@@ -277,7 +289,26 @@ def worker_checks(ex: DblinkExecutor, spec: dict[str, Any]) -> None:
                                hint=d.get("hint"))
 
 
-def _load_configs(cat: Catalog, mst: TableName) -> tuple[list[Config], TableName]:
+def check_tensorboard(cat: Catalog, configs: Sequence[Config]) -> None:
+    """A TensorBoard callback's log_dir lies inside the DBA's directory (checked again by
+    every worker session before it writes)."""
+    import importlib.util
+
+    for c in configs:
+        if c.fp.tensorboard:
+            params.confine_log_dir(dict(c.fp.tensorboard)["log_dir"],
+                                   cat.dba_setting(params.TENSORBOARD_SETTING),
+                                   f"fit_params of mst_key {c.mst_key}")
+            if importlib.util.find_spec("tensorboard") is None:
+                raise CerebroError(
+                    "the TensorBoard callback needs the tensorboard package, which the "
+                    "database server's Python environment lacks", FEATURE_NOT_SUPPORTED,
+                    hint="Install tensorboard (the version matching TensorFlow) into the "
+                    "server's environment, or drop the callback from fit_params.")
+
+
+def _load_configs(cat: Catalog, mst: TableName
+                  ) -> tuple[list[Config], TableName, str | None]:
     oid = cat.require_table(mst, "model_selection_table")
     cols = cat.columns(oid)
     need = {"mst_key", "model_id", "compile_params", "fit_params"}
@@ -289,7 +320,10 @@ def _load_configs(cat: Catalog, mst: TableName) -> tuple[list[Config], TableName
         raise CerebroError(f'model_selection_table "{mst}" has no summary table "{summ}"',
                            UNDEFINED_TABLE, hint="Create it with load_model_selection_table "
                            "or generate_model_configs.")
-    arch_name = cat.select(summ, ["model_arch_table"])[0]["model_arch_table"]
+    srow = cat.select(summ, ["model_arch_table", "object_table"]
+                      if "object_table" in cat.columns(cat.require_table(summ, "summary"))
+                      else ["model_arch_table"])[0]
+    arch_name = srow["model_arch_table"]
     arch = cat.table(arch_name, "model_arch_table")
     require_arch_table(cat, arch, "model_arch_table")
     rows = cat.query(f"SELECT m.mst_key, m.model_id, m.compile_params, m.fit_params, "
@@ -317,7 +351,7 @@ def _load_configs(cat: Catalog, mst: TableName) -> tuple[list[Config], TableName
             f"fit_params of mst_key {r['mst_key']}")
         out.append(Config(r["mst_key"], r["model_id"], r["compile_params"], r["fit_params"],
                           r["arch"], r["w"], cp, fp))
-    return out, arch
+    return out, arch, srow.get("object_table")
 
 
 def _conninfo(cat: Catalog) -> str | None:
@@ -381,6 +415,8 @@ class FitRequest:
     replicas: int = 1
     checks: list[dict[str, Any]] | None = None
     validate_compile: bool = False
+    object_table: str | None = None
+    custom_functions: dict[str, str] = field(default_factory=dict)
 
 
 def _bytea_literal(b: bytes | None) -> str:
@@ -479,7 +515,8 @@ def _register(cat: Catalog, ex: DblinkExecutor, req: FitRequest, total: int) -> 
             "warm_start": req.warm_start, "name": req.name, "description": req.description,
             "executor_tag": ex.tag, "source_name": str(req.source.table),
             "validation_name": str(req.validation.table) if req.validation else None,
-            "tables": _table_records(cat, req)}
+            "tables": _table_records(cat, req),
+            "object_table": req.object_table, "custom_functions": req.custom_functions}
     lit = cat.literal
     sql = (f"INSERT INTO {cat.ext('fits')} (kind, source_table, validation_table, "
            "model_output_table, model_selection_table, policy, num_partitions, num_iterations, "
@@ -853,7 +890,7 @@ def execute_fit(cat: Catalog, req: FitRequest,
         ex.open(forward)
         refuse_uncommitted(cat, ex, [req.source, req.validation])
         worker_checks(ex, check_spec(req.source, req.checks or [], len(workers),
-                                     req.validate_compile))
+                                     req.validate_compile, req.custom_functions))
         _mark_interrupted(cat, ex)
         results, done, spent = None, 0, 0.0
         if resume is None:
@@ -948,12 +985,14 @@ def info_rows(req: FitRequest, fit_id: int, outcome: FitOutcome,
         vl, vm = _series(r, epochs, "eval_valid") if req.validation else ([], [])
         loss = c.cp.loss if isinstance(c.cp.loss, str) else json.dumps(c.cp.loss)
         elapsed = [r.eval_done_at.get(e) for e in epochs]
+        has = bool(c.cp.metrics)  # without metrics MADlib writes NULL, not '{}' / '{NULL}'
         rows.append([
             c.mst_key, c.model_id, c.compile_params, c.fit_params, "madlib_keras",
-            sizes[c.mst_key] / 1024.0, elapsed, c.cp.metric_names(), loss,
-            tm[-1][0] if tm and tm[-1] else None, tl[-1] if tl else None, _first(tm), tl,
+            sizes[c.mst_key] / 1024.0, elapsed, c.cp.metric_names() if has else None, loss,
+            tm[-1][0] if tm and tm[-1] else None, tl[-1] if tl else None,
+            _first(tm) if has else None, tl,
             (vm[-1][0] if vm and vm[-1] else None) if req.validation else None,
-            vl[-1] if vl else None, _first(vm) if req.validation else None,
+            vl[-1] if vl else None, _first(vm) if req.validation and has else None,
             vl if req.validation else None, epochs,
             tm if all(tm) and tm and tm[0] else None,
             vm if req.validation and vm and all(vm) and vm[0] else None, fit_id,
@@ -969,7 +1008,7 @@ def summary_select(req: FitRequest) -> str:
         "$1::text AS source_table, $2::text AS validation_table, $3::text AS model, "
         "$4::text AS model_info, s.dependent_varname, s.independent_varname, "
         "$5::text AS model_arch_table, $6::text AS model_selection_table, "
-        "NULL::text AS object_table, $7::int AS num_iterations, "
+        "$17::text AS object_table, $7::int AS num_iterations, "
         "$8::int AS metrics_compute_frequency, $9::boolean AS warm_start, $10::text AS name, "
         "$11::text AS description, to_timestamp($12)::timestamp AS start_training_time, "
         "clock_timestamp()::timestamp AS end_training_time, $13::text AS madlib_version, "
@@ -991,9 +1030,10 @@ def create_summary(cat: Catalog, req: FitRequest, summ: TableName, info: TableNa
         [str(req.source.table), str(req.validation.table) if req.validation else None,
          str(req.output), str(info) if info else None, str(req.arch_table),
          str(req.mst_table) if req.mst_table else None, req.num_iterations, req.frequency,
-         warm, name, description, t0, __version__, epochs, fit_id, req.policy],
+         warm, name, description, t0, __version__, epochs, fit_id, req.policy,
+         req.object_table],
         ["text", "text", "text", "text", "text", "text", "int4", "int4", "bool", "text", "text",
-         "float8", "text", "int4[]", "int8", "text"])
+         "float8", "text", "int4[]", "int8", "text", "text"])
 
 
 def write_outputs(cat: Catalog, req: FitRequest, fit_id: int, outcome: FitOutcome, t0: float,
@@ -1143,14 +1183,17 @@ def madlib_keras_fit_multiple_model(
     src = packed_table(cat, source_table, "source_table")
     val = _validation(cat, validation_table, src)
     _outputs_absent(cat, out, ("", "_summary", "_info"), warm)
-    configs, arch = _load_configs(cat, mst)
+    configs, arch, object_table = _load_configs(cat, mst)
+    obj, refs = custom_references(cat, object_table, [c.cp for c in configs], resolve=False)
+    check_tensorboard(cat, configs)
     if warm:
         _warm_weights(cat, out, configs, "mst_key")
     req = FitRequest("fit_multiple", src, val, out, configs, num_iterations,
                      metrics_compute_frequency, pname, popts, seed, src.partitions,
                      use_caching, mst, arch, warm, name, description,
                      _replicas(cat),
-                     [check_item(c, f"compile_params of mst_key {c.mst_key}") for c in configs])
+                     [check_item(c, f"compile_params of mst_key {c.mst_key}") for c in configs],
+                     object_table=str(obj) if obj else None, custom_functions=refs)
     fit_id, outcome = execute_fit(
         cat, req, lambda f, o, t0: write_outputs(cat, req, f, o, t0, warm, name, description))
     cat.notice(f"madlib_keras_fit_multiple_model: fit {fit_id} trained {len(configs)} "
@@ -1189,19 +1232,19 @@ def madlib_keras_fit(
         object_table: str | None = None, random_state: int | None = None) -> None:
     """Train one configuration: sequential SGD over the partitions, one worker session that
     holds them all (MADlib averages models across segments instead)."""
-    from .selection import _no_object_table
-
     _check_common(num_iterations, metrics_compute_frequency, use_gpus)
     _cache_memory(cat, 1)
-    _no_object_table(object_table)
     out = cat.table(model, "model")
     arch_t = cat.table(model_arch_table, "model_arch_table")
     if model_id is None:
         raise CerebroError("model_id must not be NULL", NULL_VALUE_NOT_ALLOWED)
-    for label, v in (("compile_params", compile_params), ("fit_params", fit_params)):
-        if v is None:
-            raise CerebroError(f"{label} must not be NULL", NULL_VALUE_NOT_ALLOWED)
+    if compile_params is None:
+        raise CerebroError("compile_params must not be NULL", NULL_VALUE_NOT_ALLOWED)
+    fit_params = fit_params or ""  # NULL: Keras' defaults, as in MADlib
     cp = params.parse_compile_params(compile_params)
+    # the names are checked against Keras by the worker (validate_compile): the coordinator
+    # never imports TensorFlow, nor the custom functions' modules
+    obj, refs = custom_references(cat, object_table, [cp], resolve=False)
     fp = check_fit_bounds(params.parse_fit_params(fit_params))
     warm = _bool(warm_start, False)
     seed = resolve_seed(random_state)
@@ -1216,11 +1259,13 @@ def madlib_keras_fit(
         raise CerebroError(f'model_id {model_id} does not exist in "{arch_t}"', "42704")
     cfg = Config(1, model_id, compile_params, fit_params, rows[0]["a"],
                  bytes(rows[0]["w"]) if rows[0]["w"] is not None else None, cp, fp)
+    check_tensorboard(cat, [cfg])
     if warm:
         _warm_weights(cat, out, [cfg], "mst_key")
     req = FitRequest("fit", src, val, out, [cfg], num_iterations, metrics_compute_frequency,
                      pname, popts, seed, 1, None, None, arch_t, warm, name, description,
-                     _replicas(cat), [check_item(cfg)], validate_compile=True)
+                     _replicas(cat), [check_item(cfg)], validate_compile=True,
+                     object_table=str(obj) if obj else None, custom_functions=refs)
     fit_id, outcome = execute_fit(
         cat, req, lambda f, o, t0: _write_fit_outputs(cat, req, f, o, t0, warm, name,
                                                       description))
@@ -1298,7 +1343,8 @@ def madlib_keras_fit_resume(cat: Catalog, *, fit_id: int) -> None:
                      stored_table(cat, opts, "arch", opts["arch_table"], "model_arch_table"),
                      warm,
                      opts.get("name"), opts.get("description"),
-                     int(opts.get("replicas") or 1))
+                     int(opts.get("replicas") or 1), object_table=opts.get("object_table"),
+                     custom_functions=dict(opts.get("custom_functions") or {}))
     if req.kind == "fit":
         def finish(fid: int, o: FitOutcome, t0: float) -> None:
             _write_fit_outputs(cat, req, fid, o, t0, warm, req.name, req.description)

@@ -27,7 +27,7 @@ def check_fit(plpy: Any, schema: str, *, spec: str) -> str:
     from .training import check_configs
 
     try:
-        check_configs(json.loads(spec or "{}"))
+        check_configs(json.loads(spec or "{}"), Catalog(plpy, schema))
     except CerebroError as e:
         return json.dumps({"ok": False, "message": e.message, "sqlstate": e.sqlstate,
                            "hint": e.hint, "detail": e.detail})

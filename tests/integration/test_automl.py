@@ -54,7 +54,7 @@ def automl(conn, out, method, params, seed=11, validation="am_v", ids=(1, 2),
     q(conn, "SELECT madlib_keras_automl('am_p', %s, 'am_arch', %s, %s, %s, %s, %s, %s, %s, "
             "NULL, FALSE, %s, %s)",
       (out, out + "_mst", list(ids), cgrid, fgrid, method, params, seed, validation, freq))
-    return q(conn, f"SELECT fit_id FROM {out}_summary")[0][0]
+    return q(conn, f"SELECT max(fit_id) FROM {out}_info")[0][0]
 
 
 def info(conn, out, cols="*"):
@@ -103,9 +103,10 @@ def test_hyperband_runs_the_brackets_diagonally(am, hb) -> None:
     # the model selection table holds the best configuration by validation loss
     (best,) = q(am, "SELECT mst_key FROM am_hb_mst")
     assert best[0] == best_by_validation(rows)
-    summ = q(am, "SELECT automl_method, automl_params, random_state, best_mst_key "
-                 "FROM am_hb_summary")[0]
-    assert summ == ("hyperband", "R=3, eta=3", 11, best[0])
+    summ = q(am, "SELECT automl_method, automl_params, random_state FROM am_hb_summary")[0]
+    assert summ == ("hyperband", "R=3, eta=3", "11")
+    assert q(am, "SELECT (options->>'best_mst_key')::int FROM cerebro_db.fits "
+                 "WHERE fit_id = %s", (fit_id,)) == [(best[0],)]
     assert q(am, "SELECT count(*) FROM am_hb")[0][0] == len(rows)
 
 

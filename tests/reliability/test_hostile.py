@@ -278,7 +278,7 @@ CASES = [
     case("lmst-model-id-missing", LMST, lmst(ids=(77,)), "42704", "model_id 77 does not exist"),
     case("lmst-table-drop", LMST, lmst(mst='"lm"; DROP TABLE h.raw; --'), "42602",
          "model_selection_table"),
-    case("lmst-object-table", LMST, lmst(obj="objs"), "0A000", "object_table"),
+    case("lmst-object-table", LMST, lmst(obj="objs"), "42P01", "object_table"),
     # ---------------------------------------------------------------- generate_model_configs
     case("gen-grid-import-os", GEN, gen(cgrid="{'loss': [" + PY + "]}"), "22023",
          "compile_params_grid"),
@@ -335,7 +335,7 @@ CASES = [
     case("fit-model-id-missing", FIT, fit(mid=MAXINT), "42704", "does not exist"),
     case("fit-arch-input-mismatch", FIT, fit(mid=3), "42804", "expects input shape"),
     case("fit-model-quote-drop", FIT, fit(out=f'fo"{SQLI}'), "42602", "model"),
-    case("fit-object-table", FIT, fit(obj="objs"), "0A000", "object_table"),
+    case("fit-object-table", FIT, fit(obj="objs"), "42P01", "object_table"),
     # ---------------------------------------------------------------- madlib_keras_evaluate
     case("ev-model-missing", EVAL, ev(model="no_such"), "42P01", "no_such"),
     case("ev-model-raw", EVAL, ev(model="raw"), "22023", "model_weights"),

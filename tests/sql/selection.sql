@@ -34,7 +34,7 @@ SELECT count(*) AS configs FROM mst_grid;
 -- errors
 SELECT load_model_selection_table('arch', 'mst', ARRAY[1], ARRAY[$$loss='mse', optimizer='SGD'$$], ARRAY['']);
 SELECT load_model_selection_table('arch', 'mst2', ARRAY[9], ARRAY[$$loss='mse', optimizer='SGD'$$], ARRAY['']);
-SELECT load_model_selection_table('arch', 'mst2', ARRAY[1], ARRAY[$$loss='mse', optimizer='Adamax(lr=0.1, decay=0.01)'$$], ARRAY['']);
+SELECT load_model_selection_table('arch', 'mst2', ARRAY[1], ARRAY[$$loss='mse', optimizer='Adamax(lr=0.1, decay=-0.01)'$$], ARRAY['']);
 SELECT load_model_selection_table('arch', 'mst2', ARRAY[1], ARRAY[$$loss='mse', optimizer=__import__('os').system('id')$$], ARRAY['']);
 SELECT load_model_selection_table('arch', 'mst2', ARRAY[1], ARRAY[$$loss='mse' optimizer='SGD'$$], ARRAY['']);
 SELECT load_model_selection_table('arch', 'mst2', ARRAY[1], ARRAY[$$loss='mse', optimizer='SGD'$$], ARRAY['batch_size=0']);

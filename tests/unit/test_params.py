@@ -319,8 +319,8 @@ def test_optimizer_errors():
     e = err(parse_optimizer_spec, "adamx")
     assert e.message == "compile_params: unknown optimizer 'adamx'"
     assert "Adam" in e.hint and "SGD" in e.hint
-    e = err(parse_optimizer_spec, "Adam(decay=0.01)")
-    assert "decay" in e.message and "schedule" in e.hint
+    e = err(parse_optimizer_spec, "Adam(decay=-0.01)")
+    assert e.message == "compile_params: optimizer Adam: decay must be a non-negative number, got -0.01"
     e = err(parse_optimizer_spec, "SGD(betas=0.9)")
     assert e.message == "compile_params: optimizer SGD has no argument 'betas'"
     assert "momentum" in e.hint
@@ -343,7 +343,7 @@ def test_optimizer_fallback_without_keras(monkeypatch):
     try:
         assert parse_optimizer_spec("adamw(weight_decay=0.1)").name == "AdamW"
         assert err(parse_optimizer_spec, "adamw(anything=1)").sqlstate == "22023"
-        assert err(parse_optimizer_spec, "Adam(decay=0.1)").sqlstate == "22023"
+        assert err(parse_optimizer_spec, "Adam(decay='x')").sqlstate == "22023"
         cp = parse_compile_params("optimizer='adam', loss='mse'")
         assert err(validate_compile_params, cp).sqlstate == "0A000"
     finally:
@@ -430,7 +430,7 @@ def test_compile_params_errors(text, fragment):
 
 
 def test_unknown_key_hint_lists_allowed():
-    e = err(parse_compile_params, "optimizer='adam', loss='mse', sample_weight_mode='x'")
+    e = err(parse_compile_params, "optimizer='adam', loss='mse', sample_weights_mode='x'")
     assert "loss_weights" in e.hint and "metrics" in e.hint
 
 
@@ -522,8 +522,8 @@ def test_fit_params_errors(text, message):
 
 @pytest.mark.parametrize(
     "key",
-    ["x", "y", "sample_weight", "validation_split", "validation_data", "steps_per_epoch",
-     "initial_epoch", "workers", "use_multiprocessing", "validation_freq"],
+    ["x", "y", "sample_weight", "validation_split", "validation_data", "workers",
+     "use_multiprocessing", "validation_freq"],
 )
 def test_fit_params_forbidden_keys(key):
     e = err(parse_fit_params, f"{key}=1")
@@ -755,3 +755,89 @@ def test_no_evaluation_guard_catches_evaluation():
         builtins.exec("x = 1")  # noqa: S102 - the guard must stop it
     with pytest.raises(AssertionError), _no_evaluation():
         builtins.__import__("os")
+
+
+# ---------------------------------------------------------------- Keras 2 arguments (MADlib)
+
+
+def test_keras2_decay_is_an_inverse_time_schedule():
+    spec = parse_optimizer_spec("SGD(lr=0.01, decay=1e-6, nesterov=True)")
+    assert spec.decayed and spec.kwargs == {"learning_rate": 0.01, "decay": 1e-6, "nesterov": True}
+    opt = spec.to_keras()
+    for step in (0, 1, 10, 1000):  # Keras 2: lr / (1 + decay * iterations)
+        assert float(opt.learning_rate_schedule(step) if hasattr(opt, "learning_rate_schedule")
+                     else opt._learning_rate(step)) == pytest.approx(0.01 / (1 + 1e-6 * step))
+    assert not parse_optimizer_spec("SGD(lr=0.01, decay=0)").decayed  # Keras 2's default
+    assert parse_optimizer_spec("SGD(decay=0.0)") == parse_optimizer_spec("SGD")
+    assert parse_optimizer_spec("SGD(decay=0.1)") != parse_optimizer_spec("SGD(decay=0.2)")
+
+
+def test_keras2_decay_per_step_as_keras2():
+    """Three SGD steps on a 1-weight linear model follow w -= lr/(1+decay*t) * grad."""
+    import keras
+    import numpy as np
+
+    cp = parse_compile_params("optimizer=SGD(lr=0.1, decay=0.5), loss='mse'")
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1, use_bias=False,
+                                                                    kernel_initializer="ones")])
+    model.compile(**cp.to_keras())
+    x = np.array([[1.0]], dtype="float32")
+    y = np.array([[0.0]], dtype="float32")
+    w = 1.0
+    for t in range(3):
+        model.train_on_batch(x, y)
+        w -= 0.1 / (1 + 0.5 * t) * 2 * w  # d/dw (w*1 - 0)^2
+        assert float(model.weights[0].numpy()[0, 0]) == pytest.approx(w, rel=1e-6)
+
+
+def test_keras2_epsilon_none_and_integer_arguments():
+    spec = parse_optimizer_spec("Adam(lr=1, epsilon=None)")
+    assert spec.kwargs == {"learning_rate": 1.0, "epsilon": 1e-7}
+    assert isinstance(spec.to_keras().epsilon, float)
+    assert parse_optimizer_spec("SGD(lr=1, momentum=0)").to_keras().momentum == 0.0
+    assert parse_optimizer_spec("SGD(lr=1)") == parse_optimizer_spec("SGD(lr=1.0)")
+
+
+def test_keras2_sample_weight_mode_is_accepted_and_ignored():
+    a = parse_compile_params("optimizer='adam', loss='mse', sample_weight_mode=None")
+    b = parse_compile_params("optimizer='adam', loss='mse', sample_weight_mode='temporal'")
+    assert a == b == parse_compile_params("optimizer='adam', loss='mse'")
+    assert "sample_weight_mode" not in a.to_keras()
+    e = err(parse_compile_params, "optimizer='adam', loss='mse', sample_weight_mode='x'")
+    assert "sample_weight_mode must be None or 'temporal'" in e.message
+
+
+def test_fit_params_initial_epoch_and_steps_per_epoch():
+    fp = parse_fit_params("batch_size=4, epochs=3, initial_epoch=1, steps_per_epoch=2")
+    assert fp.passes == 2 and fp.steps_per_epoch == 2
+    assert fp.to_keras()["steps_per_epoch"] == 2
+    assert parse_fit_params("epochs=2, initial_epoch=0") == parse_fit_params("epochs=2")
+    e = err(parse_fit_params, "epochs=2, initial_epoch=2")
+    assert e.message == "fit_params: initial_epoch must be less than epochs (2), got 2"
+    assert "at least 1" in err(parse_fit_params, "steps_per_epoch=0").message
+
+
+def test_tensorboard_callback_and_log_dir_confinement(tmp_path):
+    from cerebro_db.params import confine_log_dir
+
+    fp = parse_fit_params("batch_size=4, callbacks=[TensorBoard(log_dir='/tmp/logs/fit', "
+                          "histogram_freq=1)]")
+    assert fp.callbacks == ("TensorBoard",)
+    assert dict(fp.tensorboard) == {"log_dir": "/tmp/logs/fit", "histogram_freq": 1}
+    assert parse_fit_params(fp.canonical()) == fp
+    assert dict(parse_fit_params("callbacks=[TensorBoard()]").tensorboard) == {"log_dir": "logs"}
+    for bad, words in (("callbacks=[ModelCheckpoint(filepath='x')]", "is not allowed"),
+                       ("callbacks=[TensorBoard(profile_batch=2)]", "no argument"),
+                       ("callbacks=[TensorBoard(log_dir=3)]", "must be a str"),
+                       ("callbacks=[TensorBoard(histogram_freq=True)]", "must be a int")):
+        assert words in err(parse_fit_params, bad).message, bad
+    base = tmp_path / "tb"
+    base.mkdir()
+    (base / "out").symlink_to(tmp_path)
+    assert confine_log_dir("run1", str(base)) == str(base / "run1")
+    assert confine_log_dir(str(base / "a" / ".." / "b"), str(base)) == str(base / "b")
+    for bad in ("/etc", "../x", "a/../../x", "out/x", str(base) + "2"):
+        e = err(confine_log_dir, bad, str(base))
+        assert e.sqlstate == "42501" and "outside" in e.message, bad
+    e = err(confine_log_dir, "run1", None)
+    assert e.sqlstate == "42501" and "cerebro_db.tensorboard_log_dir" in e.hint

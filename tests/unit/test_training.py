@@ -628,3 +628,16 @@ def test_eval_batch_size_follows_the_activation_size():
     assert T.eval_batch_size(cnn, 128) == 128  # its activations fill the budget already
     assert T.eval_batch_size(cnn, 16) > 16
     assert T.eval_batch_size(mlp_model, 20000) == 20000  # never below the configuration's
+def test_metrics_come_back_in_compile_order():
+    """Keras sorts its logs by name; units report metrics in compile_params' order (the order
+    of metrics_type), e.g. top_k_categorical_accuracy before accuracy."""
+    cp = ("optimizer='Adam(learning_rate=0.01)', loss='categorical_crossentropy', "
+          "metrics=['top_k_categorical_accuracy', 'mse', 'accuracy']")
+    x, y = blobs(64, 1)
+    cache = T.ModelCache()
+    init = T.initial_state(ARCH, cp, 3)
+    state, res = T.train_unit(cache, ARCH, cp, FP, init, x, y, seed=1)
+    assert list(res.metrics) == ["top_k_categorical_accuracy", "mse", "accuracy"]
+    ev = T.evaluate(cache, ARCH, cp, state, x, y, batch_size=16)
+    assert list(ev.metrics) == ["top_k_categorical_accuracy", "mse", "accuracy"]
+    assert ev.metrics["top_k_categorical_accuracy"] == 1.0  # k=5 > 3 classes
