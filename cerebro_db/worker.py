@@ -275,6 +275,14 @@ def run_unit(cat: Catalog, fit_id: int, mst_key: int, epoch: int, partition: int
                 "detail": traceback.format_exc(), "worker": worker}
 
 
+def _eval_columns(fopts: dict[str, Any], kind: str) -> tuple[str, str]:
+    """The buffer columns an evaluation reads: the validation table's own names (its
+    summary's) for ``eval_valid``, the training table's otherwise."""
+    if kind == "eval_valid":
+        return fopts.get("valid_x", fopts["x"]), fopts.get("valid_y", fopts["y"])
+    return fopts["x"], fopts["y"]
+
+
 def _run_unit(cat: Catalog, fit_id: int, mst_key: int, epoch: int, partition: int, worker: int,
               kind: str, options: dict[str, Any], t0: float) -> dict[str, Any]:
     from . import training
@@ -325,11 +333,12 @@ def _run_unit(cat: Catalog, fit_id: int, mst_key: int, epoch: int, partition: in
     for ek in options.get("eval_kinds", ["eval_train"]):
         t1 = time.time()
         table = fit["source_table"] if ek == "eval_train" else fit["validation_table"]
+        xcol, ycol = _eval_columns(fopts, ek)
         if fopts.get("use_caching", True):
-            x, y = partition_data(cat, table, fopts["x"], fopts["y"], partition)
+            x, y = partition_data(cat, table, xcol, ycol, partition)
             y = labels_for(cfg["compile_params"], y)
         else:
-            x, y = partition_buffers(cat, table, fopts["x"], fopts["y"], partition,
+            x, y = partition_buffers(cat, table, xcol, ycol, partition,
                                      cfg["compile_params"]), None
         t2 = time.time()
         ev = training.evaluate(model_cache(), cfg["model_arch"], cfg["compile_params"], state,

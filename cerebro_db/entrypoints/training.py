@@ -265,8 +265,15 @@ def _bytea_literal(b: bytes | None) -> str:
     return "NULL" if b is None else "'\\x" + bytes(b).hex() + "'::bytea"
 
 
+def _validation_columns(v: PackedTable | None) -> dict[str, str]:
+    """The validation table's own buffer columns (its summary's names, which need not be the
+    training table's)."""
+    return {"valid_x": v.x, "valid_y": v.y} if v is not None else {}
+
+
 def _register(cat: Catalog, ex: DblinkExecutor, req: FitRequest, total: int) -> int:
-    opts = {"x": req.source.x, "y": req.source.y, "use_caching": req.use_caching,
+    opts = {"x": req.source.x, "y": req.source.y, **_validation_columns(req.validation),
+            "use_caching": req.use_caching,
             "worker_threads": max(1, (os.cpu_count() or 1) // req.num_workers),
             "state_chunk_size": int(cat.setting(CHUNK_SETTING) or 0) or None,
             "policy_params": req.policy_params, "num_workers": req.num_workers,
