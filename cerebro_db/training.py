@@ -978,6 +978,18 @@ def train_unit(
     return new_state, result
 
 
+def empty_unit(state_bytes: BytesLike, completes_epoch: bool = False) -> tuple[bytes, UnitResult]:
+    """A unit over a partition that holds no rows: the weights and optimizer variables stay
+    as they are, the counters add one unit (and one epoch when ``completes_epoch``); the
+    result has no rows, a NaN loss and no metrics (it weighs nothing in the means)."""
+    start = time.perf_counter()
+    state = decode_state(state_bytes)
+    meta = _next_meta(state, 0, 1, completes_epoch, None)
+    new_state = encode_state(state.weights, state.optimizer_vars, meta)
+    return new_state, UnitResult(rows=0, loss=float("nan"),
+                                 seconds=time.perf_counter() - start)
+
+
 def initial_state(
     arch_json: Any,
     compile_params: CompileInput,

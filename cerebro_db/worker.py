@@ -166,8 +166,8 @@ def partition_data(cat: Catalog, table: str, xcol: str, ycol: str, partition: in
         f"SELECT {xq} AS x, {quote_ident(xcol + '_shape')} AS xs, {yq} AS y, "
         f"{quote_ident(ycol + '_shape')} AS ys FROM {t.sql} WHERE __dist_key__ = $1 "
         "ORDER BY buffer_id", [partition], ["int4"])
-    if not rows:
-        raise CerebroError(f'partition {partition} of "{table}" is empty', "22000")
+    if not rows:  # a partition with no buffer (fewer buffers than partitions)
+        return np.empty((0, 0), np.float32), np.empty((0, 0), np.float32)
     ydtype = "float32" if len(rows[0]["y"]) == 4 * int(np.prod(rows[0]["ys"])) else "int16"
     xs, ys = [], []
     for r in rows:
@@ -194,8 +194,6 @@ def partition_buffers(cat: Catalog, table: str, xcol: str, ycol: str, partition:
     shape = quote_ident(xcol + "_shape")
     ids = cat.query(f"SELECT buffer_id, ({shape})[1] AS n FROM {t.sql} WHERE __dist_key__ = $1 "
                     "ORDER BY buffer_id", [partition], ["int4"])
-    if not ids:
-        raise CerebroError(f'partition {partition} of "{table}" is empty', "22000")
     keys = [r["buffer_id"] for r in ids]
 
     def load(i: int) -> tuple[np.ndarray, np.ndarray]:
@@ -275,6 +273,12 @@ def run_unit(cat: Catalog, fit_id: int, mst_key: int, epoch: int, partition: int
                 "detail": traceback.format_exc(), "worker": worker}
 
 
+def _no_rows(x: Any) -> bool:
+    """Whether a unit's data is empty (a partition that holds no buffer)."""
+    total = getattr(x, "total_rows", None)
+    return (total if total is not None else len(x)) == 0
+
+
 def _eval_columns(fopts: dict[str, Any], kind: str) -> tuple[str, str]:
     """The buffer columns an evaluation reads: the validation table's own names (its
     summary's) for ``eval_valid``, the training table's otherwise."""
@@ -306,11 +310,14 @@ def _run_unit(cat: Catalog, fit_id: int, mst_key: int, epoch: int, partition: in
                                            cfg["init_weights"])
         _hook(cat, "before_train", mst_key, epoch, partition, options)
         t1 = time.time()
-        new_state, res = training.train_unit(
-            model_cache(), cfg["model_arch"], cfg["compile_params"], cfg["fit_params"], state,
-            x, y, unit_seed(fit["random_state"], mst_key, epoch, partition),
-            bool(options.get("reset_optimizer")),
-            completes_epoch=bool(options.get("completes_epoch")))
+        if _no_rows(x):
+            new_state, res = training.empty_unit(state, bool(options.get("completes_epoch")))
+        else:
+            new_state, res = training.train_unit(
+                model_cache(), cfg["model_arch"], cfg["compile_params"], cfg["fit_params"],
+                state, x, y, unit_seed(fit["random_state"], mst_key, epoch, partition),
+                bool(options.get("reset_optimizer")),
+                completes_epoch=bool(options.get("completes_epoch")))
         t2 = time.time()
         save_state(cat, fit_id, mst_key, "current", new_state, chunk)
         if options.get("snapshot"):
@@ -341,8 +348,9 @@ def _run_unit(cat: Catalog, fit_id: int, mst_key: int, epoch: int, partition: in
             x, y = partition_buffers(cat, table, xcol, ycol, partition,
                                      cfg["compile_params"]), None
         t2 = time.time()
-        ev = training.evaluate(model_cache(), cfg["model_arch"], cfg["compile_params"], state,
-                               x, y, batch_size=bs)
+        ev = training.EvalResult(float("nan"), {}, 0) if _no_rows(x) else training.evaluate(
+            model_cache(), cfg["model_arch"], cfg["compile_params"], state, x, y,
+            batch_size=bs)
         t3 = time.time()
         _log_unit(cat, fit_id, mst_key, epoch, partition, worker, ek, t1, t3, ev.rows, ev.loss,
                   [float(v) for v in ev.metrics.values()], t2 - t1, t3 - t2, 0.0, None)

@@ -201,7 +201,8 @@ class _Hooks:
 
 def _combined(parts: list[dict[str, Any]]) -> tuple[float, dict[str, float]]:
     loss, metrics = combine(parts)
-    return loss, dict(zip(list(parts[0]["metrics"]), metrics))
+    names = next((list(p["metrics"]) for p in parts if p["rows"]), [])
+    return loss, dict(zip(names, metrics))
 
 
 def _float_sql(v: float) -> str:

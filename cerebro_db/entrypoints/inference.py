@@ -299,6 +299,8 @@ def madlib_keras_evaluate(cat: Catalog, *, model_table: str, test_table: str, ou
     parts = []
     for p in range(test.partitions):
         x, y = partition_data(cat, test.qualified, test.x, test.y, p, use_caching=False)
+        if len(x) == 0:  # a partition with no buffer
+            continue
         y = labels_for(cfg["compile_params"], y)
         parts.append(evaluate(cache, row["model_arch"], cp, bytes(row["model_weights"]), x, y,
                               batch_size=1024))
