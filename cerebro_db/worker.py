@@ -143,20 +143,28 @@ def _config_row(cat: Catalog, fit_id: int, mst_key: int) -> dict[str, Any]:
     return row
 
 
+def dist_expr(partition_mod: int | None) -> str:
+    """The SQL expression of a packed row's partition: ``__dist_key__`` for our tables,
+    ``buffer_id % p`` for a table packed by MADlib's preprocessor (no partitions of ours)."""
+    return "__dist_key__" if partition_mod is None else f"(buffer_id % {int(partition_mod)})"
+
+
 def partition_data(cat: Catalog, table: str, xcol: str, ycol: str, partition: int,
-                   use_caching: bool = True) -> tuple[np.ndarray, np.ndarray]:
+                   use_caching: bool = True, partition_mod: int | None = None
+                   ) -> tuple[np.ndarray, np.ndarray]:
     """The concatenated buffers of one partition (in buffer_id order) as (x, y)."""
     from .training import decode_buffer
 
+    dist = dist_expr(partition_mod)
     t = TableName.parse(table, "table")
     oid = cat.relation_oid(t)
     if oid is None:
         raise CerebroError(f'table "{table}" does not exist', "42P01")
     fp = cat.query(
         f"SELECT pg_catalog.pg_relation_filenode($1::oid::regclass) AS f, count(*) AS n, "
-        f"max(xmin::text::bigint) AS x FROM {t.sql} WHERE __dist_key__ = $2",
+        f"max(xmin::text::bigint) AS x FROM {t.sql} WHERE {dist} = $2",
         [oid, partition], ["oid", "int4"])[0]
-    key = (oid, fp["f"], fp["n"], fp["x"], xcol, ycol, partition)
+    key = (oid, fp["f"], fp["n"], fp["x"], xcol, ycol, partition, partition_mod)
     hit = _partitions.get(key)
     if hit is not None:
         _partitions.move_to_end(key)
@@ -164,7 +172,7 @@ def partition_data(cat: Catalog, table: str, xcol: str, ycol: str, partition: in
     xq, yq = quote_ident(xcol), quote_ident(ycol)
     rows = cat.query(
         f"SELECT {xq} AS x, {quote_ident(xcol + '_shape')} AS xs, {yq} AS y, "
-        f"{quote_ident(ycol + '_shape')} AS ys FROM {t.sql} WHERE __dist_key__ = $1 "
+        f"{quote_ident(ycol + '_shape')} AS ys FROM {t.sql} WHERE {dist} = $1 "
         "ORDER BY buffer_id", [partition], ["int4"])
     if not rows:  # a partition with no buffer (fewer buffers than partitions)
         return np.empty((0, 0), np.float32), np.empty((0, 0), np.float32)
@@ -184,7 +192,7 @@ def partition_data(cat: Catalog, table: str, xcol: str, ycol: str, partition: in
 
 
 def partition_buffers(cat: Catalog, table: str, xcol: str, ycol: str, partition: int,
-                      compile_params: str) -> Any:
+                      compile_params: str, partition_mod: int | None = None) -> Any:
     """One partition as a :class:`~cerebro_db.training.BufferSource`: buffers read and decoded
     one at a time when the unit needs them (``use_caching`` off), labels as the loss takes
     them."""
@@ -192,14 +200,15 @@ def partition_buffers(cat: Catalog, table: str, xcol: str, ycol: str, partition:
 
     t = TableName.parse(table, "table")
     shape = quote_ident(xcol + "_shape")
-    ids = cat.query(f"SELECT buffer_id, ({shape})[1] AS n FROM {t.sql} WHERE __dist_key__ = $1 "
+    dist = dist_expr(partition_mod)
+    ids = cat.query(f"SELECT buffer_id, ({shape})[1] AS n FROM {t.sql} WHERE {dist} = $1 "
                     "ORDER BY buffer_id", [partition], ["int4"])
     keys = [r["buffer_id"] for r in ids]
 
     def load(i: int) -> tuple[np.ndarray, np.ndarray]:
         r = cat.query(
             f"SELECT {quote_ident(xcol)} AS x, {shape} AS xs, {quote_ident(ycol)} AS y, "
-            f"{quote_ident(ycol + '_shape')} AS ys FROM {t.sql} WHERE __dist_key__ = $1 AND "
+            f"{quote_ident(ycol + '_shape')} AS ys FROM {t.sql} WHERE {dist} = $1 AND "
             "buffer_id = $2", [partition, keys[i]], ["int4", "int4"])[0]
         ydtype = "float32" if len(r["y"]) == 4 * int(np.prod(r["ys"])) else "int16"
         x, y = decode_buffer(r["x"], r["xs"], r["y"], r["ys"], ydtype)
@@ -297,12 +306,14 @@ def _run_unit(cat: Catalog, fit_id: int, mst_key: int, epoch: int, partition: in
     cfg = _config_row(cat, fit_id, mst_key)
     chunk = int(fopts.get("state_chunk_size") or DEFAULT_CHUNK_SIZE)
     if kind == "train":
+        mod = fopts.get("partition_mod")
         if fopts.get("use_caching", True):
-            x, y = partition_data(cat, fit["source_table"], fopts["x"], fopts["y"], partition)
+            x, y = partition_data(cat, fit["source_table"], fopts["x"], fopts["y"], partition,
+                                  partition_mod=mod)
             y = labels_for(cfg["compile_params"], y)
         else:
             x, y = partition_buffers(cat, fit["source_table"], fopts["x"], fopts["y"],
-                                     partition, cfg["compile_params"]), None
+                                     partition, cfg["compile_params"], mod), None
         state = load_state(cat, fit_id, mst_key, "current")
         if state is None:
             state = training.initial_state(cfg["model_arch"], cfg["compile_params"],
@@ -341,12 +352,13 @@ def _run_unit(cat: Catalog, fit_id: int, mst_key: int, epoch: int, partition: in
         t1 = time.time()
         table = fit["source_table"] if ek == "eval_train" else fit["validation_table"]
         xcol, ycol = _eval_columns(fopts, ek)
+        mod = fopts.get("valid_partition_mod" if ek == "eval_valid" else "partition_mod")
         if fopts.get("use_caching", True):
-            x, y = partition_data(cat, table, xcol, ycol, partition)
+            x, y = partition_data(cat, table, xcol, ycol, partition, partition_mod=mod)
             y = labels_for(cfg["compile_params"], y)
         else:
             x, y = partition_buffers(cat, table, xcol, ycol, partition,
-                                     cfg["compile_params"]), None
+                                     cfg["compile_params"], mod), None
         t2 = time.time()
         ev = training.EvalResult(float("nan"), {}, 0) if _no_rows(x) else training.evaluate(
             model_cache(), cfg["model_arch"], cfg["compile_params"], state, x, y,

@@ -38,7 +38,7 @@ from ..names import TableName
 from ..scheduling import Progress, get_policy
 from . import entrypoint, require_output_schema
 from .models import require_arch_table
-from .preprocessing import resolve_seed
+from .preprocessing import resolve_seed, summary_source_sql
 from .selection import _no_object_table
 from .training import (
     INFO_COLUMNS,
@@ -277,8 +277,8 @@ def _write_outputs(cat: Catalog, req: FitRequest, book: TrialBook, sink: _Catalo
                           req.validation is not None, req.source.partitions))
     ranking = book.ranking()
     best = sink.configs[ranking[0]]
-    src_summary = req.source.table.with_suffix("_summary", "source_table")
-    cv = '"' + (req.source.y + "_class_values").replace('"', '""') + '"'
+    src_summary = summary_source_sql(cat, req.source.table, req.source.summary)
+    cv = '"' + (req.source.dep_name + "_class_values").replace('"', '""') + '"'
     cat.query(
         f"CREATE TABLE {summ.sql} AS SELECT $1::text AS source_table, "
         "$2::text AS validation_table, $3::text AS model, $4::text AS model_info, "
@@ -290,7 +290,7 @@ def _write_outputs(cat: Catalog, req: FitRequest, book: TrialBook, sink: _Catalo
         "clock_timestamp()::timestamp AS end_training_time, $15::text AS madlib_version, "
         f"s.num_classes, s.{cv}, s.dependent_vartype, s.normalizing_const, "
         "$16::bigint AS fit_id, $17::int AS best_mst_key, $18::int AS num_trials, "
-        f"s.num_partitions FROM {src_summary.sql} s",
+        f"s.num_partitions FROM {src_summary} s",
         [str(req.source.table), str(req.validation.table) if req.validation else None,
          str(out), str(info), str(req.arch_table), str(mst), method,
          automl_params, random_state, use_gpus, req.frequency, name, description, t0,

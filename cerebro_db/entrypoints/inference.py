@@ -298,7 +298,8 @@ def madlib_keras_evaluate(cat: Catalog, *, model_table: str, test_table: str, ou
     cache = ModelCache(max_models=1)
     parts = []
     for p in range(test.partitions):
-        x, y = partition_data(cat, test.qualified, test.x, test.y, p, use_caching=False)
+        x, y = partition_data(cat, test.qualified, test.x, test.y, p, use_caching=False,
+                              partition_mod=test.partition_mod)
         if len(x) == 0:  # a partition with no buffer
             continue
         y = labels_for(cfg["compile_params"], y)

@@ -479,10 +479,104 @@ def read_training_summary(cat: Catalog, training_table: str) -> tuple[TableName,
     rows = cat.query(f"SELECT * FROM {summ.sql}")
     need = {"dependent_varname", "independent_varname", "normalizing_const", "num_classes",
             "num_partitions", "dependent_kind", "dependent_vartype"}
-    if len(rows) != 1 or not need <= set(rows[0]):
-        raise invalid(f'"{summ}" is not a summary made by training_preprocessor_dl',
-                      hint="Pass a table made by training_preprocessor_dl.")
-    return tt, rows[0]
+    if len(rows) == 1 and need <= set(rows[0]):
+        row = dict(rows[0])
+        row["x_columns"], row["y_columns"] = row["independent_varname"], row["dependent_varname"]
+        return tt, row
+    if len(rows) == 1 and MADLIB_SUMMARY <= set(rows[0]):
+        return tt, _madlib_summary(cat, tt, summ, dict(rows[0]))
+    raise invalid(f'"{summ}" is not a summary made by training_preprocessor_dl',
+                  hint="Pass a table made by training_preprocessor_dl (ours or MADlib's).")
+
+
+MADLIB_SUMMARY = {"dependent_varname", "independent_varname", "dependent_vartype",
+                  "normalizing_const", "num_classes", "buffer_size"}
+"""The summary columns every MADlib ``training_preprocessor_dl`` (1.x and 2.x) writes."""
+
+
+def _as_list(v: Any) -> list[Any]:
+    return list(v) if isinstance(v, (list, tuple)) else [v]
+
+
+def _madlib_summary(cat: Catalog, tt: TableName, summ: TableName, s: dict[str, Any]
+                    ) -> dict[str, Any]:
+    """A summary written by MADlib's own preprocessor, in the form of ours.
+
+    MADlib 2.x (PostgreSQL) writes ``<x> BYTEA`` (float32) and ``<y> BYTEA`` (int16 one-hot)
+    named after the source columns, ``<x>_shape``/``<y>_shape`` and ``buffer_id``, and a
+    summary with TEXT[] ``dependent_varname``/``independent_varname``/``dependent_vartype``,
+    ``<y>_class_values``, ``buffer_size``, ``normalizing_const``, INTEGER[] ``num_classes``,
+    ``distribution_rules`` and ``__internal_gpu_config__``; MADlib 1.x (one input and output)
+    names the buffers ``independent_var``/``dependent_var`` and writes TEXT names,
+    ``class_values`` and an INTEGER ``num_classes``. Neither has partitions on PostgreSQL
+    (Greenplum's ``__dist_key__`` are segment ids), so buffer ``b`` is given to partition
+    ``b % p`` with ``p`` the smaller of the buffer count and the default partition count
+    (``num_partitions``). Every label is a class (one-hot), as MADlib has no regression.
+    """
+    deps, indeps = _as_list(s["dependent_varname"]), _as_list(s["independent_varname"])
+    vartypes = _as_list(s["dependent_vartype"])
+    cols = cat.columns(cat.require_table(tt, "training_preprocessor_table"))
+    if all(n in cols for n in deps + indeps):
+        ycols, xcols = deps, indeps
+    elif len(deps) == len(indeps) == 1 and {"dependent_var", "independent_var"} <= set(cols):
+        ycols, xcols = ["dependent_var"], ["independent_var"]
+    else:
+        raise invalid(f'"{tt}" does not have the buffer columns its summary "{summ}" names',
+                      hint="Pass the output table of training_preprocessor_dl.")
+    for c in xcols + ycols:
+        if cols[c].type_name != "bytea" or c + "_shape" not in cols:
+            raise CerebroError(
+                f'"{tt}" holds column "{c}" as {cols[c].type_name}: packed by a MADlib version '
+                "before 1.17 (arrays, not BYTEA buffers), which cerebro_db does not read",
+                FEATURE_NOT_SUPPORTED,
+                hint="Pack the source table again with training_preprocessor_dl.")
+    if "buffer_id" not in cols:
+        raise invalid(f'"{tt}" has no buffer_id column', hint="Pack the source table again.")
+    out: dict[str, Any] = {k: v for k, v in s.items() if not k.endswith("class_values")}
+    out.update(dependent_varname=deps, independent_varname=indeps, dependent_vartype=vartypes,
+               x_columns=xcols, y_columns=ycols, madlib=True)
+    kinds = []
+    for i, d in enumerate(deps):
+        cv = s.get(d + "_class_values", s.get("class_values") if i == 0 else None)
+        cv = None if cv is None or (isinstance(cv, str)) else list(cv)
+        out[d + "_class_values"] = cv
+        kinds.append("class" if cv is not None else "one_hot")
+    nc = s["num_classes"]
+    out["num_classes"] = None if nc is None else _as_list(nc)
+    out["dependent_kind"] = kinds
+    buffers = cat.query(f"SELECT count(*) AS n FROM {tt.sql}")[0]["n"]
+    out["num_buffers"] = int(buffers)
+    out["num_partitions"] = max(1, min(int(buffers), default_partitions(cat)))
+    return out
+
+
+def summary_source_sql(cat: Catalog, table: TableName, summary: dict[str, Any]) -> str:
+    """SQL for the packed table's summary as a relation with our summary's columns (a
+    MADlib summary is read through a subquery that converts its columns)."""
+    summ = table.with_suffix("_summary", "source_table")
+    if not summary.get("madlib"):
+        return summ.sql
+    scols = cat.columns(cat.require_table(summ, "source summary"))
+
+    def arr(col: str, typ: str) -> str:
+        q = "s0." + quote_ident(col)
+        return f"{q}::{typ}[]" if scols[col].is_array else f"ARRAY[{q}]::{typ}[]"
+
+    items = [f"{arr('dependent_varname', 'text')} AS dependent_varname",
+             f"{arr('independent_varname', 'text')} AS independent_varname",
+             f"{arr('dependent_vartype', 'text')} AS dependent_vartype",
+             f"{arr('num_classes', 'integer')} AS num_classes",
+             "s0.buffer_size", "s0.normalizing_const::real AS normalizing_const",
+             f"{int(summary['num_partitions'])}::integer AS num_partitions",
+             "s0.source_table", "s0.output_table"]
+    for i, d in enumerate(summary["dependent_varname"]):
+        src = d + "_class_values" if d + "_class_values" in scols else \
+            "class_values" if i == 0 and "class_values" in scols else None
+        if src is not None and scols[src].is_array:
+            items.append(f"s0.{quote_ident(src)} AS {quote_ident(d + '_class_values')}")
+        else:
+            items.append(f"NULL::text[] AS {quote_ident(d + '_class_values')}")
+    return f"(SELECT {', '.join(items)} FROM {summ.sql} s0)"
 
 
 @entrypoint
@@ -533,7 +627,7 @@ def validation_preprocessor_dl(cat: Catalog, *, source_table: str, output_table:
             counts.append(None)
             maps.append(None)
     xs, xdims, ys, ydims = _read(cat, inp, maps)
-    _check_shapes_match(cat, tt, tindeps, tdeps, xdims, inp)
+    _check_shapes_match(cat, tt, ts["x_columns"], tdeps, xdims, inp)
     labels, widths = _encode_labels(inp, ys, ydims, counts)
     for d, w, tw in zip(inp.deps, widths, ts["num_classes"] or [None] * len(widths)):
         if d.kind == "one_hot" and tw is not None and w != tw:

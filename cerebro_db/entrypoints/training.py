@@ -52,7 +52,7 @@ from ..scheduling import (
 )
 from . import entrypoint, require_output_schema
 from .models import require_arch_table
-from .preprocessing import read_training_summary, resolve_seed
+from .preprocessing import read_training_summary, resolve_seed, summary_source_sql
 from .selection import check_fit_bounds
 
 CHUNK_SETTING = "cerebro_db.state_chunk_size"
@@ -84,6 +84,12 @@ class PackedTable:
     y_width: int
     partitions: int
     kind: str
+    partition_mod: int | None = None  # MADlib-packed: partition = buffer_id % partition_mod
+
+    @property
+    def dep_name(self) -> str:
+        """The dependent variable's name (its class values are ``<name>_class_values``)."""
+        return str(self.summary["dependent_varname"][0])
 
 
 def _qualified(cat: Catalog, t: TableName) -> str:
@@ -94,8 +100,12 @@ def _qualified(cat: Catalog, t: TableName) -> str:
     return quote_ident(row["s"]) + "." + quote_ident(row["r"])
 
 
-def packed_table(cat: Catalog, name: str, what: str) -> PackedTable:
-    """A preprocessed table and its summary, or a clear error."""
+def packed_table(cat: Catalog, name: str, what: str,
+                 partitions: int | None = None) -> PackedTable:
+    """A preprocessed table and its summary, or a clear error. A table packed by MADlib's
+    own preprocessor has no partitions of ours: its buffers are spread as ``buffer_id % p``
+    over ``partitions`` (a validation table: the training table's) or its summary's
+    ``num_partitions`` (see :func:`preprocessing._madlib_summary`)."""
     try:
         t, s = read_training_summary(cat, name)
     except CerebroError as e:
@@ -106,11 +116,16 @@ def packed_table(cat: Catalog, name: str, what: str) -> PackedTable:
     if len(deps) != 1 or len(indeps) != 1:
         raise CerebroError(f'{what} "{t}" has {len(indeps)} inputs and {len(deps)} outputs; '
                            "training supports one of each so far", FEATURE_NOT_SUPPORTED)
-    x, y = indeps[0], deps[0]
+    x, y = s["x_columns"][0], s["y_columns"][0]
     shape = cat.query(f"SELECT {quote_ident(x + '_shape')} AS xs, {quote_ident(y + '_shape')} "
                       f"AS ys FROM {t.sql} LIMIT 1")
     if not shape:
         raise CerebroError(f'{what} "{t}" is empty', "22000")
+    if s.get("madlib"):
+        p = int(partitions or s["num_partitions"])
+        s = {**s, "num_partitions": p}
+        return PackedTable(t, _qualified(cat, t), s, x, y, int(np.prod(shape[0]["xs"][1:])),
+                           int(np.prod(shape[0]["ys"][1:])), p, s["dependent_kind"][0], p)
     parts = cat.query(f"SELECT min(__dist_key__) AS lo, max(__dist_key__) AS m "
                       f"FROM {t.sql}")[0]
     p = int(s["num_partitions"])
@@ -265,14 +280,17 @@ def _bytea_literal(b: bytes | None) -> str:
     return "NULL" if b is None else "'\\x" + bytes(b).hex() + "'::bytea"
 
 
-def _validation_columns(v: PackedTable | None) -> dict[str, str]:
+def _validation_columns(v: PackedTable | None) -> dict[str, Any]:
     """The validation table's own buffer columns (its summary's names, which need not be the
-    training table's)."""
-    return {"valid_x": v.x, "valid_y": v.y} if v is not None else {}
+    training table's) and, for a MADlib-packed one, how its buffers map to partitions."""
+    if v is None:
+        return {}
+    return {"valid_x": v.x, "valid_y": v.y, "valid_partition_mod": v.partition_mod}
 
 
 def _register(cat: Catalog, ex: DblinkExecutor, req: FitRequest, total: int) -> int:
     opts = {"x": req.source.x, "y": req.source.y, **_validation_columns(req.validation),
+            "partition_mod": req.source.partition_mod,
             "use_caching": req.use_caching,
             "worker_threads": max(1, (os.cpu_count() or 1) // req.num_workers),
             "state_chunk_size": int(cat.setting(CHUNK_SETTING) or 0) or None,
@@ -683,7 +701,7 @@ def info_rows(req: FitRequest, fit_id: int, outcome: FitOutcome,
 
 def summary_select(req: FitRequest) -> str:
     """A SELECT list over the source summary (alias s) for the output's _summary table."""
-    dep = req.source.y
+    dep = req.source.dep_name
     cv = quote_ident(dep + "_class_values")
     sel = (
         "$1::text AS source_table, $2::text AS validation_table, $3::text AS model, "
@@ -705,9 +723,9 @@ def create_summary(cat: Catalog, req: FitRequest, summ: TableName, info: TableNa
                    description: str | None) -> None:
     """The output's ``_summary`` table: this fit's facts plus the source summary's."""
     epochs = sorted(evaluation_epochs(req.num_iterations, req.frequency))
-    src_summary = req.source.table.with_suffix("_summary", "source_table")
+    src_summary = summary_source_sql(cat, req.source.table, req.source.summary)
     cat.query(
-        f"CREATE TABLE {summ.sql} AS SELECT {summary_select(req)} FROM {src_summary.sql} s",
+        f"CREATE TABLE {summ.sql} AS SELECT {summary_select(req)} FROM {src_summary} s",
         [str(req.source.table), str(req.validation.table) if req.validation else None,
          str(req.output), str(info) if info else None, str(req.arch_table),
          str(req.mst_table) if req.mst_table else None, req.num_iterations, req.frequency,
@@ -811,7 +829,7 @@ def _validation(cat: Catalog, validation_table: str | None, src: PackedTable
                 ) -> PackedTable | None:
     if validation_table is None:
         return None
-    v = packed_table(cat, validation_table, "validation_table")
+    v = packed_table(cat, validation_table, "validation_table", src.partitions)
     if v.partitions != src.partitions:
         raise invalid(f'validation_table "{v.table}" has {v.partitions} partitions, the '
                       f"training data {src.partitions}",
