@@ -87,6 +87,12 @@ class PackedTable:
     partition_mod: int | None = None  # MADlib-packed: partition = buffer_id % partition_mod
 
     @property
+    def temporary(self) -> bool:
+        """Whether the table is a temporary one (only the calling session sees it; schema
+        names starting with ``pg_`` are reserved, so ``pg_temp_N`` is a session's)."""
+        return self.qualified.startswith(("pg_temp_", '"pg_temp_'))
+
+    @property
     def dep_name(self) -> str:
         """The dependent variable's name (its class values are ``<name>_class_values``)."""
         return str(self.summary["dependent_varname"][0])
@@ -274,6 +280,14 @@ class FitRequest:
     name: str | None = None
     description: str | None = None
     replicas: int = 1
+
+    def __post_init__(self) -> None:
+        for what, t in (("source_table", self.source), ("validation_table", self.validation)):
+            if t is not None and t.temporary:
+                raise CerebroError(
+                    f'{what} "{t.table}" is a temporary table, which the worker sessions '
+                    "cannot read", FEATURE_NOT_SUPPORTED,
+                    hint="Pack it into an ordinary table (outputs may be in pg_temp).")
 
 
 def _bytea_literal(b: bytes | None) -> str:

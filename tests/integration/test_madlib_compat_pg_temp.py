@@ -87,3 +87,23 @@ def test_pg_temp_output_needs_temporary_privilege(packed):
         q(conn, f'GRANT TEMPORARY ON DATABASE "{db}" TO PUBLIC')
         q(conn, "DROP OWNED BY pt_no_temp")
         q(conn, "DROP ROLE pt_no_temp")
+
+
+def test_temporary_packed_source_refused_before_work(packed):
+    conn = packed
+    q(conn, "DROP TABLE IF EXISTS pg_temp.pt_tmp_p, pg_temp.pt_tmp_p_summary")
+    q(conn, "CREATE TEMP TABLE pt_tmp_p AS SELECT * FROM pt_train_p")
+    q(conn, "CREATE TEMP TABLE pt_tmp_p_summary AS SELECT * FROM pt_train_p_summary")
+    try:
+        with pytest.raises(psycopg2.Error) as e:
+            q(conn, "SELECT madlib_keras_fit_multiple_model('pg_temp.pt_tmp_p', "
+                    "'pg_temp.pt_out9', 'pt_mst', 1)")
+        assert e.value.pgcode == "0A000" and "temporary" in e.value.pgerror
+        with pytest.raises(psycopg2.Error) as e:
+            q(conn, "SELECT madlib_keras_fit('pt_train_p', 'pt_m9', 'pt_arch', 1, %s, %s, 1, "
+                    "FALSE, 'pt_tmp_p')", (COMPILE, FIT))
+        assert e.value.pgcode == "0A000" and "validation_table" in e.value.pgerror
+        (n,), = q(conn, "SELECT count(*) FROM pg_class WHERE relname IN ('pt_out9', 'pt_m9')")
+        assert n == 0
+    finally:
+        q(conn, "DROP TABLE IF EXISTS pg_temp.pt_tmp_p, pg_temp.pt_tmp_p_summary")
