@@ -217,6 +217,35 @@ def partition_buffers(cat: Catalog, table: str, xcol: str, ycol: str, partition:
     return BufferSource(tuple(int(r["n"]) for r in ids), load)
 
 
+def partition_multi(cat: Catalog, table: str, xcols: list[str], ycols: list[str],
+                    partition: int, compile_params: str,
+                    partition_mod: int | None = None) -> Any:
+    """One partition of a table with several inputs/outputs as a
+    :class:`~cerebro_db.training.MultiData` (every buffer read; labels as the loss takes
+    them)."""
+    from .training import MultiData, decode_buffer
+
+    t = TableName.parse(table, "table")
+    cols = xcols + ycols
+    sel = ", ".join(f"{quote_ident(c)} AS b{i}, {quote_ident(c + '_shape')} AS s{i}"
+                    for i, c in enumerate(cols))
+    rows = cat.query(f"SELECT {sel} FROM {t.sql} WHERE {dist_expr(partition_mod)} = $1 "
+                     "ORDER BY buffer_id", [partition], ["int4"])
+    parts: list[list[np.ndarray]] = [[] for _ in cols]
+    for r in rows:
+        for i in range(len(cols)):
+            raw, shape = r[f"b{i}"], r[f"s{i}"]
+            if i < len(xcols):
+                parts[i].append(decode_buffer(raw, shape)[0])
+            else:
+                wide = len(raw) == 4 * int(np.prod(shape))
+                parts[i].append(np.frombuffer(bytes(raw), "<f4" if wide else "<i2")
+                                .reshape(shape).astype(np.float32))
+    arrays = [np.concatenate(p) if p else np.empty((0, 0), np.float32) for p in parts]
+    return MultiData(arrays[:len(xcols)],
+                     [labels_for(compile_params, y) for y in arrays[len(xcols):]])
+
+
 def labels_for(compile_params: str, y: np.ndarray) -> np.ndarray:
     """Sparse categorical losses take class indices: one-hot rows become their argmax."""
     from .params import parse_compile_params
@@ -307,7 +336,10 @@ def _run_unit(cat: Catalog, fit_id: int, mst_key: int, epoch: int, partition: in
     chunk = int(fopts.get("state_chunk_size") or DEFAULT_CHUNK_SIZE)
     if kind == "train":
         mod = fopts.get("partition_mod")
-        if fopts.get("use_caching", True):
+        if fopts.get("xs"):
+            x, y = partition_multi(cat, fit["source_table"], fopts["xs"], fopts["ys"],
+                                   partition, cfg["compile_params"], mod), None
+        elif fopts.get("use_caching", True):
             x, y = partition_data(cat, fit["source_table"], fopts["x"], fopts["y"], partition,
                                   partition_mod=mod)
             y = labels_for(cfg["compile_params"], y)
@@ -353,7 +385,12 @@ def _run_unit(cat: Catalog, fit_id: int, mst_key: int, epoch: int, partition: in
         table = fit["source_table"] if ek == "eval_train" else fit["validation_table"]
         xcol, ycol = _eval_columns(fopts, ek)
         mod = fopts.get("valid_partition_mod" if ek == "eval_valid" else "partition_mod")
-        if fopts.get("use_caching", True):
+        if fopts.get("xs"):
+            valid = ek == "eval_valid"
+            x, y = partition_multi(cat, table, fopts["valid_xs" if valid else "xs"],
+                                   fopts["valid_ys" if valid else "ys"], partition,
+                                   cfg["compile_params"], mod), None
+        elif fopts.get("use_caching", True):
             x, y = partition_data(cat, table, xcol, ycol, partition, partition_mod=mod)
             y = labels_for(cfg["compile_params"], y)
         else:

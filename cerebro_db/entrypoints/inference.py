@@ -298,6 +298,15 @@ def madlib_keras_evaluate(cat: Catalog, *, model_table: str, test_table: str, ou
     cache = ModelCache(max_models=1)
     parts = []
     for p in range(test.partitions):
+        if test.multi is not None:  # several inputs/outputs
+            from ..worker import partition_multi
+
+            x, y = partition_multi(cat, test.qualified, test.multi["xs"], test.multi["ys"], p,
+                                   cfg["compile_params"], test.partition_mod), None
+            if x.total_rows:
+                parts.append(evaluate(cache, row["model_arch"], cp,
+                                      bytes(row["model_weights"]), x, None, batch_size=1024))
+            continue
         x, y = partition_data(cat, test.qualified, test.x, test.y, p, use_caching=False,
                               partition_mod=test.partition_mod)
         if len(x) == 0:  # a partition with no buffer

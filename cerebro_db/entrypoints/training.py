@@ -85,6 +85,14 @@ class PackedTable:
     partitions: int
     kind: str
     partition_mod: int | None = None  # MADlib-packed: partition = buffer_id % partition_mod
+    multi: dict[str, list[Any]] | None = None  # several inputs/outputs: xs, ys, sizes, kinds
+
+    def columns(self) -> tuple[list[str], list[str], list[int], list[int], list[str]]:
+        """Buffer columns, values per row and label kinds of every input and output."""
+        if self.multi is None:
+            return [self.x], [self.y], [self.x_size], [self.y_width], [self.kind]
+        m = self.multi
+        return m["xs"], m["ys"], m["x_sizes"], m["y_widths"], m["kinds"]
 
     @property
     def temporary(self) -> bool:
@@ -118,20 +126,23 @@ def packed_table(cat: Catalog, name: str, what: str,
         raise CerebroError(e.message.replace("training_preprocessor_table", what), e.sqlstate,
                            hint=f"{what} must be made by training_preprocessor_dl or "
                            "validation_preprocessor_dl.") from None
-    deps, indeps = s["dependent_varname"], s["independent_varname"]
-    if len(deps) != 1 or len(indeps) != 1:
-        raise CerebroError(f'{what} "{t}" has {len(indeps)} inputs and {len(deps)} outputs; '
-                           "training supports one of each so far", FEATURE_NOT_SUPPORTED)
-    x, y = s["x_columns"][0], s["y_columns"][0]
-    shape = cat.query(f"SELECT {quote_ident(x + '_shape')} AS xs, {quote_ident(y + '_shape')} "
-                      f"AS ys FROM {t.sql} LIMIT 1")
+    xcols, ycols = list(s["x_columns"]), list(s["y_columns"])
+    x, y = xcols[0], ycols[0]
+    sel = ", ".join(f"{quote_ident(c + '_shape')} AS s{i}" for i, c in enumerate(xcols + ycols))
+    shape = cat.query(f"SELECT {sel} FROM {t.sql} LIMIT 1")
     if not shape:
         raise CerebroError(f'{what} "{t}" is empty', "22000")
+    sizes = [int(np.prod(shape[0][f"s{i}"][1:])) for i in range(len(xcols + ycols))]
+    multi = None if len(xcols) == len(ycols) == 1 else {
+        "xs": xcols, "ys": ycols, "x_sizes": sizes[:len(xcols)],
+        "y_widths": sizes[len(xcols):], "kinds": list(s["dependent_kind"])}
+    shape = [{"xs": shape[0]["s0"], "ys": shape[0][f"s{len(xcols)}"]}]
     if s.get("madlib"):
         p = int(partitions or s["num_partitions"])
         s = {**s, "num_partitions": p}
         return PackedTable(t, _qualified(cat, t), s, x, y, int(np.prod(shape[0]["xs"][1:])),
-                           int(np.prod(shape[0]["ys"][1:])), p, s["dependent_kind"][0], p)
+                           int(np.prod(shape[0]["ys"][1:])), p, s["dependent_kind"][0], p,
+                           multi)
     parts = cat.query(f"SELECT min(__dist_key__) AS lo, max(__dist_key__) AS m "
                       f"FROM {t.sql}")[0]
     p = int(s["num_partitions"])
@@ -139,7 +150,7 @@ def packed_table(cat: Catalog, name: str, what: str,
         raise CerebroError(f'{what} "{t}" does not hold the {p} partitions its summary '
                            "records", "22000", hint="Preprocess the data again.")
     return PackedTable(t, _qualified(cat, t), s, x, y, int(np.prod(shape[0]["xs"][1:])),
-                       int(np.prod(shape[0]["ys"][1:])), p, s["dependent_kind"][0])
+                       int(np.prod(shape[0]["ys"][1:])), p, s["dependent_kind"][0], None, multi)
 
 
 @dataclass
@@ -162,28 +173,36 @@ def _check_config(c: Config, src: PackedTable, checked: dict[str, Any]) -> None:
         model = keras_arch.build_from_json(c.arch, shared=True)
         checked[c.arch] = model
     ins, outs = keras_arch.input_shapes(model), keras_arch.output_shapes(model)
-    if len(ins) != 1 or len(outs) != 1:
-        raise CerebroError(f"model_id {c.model_id} has {len(ins)} inputs and {len(outs)} "
-                           "outputs; training supports one of each so far", FEATURE_NOT_SUPPORTED)
-    in_size = int(np.prod([d for d in ins[0] if d is not None]))
-    if None in ins[0] or in_size != src.x_size:
+    _, _, x_sizes, y_widths, kinds = src.columns()
+    if len(ins) != len(x_sizes) or len(outs) != len(y_widths):
         raise CerebroError(
-            f"model_id {c.model_id} expects input shape {list(ins[0])}, but the packed data has "
-            f"{src.x_size} values per row", DATATYPE_MISMATCH,
-            hint="The architecture's input must hold as many values as each packed row "
-            "(a Reshape layer can adapt a flat row).")
-    out = outs[0][-1] if outs[0] else 1
+            f"model_id {c.model_id} has {len(ins)} inputs and {len(outs)} outputs, but the "
+            f"packed data has {len(x_sizes)} independent and {len(y_widths)} dependent "
+            "variables", DATATYPE_MISMATCH,
+            hint="List the variables in independent_varname / dependent_varname in the order "
+            "of the model's inputs and outputs.")
+    for i, (shape, size) in enumerate(zip(ins, x_sizes)):
+        in_size = int(np.prod([d for d in shape if d is not None]))
+        if None in shape or in_size != size:
+            which = "" if len(ins) == 1 else f" {i + 1}"
+            raise CerebroError(
+                f"model_id {c.model_id} expects input{which} shape {list(shape)}, but the "
+                f"packed data has {size} values per row", DATATYPE_MISMATCH,
+                hint="The architecture's input must hold as many values as each packed row "
+                "(a Reshape layer can adapt a flat row).")
     loss = c.cp.loss if isinstance(c.cp.loss, str) else None
     sparse = loss is not None and "sparse" in loss
-    want = 1 if sparse else src.y_width
-    if out is not None and out != want and not (sparse and src.kind != "regression"):
-        raise CerebroError(
-            f"model_id {c.model_id} has {out} outputs, but the labels have {src.y_width} "
-            "columns", DATATYPE_MISMATCH,
-            hint="The last layer's units must equal num_classes of the training data.")
-    if sparse and src.kind == "regression":
-        raise invalid(f"mst_key {c.mst_key}: loss {loss!r} needs class labels, but the "
-                      "training data has a regression target")
+    for shape, width, kind in zip(outs, y_widths, kinds):
+        out = shape[-1] if shape else 1
+        want = 1 if sparse else width
+        if out is not None and out != want and not (sparse and kind != "regression"):
+            raise CerebroError(
+                f"model_id {c.model_id} has {out} outputs, but the labels have {width} "
+                "columns", DATATYPE_MISMATCH,
+                hint="The last layer's units must equal num_classes of the training data.")
+        if sparse and kind == "regression":
+            raise invalid(f"mst_key {c.mst_key}: loss {loss!r} needs class labels, but the "
+                          "training data has a regression target")
 
 
 def _load_configs(cat: Catalog, mst: TableName) -> tuple[list[Config], TableName]:
@@ -299,12 +318,18 @@ def _validation_columns(v: PackedTable | None) -> dict[str, Any]:
     training table's) and, for a MADlib-packed one, how its buffers map to partitions."""
     if v is None:
         return {}
-    return {"valid_x": v.x, "valid_y": v.y, "valid_partition_mod": v.partition_mod}
+    out: dict[str, Any] = {"valid_x": v.x, "valid_y": v.y,
+                           "valid_partition_mod": v.partition_mod}
+    if v.multi is not None:
+        out.update(valid_xs=v.multi["xs"], valid_ys=v.multi["ys"])
+    return out
 
 
 def _register(cat: Catalog, ex: DblinkExecutor, req: FitRequest, total: int) -> int:
     opts = {"x": req.source.x, "y": req.source.y, **_validation_columns(req.validation),
             "partition_mod": req.source.partition_mod,
+            **({"xs": req.source.multi["xs"], "ys": req.source.multi["ys"]}
+               if req.source.multi is not None else {}),
             "use_caching": req.use_caching,
             "worker_threads": max(1, (os.cpu_count() or 1) // req.num_workers),
             "state_chunk_size": int(cat.setting(CHUNK_SETTING) or 0) or None,
@@ -849,10 +874,13 @@ def _validation(cat: Catalog, validation_table: str | None, src: PackedTable
                       f"training data {src.partitions}",
                       hint="Preprocess the validation data with validation_preprocessor_dl "
                       "from this training table.")
-    if (v.x_size, v.y_width) != (src.x_size, src.y_width):
-        raise CerebroError(f'validation_table "{v.table}" rows have {v.x_size} features and '
-                           f"{v.y_width} label columns, the training data {src.x_size} and "
-                           f"{src.y_width}", DATATYPE_MISMATCH)
+    if v.columns()[2:4] != src.columns()[2:4]:
+        _, _, vx, vy, _ = v.columns()
+        _, _, sx, sy, _ = src.columns()
+        shown = (lambda a: str(a[0]) if len(a) == 1 else str(a))  # noqa: E731
+        raise CerebroError(f'validation_table "{v.table}" rows have {shown(vx)} features and '
+                           f"{shown(vy)} label columns, the training data {shown(sx)} and "
+                           f"{shown(sy)}", DATATYPE_MISMATCH)
     return v
 
 
