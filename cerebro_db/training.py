@@ -1224,7 +1224,8 @@ def _multi_xy(model: keras.Model, data: MultiData) -> tuple[list[np.ndarray], li
                 f"independent variable {i + 1} has shape {_fmt_shape(x.shape[1:])} per row but "
                 f"model input {i + 1} expects {_fmt_shape(target)}", DATATYPE_MISMATCH)
         xs.append(x.reshape((x.shape[0],) + known))
-    ys = [np.asarray(y, dtype=np.float32) if y.dtype != np.int32 else y for y in data.ys]
+    ys = [y if y is None or y.dtype == np.int32 else np.asarray(y, dtype=np.float32)
+          for y in data.ys]
     return xs, ys
 
 
@@ -1285,3 +1286,30 @@ def _evaluate_multi(cache: ModelCache, entry: CachedModel, data: MultiData,
         raise _keras_failure("evaluation", exc) from None
     return EvalResult(loss=float(out.get("loss", float("nan"))),
                       metrics=_output_order(entry.model, out), rows=data.total_rows)
+
+
+def predict_multi(cache: ModelCache, arch_json: Any, state_or_weights: BytesLike,
+                  xs: Sequence[np.ndarray], batch_size: int = 256) -> list[np.ndarray]:
+    """The outputs of a model with several inputs or outputs for the rows of ``xs`` (one
+    array per input, in the model's input order): one float32 array per output."""
+    entry = cache.get_for_predict(arch_json)
+    try:
+        data = MultiData([np.asarray(x, dtype=np.float32) for x in xs], [])
+        shapes = keras_arch.input_shapes(entry.model)
+        if len(shapes) != len(data.xs):
+            raise CerebroError(f"the model has {len(shapes)} inputs, the test data "
+                               f"{len(data.xs)} independent variables", DATATYPE_MISMATCH)
+        inputs = _multi_xy(entry.model, MultiData(data.xs, [None] * len(entry.model.outputs))
+                           )[0] if data.total_rows else []
+        _load_any(entry, state_or_weights)
+        if not data.total_rows:
+            return [np.zeros((0,), np.float32) for _ in entry.model.outputs]
+        out = entry.model.predict(inputs if len(inputs) > 1 else inputs[0],
+                                  batch_size=batch_size, verbose=0)
+    except CerebroError:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        cache.discard(entry)
+        raise _keras_failure("prediction", exc) from None
+    outs = out if isinstance(out, (list, tuple)) else [out]
+    return [np.asarray(o, dtype=np.float32) for o in outs]

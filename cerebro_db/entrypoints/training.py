@@ -740,8 +740,8 @@ def info_rows(req: FitRequest, fit_id: int, outcome: FitOutcome,
 
 def summary_select(req: FitRequest) -> str:
     """A SELECT list over the source summary (alias s) for the output's _summary table."""
-    dep = req.source.dep_name
-    cv = quote_ident(dep + "_class_values")
+    cv = ", s.".join(quote_ident(d + "_class_values")
+                     for d in req.source.summary["dependent_varname"])
     sel = (
         "$1::text AS source_table, $2::text AS validation_table, $3::text AS model, "
         "$4::text AS model_info, s.dependent_varname, s.independent_varname, "

@@ -74,6 +74,35 @@ def test_fit_multiple_model_two_inputs_two_outputs(packed, tables):
                           "WHERE mst_key = 1")
     assert math.isclose(loss, vl[-1], rel_tol=1e-4) and len(metrics) == 4
     assert math.isclose(metric, vall[-1][0], rel_tol=1e-4)
+    # prediction: MADlib's long format, one block of rows per output
+    tables += ["mio_pred", "mio_prob"]
+    q(conn, "SELECT madlib_keras_predict('mio_out', 'mio', 'id', 'attrs, extra', 'mio_pred', "
+            "'response', NULL, 1)")
+    got = q(conn, "SELECT class_name, count(*), count(DISTINCT id) FROM mio_pred "
+                  "GROUP BY 1 ORDER BY 1")
+    assert got == [("big", 80, 80), ("species", 80, 80)]
+    vals = {r[0] for r in q(conn, "SELECT class_value FROM mio_pred WHERE class_name = 'big'")}
+    assert vals <= {"False", "True"}
+    vals = {r[0] for r in q(conn, "SELECT class_value FROM mio_pred "
+                                  "WHERE class_name = 'species'")}
+    assert vals <= {"setosa", "versicolor", "virginica"}
+    q(conn, "SELECT madlib_keras_predict('mio_out', 'mio', 'id', 'attrs, extra', 'mio_prob', "
+            "'prob', NULL, 1)")
+    sums = q(conn, "SELECT class_name, count(*), round(sum(prob)::numeric, 3), max(rank) "
+                   "FROM mio_prob GROUP BY 1 ORDER BY 1")
+    assert sums == [("big", 160, 80, 2), ("species", 240, 80, 3)]
+    # BYOM with the same weights: MADlib's dependent_count and 2-D class_values
+    tables += ["mio_byom", "mio_bpred"]
+    q(conn, "DROP TABLE IF EXISTS mio_byom")
+    q(conn, "SELECT load_keras_model('mio_byom', (SELECT model_arch FROM mio_out WHERE "
+            "mst_key = 1), (SELECT model_weights FROM mio_out WHERE mst_key = 1))")
+    q(conn, "SELECT madlib_keras_predict_byom('mio_byom', 1, 'mio', 'id', 'attrs, extra', "
+            "'mio_bpred', 'response', NULL, ARRAY[['setosa', 'versicolor', 'virginica'], "
+            "['False', 'True', NULL]], 1.0, 2)")
+    same = q(conn, "SELECT count(*) FROM mio_bpred b JOIN mio_pred p ON p.id = b.id AND "
+                   "p.class_value = b.class_value AND p.class_name = CASE b.class_name WHEN "
+                   "'dependent_var_0' THEN 'species' ELSE 'big' END")
+    assert same == [(160,)]
 
 
 def test_fit_two_inputs_two_outputs(packed, tables):
