@@ -278,7 +278,8 @@ def _write_outputs(cat: Catalog, req: FitRequest, book: TrialBook, sink: _Catalo
     ranking = book.ranking()
     best = sink.configs[ranking[0]]
     src_summary = summary_source_sql(cat, req.source.table, req.source.summary)
-    cv = '"' + (req.source.dep_name + "_class_values").replace('"', '""') + '"'
+    cv = ", s.".join('"' + (d + "_class_values").replace('"', '""') + '"'
+                     for d in req.source.summary["dependent_varname"])
     cat.query(
         f"CREATE TABLE {summ.sql} AS SELECT $1::text AS source_table, "
         "$2::text AS validation_table, $3::text AS model, $4::text AS model_info, "

@@ -241,6 +241,14 @@ def _predict_multi_into(cat: Catalog, *, arch: str, weights: bytes, test: TableN
     within (id, output)."""
     from ..training import ModelCache, predict_multi
 
+    model = keras_arch.build_from_json(arch, shared=True)
+    ins, outs = keras_arch.input_shapes(model), keras_arch.output_shapes(model)
+    if len(ins) != len(x_names) or len(outs) != len(class_names):
+        raise CerebroError(
+            f"the model has {len(ins)} inputs and {len(outs)} outputs, but there are "
+            f"{len(x_names)} independent variables and {len(class_names)} dependent ones "
+            "(dependent_count)", DATATYPE_MISMATCH,
+            hint="List one independent_varname column per model input, in order.")
     cache = ModelCache(max_models=1)
     with_rank = pt.kind != "response" and not all(regression)
     cols = [(id_name, id_type), ("class_name", "text"), ("class_value", "text"),
