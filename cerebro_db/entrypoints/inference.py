@@ -17,7 +17,6 @@ from .. import keras_arch
 from ..catalog import Catalog
 from ..errors import (
     DATATYPE_MISMATCH,
-    FEATURE_NOT_SUPPORTED,
     NULL_VALUE_NOT_ALLOWED,
     UNDEFINED_OBJECT,
     CerebroError,

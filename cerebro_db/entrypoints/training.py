@@ -877,7 +877,9 @@ def _validation(cat: Catalog, validation_table: str | None, src: PackedTable
     if v.columns()[2:4] != src.columns()[2:4]:
         _, _, vx, vy, _ = v.columns()
         _, _, sx, sy, _ = src.columns()
-        shown = (lambda a: str(a[0]) if len(a) == 1 else str(a))  # noqa: E731
+        def shown(a: list[int]) -> str:
+            return str(a[0]) if len(a) == 1 else str(a)
+
         raise CerebroError(f'validation_table "{v.table}" rows have {shown(vx)} features and '
                            f"{shown(vy)} label columns, the training data {shown(sx)} and "
                            f"{shown(sy)}", DATATYPE_MISMATCH)

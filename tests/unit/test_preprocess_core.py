@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import math
-
 import struct
 
 import numpy as np
