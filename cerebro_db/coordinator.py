@@ -277,13 +277,17 @@ def _key(u: Assignment | RunningUnit) -> tuple[int, int, int, str]:
 
 
 def _mean(pairs: list[tuple[float, int]]) -> float:
+    pairs = [(v, n) for v, n in pairs if n]  # an empty partition's NaN weighs nothing
     rows = sum(n for _, n in pairs)
     return math.fsum(v * n for v, n in pairs) / rows if rows else float("nan")
 
 
 def combine(parts: list[dict[str, Any]]) -> tuple[float, list[float]]:
     """Row-weighted loss and metrics over partitions (metrics by position: a resumed fit
-    reads them back from the unit log as arrays)."""
+    reads them back from the unit log as arrays); partitions without rows are left out."""
+    parts = [p for p in parts if p["rows"]]
+    if not parts:
+        return float("nan"), []
     rows = sum(p["rows"] for p in parts)
     loss = math.fsum(p["loss"] * p["rows"] for p in parts) / rows
     vals = [list(p["metrics"].values()) for p in parts]  # in the order the worker gave

@@ -8,7 +8,8 @@ Python list per row and takes minutes for Fashion-MNIST).
 
 A packed buffer holds ``rows`` examples: features as little-endian float32 in C order
 (``[rows, dims...]``), labels as int16 one-hot (``[rows, classes]``) or, for regression
-targets, float32. Buffer ``b`` goes to partition ``b % p`` (the ``__dist_key__``).
+targets, float32. Buffer ``b`` goes to partition ``b % p`` (the ``__dist_key__``); a
+partition may hold no buffer (a table with fewer buffers than partitions).
 """
 from __future__ import annotations
 
@@ -26,11 +27,17 @@ _ELEM = {"float4": (">f4", 4), "int2": (">i2", 2)}
 
 
 def default_buffer_size(num_rows: int, feature_size: int, num_partitions: int) -> int:
-    """MADlib's default: ``min(75e6 / feature_size, rows / partitions)``, then evened out so
-    the number of buffers is a multiple of the number of partitions."""
+    """MADlib's default: ``ceil(min(75e6 / feature_size, rows / partitions))``, then evened
+    out so the number of buffers is a multiple of the number of partitions."""
     if num_rows < 1 or feature_size < 1 or num_partitions < 1:
         raise ValueError("num_rows, feature_size and num_partitions must be positive")
-    size = min(MADLIB_BUFFER_BYTES / feature_size, num_rows / num_partitions)
+    size = math.ceil(min(MADLIB_BUFFER_BYTES / feature_size, num_rows / num_partitions))
+    return _evened(num_rows, size, num_partitions)
+
+
+def _evened(num_rows: int, size: int, num_partitions: int) -> int:
+    """MADlib's ``_get_buffer_size``: ``p * ceil(rows / size / p)`` buffers, and the buffer
+    size that makes that many (``ceil(rows / buffers)``)."""
     num_buffers = num_partitions * math.ceil(num_rows / size / num_partitions)
     return math.ceil(num_rows / num_buffers)
 
@@ -54,20 +61,19 @@ class BufferPlan:
 
 def plan_buffers(num_rows: int, feature_size: int, num_partitions: int,
                  buffer_size: int | None = None) -> BufferPlan:
-    """Cut ``num_rows`` into buffers of at most ``buffer_size`` rows (default: MADlib's
-    rule), at least one buffer per partition, sizes differing by at most one row."""
-    if num_rows < num_partitions:
-        raise CerebroError(
-            f"the source table has {num_rows} rows, fewer than num_partitions {num_partitions}",
-            DATA_EXCEPTION,
-            hint="Use fewer partitions (the num_partitions argument) or more data.",
-        )
+    """Cut ``num_rows`` into buffers as MADlib does: the buffer size is evened out over the
+    partitions (MADlib's segments), row ``i`` of the shuffled order goes to buffer
+    ``i // buffer_size`` (so only the last buffer is short: 17 rows of buffer size 5 give
+    5, 5, 5, 2), and buffer ``b`` to partition ``b % p``. A table with fewer buffers than
+    partitions (fewer rows than partitions, say) leaves the last partitions empty."""
+    if num_rows < 1:
+        raise CerebroError("there are no rows to pack", DATA_EXCEPTION)
     if buffer_size is None:
-        buffer_size = default_buffer_size(num_rows, feature_size, num_partitions)
-    num_buffers = max(math.ceil(num_rows / buffer_size), num_partitions)
-    edges = np.linspace(0, num_rows, num_buffers + 1).round().astype(np.int64)
-    bounds = tuple((int(a), int(b)) for a, b in zip(edges[:-1], edges[1:]))
-    return BufferPlan(num_rows, num_partitions, max(b - a for a, b in bounds), bounds)
+        size = default_buffer_size(num_rows, feature_size, num_partitions)
+    else:
+        size = _evened(num_rows, buffer_size, num_partitions)
+    bounds = tuple((lo, min(lo + size, num_rows)) for lo in range(0, num_rows, size))
+    return BufferPlan(num_rows, num_partitions, size, bounds)
 
 
 def shuffle_order(num_rows: int, seed: int) -> np.ndarray:

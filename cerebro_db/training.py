@@ -531,7 +531,7 @@ def _build_entry(
 
 def _compile(model: keras.Model, cp: CompileParams) -> None:
     try:
-        model.compile(**cp.to_keras())
+        model.compile(**_per_output(model, cp.to_keras()))
     except CerebroError:
         raise
     except (ValueError, TypeError) as exc:
@@ -960,7 +960,7 @@ def _train_feed(model: keras.Model, x: np.ndarray, y: np.ndarray, batch_size: in
 
 def _rows(model: keras.Model, x: Data, y: np.ndarray | None) -> int:
     """Rows of a unit's data (arrays are checked against the model here, buffers when read)."""
-    if isinstance(x, BufferSource):
+    if isinstance(x, (BufferSource, MultiData)):
         return x.total_rows
     return int(_fit_xy(model, x, y)[0].shape[0])
 
@@ -1023,7 +1023,8 @@ def train_unit(
     try:
         rows = _rows(entry.model, x, y)
         state = load_state(entry, cp, state_bytes, reset_optimizer)
-        loss, metrics = _fit(entry, fp, x, y, seed)
+        loss, metrics = _fit_multi(entry, fp, x, seed) if isinstance(x, MultiData) \
+            else _fit(entry, fp, x, y, seed)
         meta = _next_meta(state, rows, fp.passes, completes_epoch, info)
         new_state = save_state(entry, meta)
     except CerebroError:
@@ -1040,6 +1041,18 @@ def train_unit(
         rebuilt=rebuilt,
     )
     return new_state, result
+
+
+def empty_unit(state_bytes: BytesLike, completes_epoch: bool = False) -> tuple[bytes, UnitResult]:
+    """A unit over a partition that holds no rows: the weights and optimizer variables stay
+    as they are, the counters add one unit (and one epoch when ``completes_epoch``); the
+    result has no rows, a NaN loss and no metrics (it weighs nothing in the means)."""
+    start = time.perf_counter()
+    state = decode_state(state_bytes)
+    meta = _next_meta(state, 0, 1, completes_epoch, None)
+    new_state = encode_state(state.weights, state.optimizer_vars, meta)
+    return new_state, UnitResult(rows=0, loss=float("nan"),
+                                 seconds=time.perf_counter() - start)
 
 
 def initial_state(
@@ -1129,6 +1142,8 @@ def evaluate(
     """
     cp = _compile_params(compile_params)
     entry = cache.get(arch_json, cp)
+    if isinstance(x, MultiData):
+        return _evaluate_multi(cache, entry, x, state_bytes, batch_size)
     try:
         _load_any(entry, state_bytes)
         entry.model.reset_metrics()
@@ -1260,3 +1275,146 @@ def predict(
         cache.discard(entry)
         raise _keras_failure("prediction", exc) from None
     return np.asarray(out, dtype=np.float32)
+
+
+# --------------------------------------------------------------------------- several inputs/outputs
+
+
+@dataclass
+class MultiData:
+    """A partition's rows for a model with several inputs or outputs: one array per input
+    (``[rows, values...]``, in ``independent_varname`` order, matched to the model's
+    inputs in order) and one per output (``[rows, width]``, in ``dependent_varname``
+    order, matched to the model's outputs). Trained and evaluated with Keras' own
+    pipeline (not the cached feeds of the one-input path)."""
+
+    xs: list[np.ndarray]
+    ys: list[np.ndarray]
+
+    @property
+    def total_rows(self) -> int:
+        return int(self.xs[0].shape[0]) if self.xs else 0
+
+
+def _per_output(model: keras.Model, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Compile arguments for ``model``: with several outputs, a flat metrics list applies to
+    every output (as Keras 2, which MADlib uses, did; Keras 3 wants one list per output)."""
+    n = len(model.outputs)
+    if n < 2:
+        return kwargs
+    out = dict(kwargs)
+    for key in ("metrics", "weighted_metrics"):
+        v = out.get(key)
+        if isinstance(v, (list, tuple)) and v and all(isinstance(m, str) for m in v):
+            out[key] = [list(v) for _ in range(n)]
+    return out
+
+
+def _multi_xy(model: keras.Model, data: MultiData) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """The arrays shaped for the model's inputs and outputs (one-hot labels as float32;
+    sparse losses get class indices from the caller)."""
+    shapes = keras_arch.input_shapes(model)
+    outs = keras_arch.output_shapes(model)
+    if len(shapes) != len(data.xs) or len(outs) != len(data.ys):
+        raise CerebroError(
+            f"the model has {len(shapes)} inputs and {len(outs)} outputs, the data "
+            f"{len(data.xs)} and {len(data.ys)}", DATATYPE_MISMATCH)
+    xs = []
+    for i, (x, target) in enumerate(zip(data.xs, shapes)):
+        x = np.asarray(x, dtype=np.float32)
+        known = tuple(int(t) for t in target if t is not None)
+        if len(known) != len(target) or \
+                int(np.prod(x.shape[1:], dtype=np.int64)) != int(np.prod(known, dtype=np.int64)):
+            raise CerebroError(
+                f"independent variable {i + 1} has shape {_fmt_shape(x.shape[1:])} per row but "
+                f"model input {i + 1} expects {_fmt_shape(target)}", DATATYPE_MISMATCH)
+        xs.append(x.reshape((x.shape[0],) + known))
+    ys = [y if y is None or y.dtype == np.int32 else np.asarray(y, dtype=np.float32)
+          for y in data.ys]
+    return xs, ys
+
+
+def _output_order(model: keras.Model, values: Mapping[str, Any]) -> dict[str, float]:
+    """Keras' per-output history/evaluate values in a fixed order: each output's compiled
+    metrics (outputs in order), then each output's loss."""
+    names = list(getattr(model, "output_names", None) or [])
+    rest = {k: float(v) for k, v in values.items() if k != "loss"}
+    ordered: dict[str, float] = {}
+    for n in names:
+        for k in list(rest):
+            if k.startswith(n + "_") and k != n + "_loss":
+                ordered[k] = rest.pop(k)
+    for n in names:
+        if n + "_loss" in rest:
+            ordered[n + "_loss"] = rest.pop(n + "_loss")
+    ordered.update(rest)
+    return ordered
+
+
+def _fit_multi(entry: CachedModel, fp: FitParams, data: MultiData, seed: int
+               ) -> tuple[float, dict[str, float]]:
+    """One unit's ``model.fit`` over several inputs/outputs: each epoch's row order is a
+    numpy permutation seeded from ``seed`` (identity with ``shuffle=False``), batches as
+    :func:`_fit` makes them; returns (total loss, per-output metrics and losses)."""
+    _seed_layers(entry, seed)
+    kwargs = fp.to_keras()
+    kwargs["verbose"] = 0
+    epochs = int(kwargs.pop("epochs", 1) or 1)
+    shuffle = kwargs.pop("shuffle", True)
+    batch_size = int(kwargs.pop("batch_size", 32) or 32)
+    kwargs["shuffle"] = False
+    xs, ys = _multi_xy(entry.model, data)
+    rng = np.random.default_rng(seed)
+    hist: dict[str, float] = {}
+    for _ in range(epochs):
+        order = rng.permutation(data.total_rows) if shuffle else slice(None)
+        h = entry.model.fit([x[order] for x in xs], [y[order] for y in ys],
+                            batch_size=batch_size, epochs=1, **kwargs).history
+        hist = {k: _last(v) for k, v in h.items()}
+    loss = hist.get("loss", float("nan"))
+    return loss, _output_order(entry.model, hist)
+
+
+def _evaluate_multi(cache: ModelCache, entry: CachedModel, data: MultiData,
+                    state_bytes: BytesLike, batch_size: int) -> EvalResult:
+    try:
+        _load_any(entry, state_bytes)
+        if data.total_rows == 0:
+            return EvalResult(float("nan"), {}, 0)
+        xs, ys = _multi_xy(entry.model, data)
+        out = entry.model.evaluate(xs, ys, batch_size=batch_size, verbose=0,
+                                   return_dict=True)
+    except CerebroError:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        cache.discard(entry)
+        raise _keras_failure("evaluation", exc) from None
+    return EvalResult(loss=float(out.get("loss", float("nan"))),
+                      metrics=_output_order(entry.model, out), rows=data.total_rows)
+
+
+def predict_multi(cache: ModelCache, arch_json: Any, state_or_weights: BytesLike,
+                  xs: Sequence[np.ndarray], batch_size: int = 256) -> list[np.ndarray]:
+    """The outputs of a model with several inputs or outputs for the rows of ``xs`` (one
+    array per input, in the model's input order): one float32 array per output."""
+    entry = cache.get_for_predict(arch_json)
+    try:
+        data = MultiData([np.asarray(x, dtype=np.float32) for x in xs], [])
+        shapes = keras_arch.input_shapes(entry.model)
+        if len(shapes) != len(data.xs):
+            raise CerebroError(f"the model has {len(shapes)} inputs, the test data "
+                               f"{len(data.xs)} independent variables", DATATYPE_MISMATCH)
+        inputs = _multi_xy(entry.model, MultiData(data.xs, [None] * len(entry.model.outputs))
+                           )[0] if data.total_rows else []
+        _load_any(entry, state_or_weights)
+        if not data.total_rows:
+            return [np.zeros((0,), np.float32) for _ in entry.model.outputs]
+        out = entry.model.predict(inputs if len(inputs) > 1 else inputs[0],
+                                  batch_size=batch_size, verbose=0)
+    except CerebroError:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        cache.discard(entry)
+        raise _keras_failure("prediction", exc) from None
+    outs = out if isinstance(out, (list, tuple)) else [out]
+    return [np.asarray(o, dtype=np.float32) for o in outs]

@@ -8,9 +8,9 @@ training_preprocessor_dl: pack rows into training buffers
 SELECT training_preprocessor_dl(
     source_table,          -- table of examples
     output_table,          -- packed table to create (and <output_table>_summary)
-    dependent_varname,     -- label column(s), comma separated: text/integer/boolean classes,
-                           --   an integer array already one-hot, or a real/double/numeric
-                           --   target (scalar or array) for regression
+    dependent_varname,     -- label column(s), comma separated: scalar classes (text,
+                           --   boolean, integer, real, double, numeric; one-hot encoded,
+                           --   NULL is a class) or a numeric array already one-hot
     independent_varname,   -- feature column(s): numeric arrays, comma separated
     buffer_size,           -- rows per buffer (NULL: MADlib's rule)
     normalizing_const,     -- features are divided by it (default 1.0)
@@ -18,8 +18,12 @@ SELECT training_preprocessor_dl(
     distribution_rules,    -- 'all_segments' (default)
     num_partitions,        -- parallel partitions for training (NULL: setting
                            --   cerebro_db.num_partitions, else the server's core count)
-    random_state           -- seed of the shuffle (NULL: random, recorded in the summary)
+    random_state,          -- seed of the shuffle (NULL: random, recorded in the summary)
+    regression_targets     -- dependent columns (comma separated) kept as float32 regression
+                           --   targets, scalar or array, instead of one-hot (NULL: none)
 );
+Buffers as MADlib: shuffled row i goes to buffer i / buffer_size, buffer b to partition
+b % num_partitions (a partition may stay empty).
 Output columns: __dist_key__, <x> BYTEA (float32), <y> BYTEA (int16 one-hot or float32),
 <x>_shape, <y>_shape INTEGER[], buffer_id.""",
     "validation_preprocessor_dl": """\

@@ -187,12 +187,19 @@ def fit_params_of(cat: Catalog, fit: dict[str, Any], cfg: dict[str, Any]) -> Any
     return fp
 
 
+def dist_expr(partition_mod: int | None) -> str:
+    """The SQL expression of a packed row's partition: ``__dist_key__`` for our tables,
+    ``buffer_id % p`` for a table packed by MADlib's preprocessor (no partitions of ours)."""
+    return "__dist_key__" if partition_mod is None else f"(buffer_id % {int(partition_mod)})"
+
+
 READ_SLICE = 1 << 20
 """Bytes of a packed feature buffer read per query (``substring`` of the stored value)."""
 
 
 def _buffers(cat: Catalog, t: TableName, xcol: str, ycol: str, partition: int,
-             buffer_id: int | None = None) -> list[dict[str, Any]]:
+             buffer_id: int | None = None, partition_mod: int | None = None
+             ) -> list[dict[str, Any]]:
     """The partition's buffers (or one), in buffer_id order: id, shapes, labels, the feature
     bytes' length and whether they are stored compressed; the features themselves are not
     read here (:func:`_read_features`)."""
@@ -202,14 +209,14 @@ def _buffers(cat: Catalog, t: TableName, xcol: str, ycol: str, partition: int,
         f"SELECT buffer_id AS id, {quote_ident(xcol + '_shape')} AS xs, {quote_ident(ycol)} AS y, "
         f"{quote_ident(ycol + '_shape')} AS ys, pg_catalog.octet_length({x}) AS xn, "
         f"pg_catalog.pg_column_compression({x}) IS NOT NULL AS packed "
-        f"FROM {t.sql} WHERE __dist_key__ = $1{one} ORDER BY buffer_id",
+        f"FROM {t.sql} WHERE {dist_expr(partition_mod)} = $1{one} ORDER BY buffer_id",
         [partition] if buffer_id is None else [partition, buffer_id],
         ["int4"] if buffer_id is None else ["int4", "int4"])
     return [dict(r) for r in rows]
 
 
 def _read_features(cat: Catalog, t: TableName, xcol: str, partition: int, meta: dict[str, Any],
-                   out: np.ndarray) -> None:
+                   out: np.ndarray, partition_mod: int | None = None) -> None:
     """Decode one buffer's features straight into ``out`` (float32, its rows x features).
 
     The stored bytes are little-endian float32: they are copied into ``out``'s memory in
@@ -223,7 +230,7 @@ def _read_features(cat: Catalog, t: TableName, xcol: str, partition: int, meta: 
             f"x buffer has {n} bytes but shape {list(meta['xs'])} of float32 needs {dst.size}",
             "22000", hint="the packed table may be corrupt; run the preprocessor again")
     sql = (f"SELECT pg_catalog.substr({quote_ident(xcol)}, $3, $4) AS s FROM {t.sql} "
-           "WHERE __dist_key__ = $1 AND buffer_id = $2")
+           f"WHERE {dist_expr(partition_mod)} = $1 AND buffer_id = $2")
     step = n if meta["packed"] or n <= READ_SLICE else READ_SLICE
     for off in range(0, n, step):
         k = min(step, n - off)
@@ -252,7 +259,7 @@ def _labels(meta: dict[str, Any]) -> np.ndarray:
 
 
 def _read(cat: Catalog, t: TableName, xcol: str, metas: list[dict[str, Any]],
-          partition: int) -> tuple[np.ndarray, np.ndarray]:
+          partition: int, partition_mod: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Buffers ``metas`` (in order) as one ``(x, y)``: ``x`` decoded into one aligned array
     (:func:`cerebro_db.training.aligned_empty`, which TensorFlow then reads without a copy)."""
     from .training import aligned_empty
@@ -273,7 +280,7 @@ def _read(cat: Catalog, t: TableName, xcol: str, metas: list[dict[str, Any]],
     x = aligned_empty([sum(s[0] for s in shapes), *row], np.float32)
     at = 0
     for m, s in zip(metas, shapes):
-        _read_features(cat, t, xcol, partition, m, x[at:at + s[0]])
+        _read_features(cat, t, xcol, partition, m, x[at:at + s[0]], partition_mod)
         at += s[0]
     return x, (np.concatenate(ys) if len(ys) > 1 else ys[0])
 
@@ -335,7 +342,7 @@ def _evict_oldest() -> None:
 
 def partition_data(cat: Catalog, table: str, xcol: str, ycol: str, partition: int,
                    use_caching: bool = True, budget: int | None = None,
-                   ) -> tuple[np.ndarray, np.ndarray] | None:
+                   partition_mod: int | None = None) -> tuple[np.ndarray, np.ndarray] | None:
     """The concatenated buffers of one partition (in buffer_id order) as (x, y).
 
     With ``use_caching`` the result is kept for later units (at most
@@ -344,7 +351,9 @@ def partition_data(cat: Catalog, table: str, xcol: str, ycol: str, partition: in
     recently used ones until the kept partitions stay within it; one larger than the budget
     is not read at all: None is returned and the caller streams it
     (:func:`partition_buffers`). Dropped partitions' tensors are released
-    (:func:`cerebro_db.training.release`)."""
+    (:func:`cerebro_db.training.release`). A partition that holds no buffer (fewer buffers
+    than partitions) gives empty arrays. ``partition_mod``: see :func:`dist_expr`."""
+    dist = dist_expr(partition_mod)
     t = TableName.parse(table, "table")
     oid = cat.relation_oid(t)
     if oid is None:
@@ -354,9 +363,9 @@ def partition_data(cat: Catalog, table: str, xcol: str, ycol: str, partition: in
         f"max(xmin::text::bigint) AS x, "
         f"sum(pg_catalog.octet_length({quote_ident(xcol)}))::int8 AS xb, "
         f"sum(pg_catalog.octet_length({quote_ident(ycol)}))::int8 AS yb "
-        f"FROM {t.sql} WHERE __dist_key__ = $2",
+        f"FROM {t.sql} WHERE {dist} = $2",
         [oid, partition], ["oid", "int4"])[0]
-    key = (oid, fp["f"], fp["n"], fp["x"], xcol, ycol, partition)
+    key = (oid, fp["f"], fp["n"], fp["x"], xcol, ycol, partition, partition_mod)
     hit = _partitions.get(key)
     if hit is not None:
         _partitions.move_to_end(key)
@@ -368,10 +377,10 @@ def partition_data(cat: Catalog, table: str, xcol: str, ycol: str, partition: in
             return None
         while _partitions and _cached_bytes() + size > budget:
             _evict_oldest()
-    metas = _buffers(cat, t, xcol, ycol, partition)
+    metas = _buffers(cat, t, xcol, ycol, partition, partition_mod=partition_mod)
     if not metas:
-        raise CerebroError(f'partition {partition} of "{table}" is empty', "22000")
-    out = _read(cat, t, xcol, metas, partition)
+        return np.empty((0, 0), np.float32), np.empty((0, 0), np.float32)
+    out = _read(cat, t, xcol, metas, partition, partition_mod)
     if use_caching or budget is not None:
         _partitions[key] = out
         while budget is None and len(_partitions) > MAX_CACHED_PARTITIONS:
@@ -380,27 +389,50 @@ def partition_data(cat: Catalog, table: str, xcol: str, ycol: str, partition: in
 
 
 def unit_data(cat: Catalog, fopts: dict[str, Any], table: str, partition: int,
-              compile_params: str) -> tuple[Any, np.ndarray | None]:
+              compile_params: str, kind: str = "train") -> tuple[Any, np.ndarray | None]:
     """What a unit trains or evaluates on, per the fit's ``use_caching``: TRUE, the cached
     partition; FALSE, a :class:`~cerebro_db.training.BufferSource` (nothing kept); NULL, the
-    cached partition when it fits the fit's ``cache_memory`` budget, else a source."""
+    cached partition when it fits the fit's ``cache_memory`` budget, else a source. A table
+    with several inputs/outputs is read whole as a :class:`~cerebro_db.training.MultiData`.
+    ``kind`` 'eval_valid' reads the validation table's own columns and partitioning."""
+    valid = kind == "eval_valid"
+    xcol, ycol = _eval_columns(fopts, kind)
+    mod = fopts.get("valid_partition_mod" if valid else "partition_mod")
+    if fopts.get("xs"):
+        return partition_multi(cat, table, fopts["valid_xs" if valid else "xs"],
+                               fopts["valid_ys" if valid else "ys"], partition,
+                               compile_params, mod), None
     caching = fopts.get("use_caching", True)
     xy = None
     if caching is None:
         budget = fopts.get("cache_memory")
         if budget is None:
             budget = cache_memory(None, int(fopts.get("num_workers") or 1))
-        xy = partition_data(cat, table, fopts["x"], fopts["y"], partition, budget=int(budget))
+        xy = partition_data(cat, table, xcol, ycol, partition, budget=int(budget),
+                            partition_mod=mod)
     elif caching:
-        xy = partition_data(cat, table, fopts["x"], fopts["y"], partition)
+        xy = partition_data(cat, table, xcol, ycol, partition, partition_mod=mod)
     if xy is None:
-        return partition_buffers(cat, table, fopts["x"], fopts["y"], partition,
-                                 compile_params), None
+        return partition_buffers(cat, table, xcol, ycol, partition, compile_params, mod), None
     return xy[0], labels_for(compile_params, xy[1])
 
 
+def _eval_columns(fopts: dict[str, Any], kind: str) -> tuple[str, str]:
+    """The buffer columns a unit reads: the validation table's own names (its summary's) for
+    ``eval_valid``, the training table's otherwise."""
+    if kind == "eval_valid":
+        return fopts.get("valid_x", fopts["x"]), fopts.get("valid_y", fopts["y"])
+    return fopts["x"], fopts["y"]
+
+
+def _no_rows(x: Any) -> bool:
+    """Whether a unit's data is empty (a partition that holds no buffer)."""
+    total = getattr(x, "total_rows", None)
+    return (total if total is not None else len(x)) == 0
+
+
 def partition_buffers(cat: Catalog, table: str, xcol: str, ycol: str, partition: int,
-                      compile_params: str) -> Any:
+                      compile_params: str, partition_mod: int | None = None) -> Any:
     """One partition as a :class:`~cerebro_db.training.BufferSource`: buffers read and decoded
     one at a time when the unit needs them (``use_caching`` off), features straight into
     the array TensorFlow reads (:func:`_read`), labels as the loss takes them."""
@@ -408,21 +440,48 @@ def partition_buffers(cat: Catalog, table: str, xcol: str, ycol: str, partition:
 
     t = TableName.parse(table, "table")
     shape = quote_ident(xcol + "_shape")
-    ids = cat.query(f"SELECT buffer_id, ({shape})[1] AS n FROM {t.sql} WHERE __dist_key__ = $1 "
-                    "ORDER BY buffer_id", [partition], ["int4"])
-    if not ids:
-        raise CerebroError(f'partition {partition} of "{table}" is empty', "22000")
+    ids = cat.query(f"SELECT buffer_id, ({shape})[1] AS n FROM {t.sql} WHERE "
+                    f"{dist_expr(partition_mod)} = $1 ORDER BY buffer_id", [partition], ["int4"])
     keys = [r["buffer_id"] for r in ids]
 
     def load(i: int) -> tuple[np.ndarray, np.ndarray]:
-        metas = _buffers(cat, t, xcol, ycol, partition, keys[i])
+        metas = _buffers(cat, t, xcol, ycol, partition, keys[i], partition_mod)
         if not metas:
             raise CerebroError(f'buffer {keys[i]} of "{table}" disappeared during the fit',
                                "22000", hint="do not change a packed table during a fit")
-        x, y = _read(cat, t, xcol, metas, partition)
+        x, y = _read(cat, t, xcol, metas, partition, partition_mod)
         return x, labels_for(compile_params, y)
 
     return BufferSource(tuple(int(r["n"]) for r in ids), load)
+
+
+def partition_multi(cat: Catalog, table: str, xcols: list[str], ycols: list[str],
+                    partition: int, compile_params: str,
+                    partition_mod: int | None = None) -> Any:
+    """One partition of a table with several inputs/outputs as a
+    :class:`~cerebro_db.training.MultiData` (every buffer read; labels as the loss takes
+    them)."""
+    from .training import MultiData, decode_buffer
+
+    t = TableName.parse(table, "table")
+    cols = xcols + ycols
+    sel = ", ".join(f"{quote_ident(c)} AS b{i}, {quote_ident(c + '_shape')} AS s{i}"
+                    for i, c in enumerate(cols))
+    rows = cat.query(f"SELECT {sel} FROM {t.sql} WHERE {dist_expr(partition_mod)} = $1 "
+                     "ORDER BY buffer_id", [partition], ["int4"])
+    parts: list[list[np.ndarray]] = [[] for _ in cols]
+    for r in rows:
+        for i in range(len(cols)):
+            raw, shape = r[f"b{i}"], r[f"s{i}"]
+            if i < len(xcols):
+                parts[i].append(decode_buffer(raw, shape)[0])
+            else:
+                wide = len(raw) == 4 * int(np.prod(shape))
+                parts[i].append(np.frombuffer(bytes(raw), "<f4" if wide else "<i2")
+                                .reshape(shape).astype(np.float32))
+    arrays = [np.concatenate(p) if p else np.empty((0, 0), np.float32) for p in parts]
+    return MultiData(arrays[:len(xcols)],
+                     [labels_for(compile_params, y) for y in arrays[len(xcols):]])
 
 
 def labels_for(compile_params: str, y: np.ndarray) -> np.ndarray:
@@ -509,11 +568,14 @@ def _run_unit(cat: Catalog, fit_id: int, mst_key: int, epoch: int, partition: in
                                            cfg["init_weights"])
         _hook(cat, "before_train", mst_key, epoch, partition, options)
         t1 = time.time()
-        new_state, res = training.train_unit(
-            model_cache(), cfg["model_arch"], cp, fit_params_of(cat, fit, cfg), state,
-            x, y, unit_seed(fit["random_state"], mst_key, epoch, partition),
-            bool(options.get("reset_optimizer")),
-            completes_epoch=bool(options.get("completes_epoch")))
+        if _no_rows(x):  # a partition that holds no buffer trains nothing
+            new_state, res = training.empty_unit(state, bool(options.get("completes_epoch")))
+        else:
+            new_state, res = training.train_unit(
+                model_cache(), cfg["model_arch"], cp, fit_params_of(cat, fit, cfg), state,
+                x, y, unit_seed(fit["random_state"], mst_key, epoch, partition),
+                bool(options.get("reset_optimizer")),
+                completes_epoch=bool(options.get("completes_epoch")))
         t2 = time.time()
         save_state(cat, fit_id, mst_key, "current", new_state, chunk)
         if options.get("snapshot"):
@@ -537,10 +599,10 @@ def _run_unit(cat: Catalog, fit_id: int, mst_key: int, epoch: int, partition: in
     for ek in options.get("eval_kinds", ["eval_train"]):
         t1 = time.time()
         table = fit["source_table"] if ek == "eval_train" else fit["validation_table"]
-        x, y = unit_data(cat, fopts, table, partition, cfg["compile_params"])
+        x, y = unit_data(cat, fopts, table, partition, cfg["compile_params"], ek)
         t2 = time.time()
-        ev = training.evaluate(model_cache(), cfg["model_arch"], cp, state,
-                               x, y, batch_size=bs)
+        ev = training.EvalResult(float("nan"), {}, 0) if _no_rows(x) else training.evaluate(
+            model_cache(), cfg["model_arch"], cp, state, x, y, batch_size=bs)
         t3 = time.time()
         _log_unit(cat, fit_id, mst_key, epoch, partition, worker, ek, t1, t3, ev.rows, ev.loss,
                   [float(v) for v in ev.metrics.values()], t2 - t1, t3 - t2, 0.0, None)

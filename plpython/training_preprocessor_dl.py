@@ -5,4 +5,4 @@ return training_preprocessor_dl(
     dependent_varname=dependent_varname, independent_varname=independent_varname,
     buffer_size=buffer_size, normalizing_const=normalizing_const, num_classes=num_classes,
     distribution_rules=distribution_rules, num_partitions=num_partitions,
-    random_state=random_state)
+    random_state=random_state, regression_targets=regression_targets)

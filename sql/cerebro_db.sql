@@ -34,13 +34,14 @@ CREATE OR REPLACE FUNCTION @extschema@.training_preprocessor_dl(
     num_classes         INTEGER[] DEFAULT NULL,
     distribution_rules  TEXT      DEFAULT NULL,
     num_partitions      INTEGER   DEFAULT NULL,
-    random_state        INTEGER   DEFAULT NULL
+    random_state        INTEGER   DEFAULT NULL,
+    regression_targets  VARCHAR   DEFAULT NULL
 ) RETURNS VOID LANGUAGE plpython3u VOLATILE AS $python$
 @plpython training_preprocessor_dl@
 $python$;
 COMMENT ON FUNCTION @extschema@.training_preprocessor_dl(VARCHAR, VARCHAR, VARCHAR, VARCHAR,
-    INTEGER, REAL, INTEGER[], TEXT, INTEGER, INTEGER) IS
-'Pack rows into shuffled float32/int16 training buffers spread over num_partitions partitions (__dist_key__); writes <output_table> and <output_table>_summary';
+    INTEGER, REAL, INTEGER[], TEXT, INTEGER, INTEGER, VARCHAR) IS
+'Pack rows into shuffled float32/int16 training buffers spread over num_partitions partitions (__dist_key__); labels one-hot encoded except the regression_targets; writes <output_table> and <output_table>_summary';
 
 CREATE OR REPLACE FUNCTION @extschema@.training_preprocessor_dl(message VARCHAR DEFAULT NULL)
 RETURNS TEXT LANGUAGE plpython3u IMMUTABLE AS $python$

@@ -79,9 +79,11 @@ class AutoMLHooks:
 
 
 def combined(parts: list[dict[str, Any]]) -> tuple[float, dict[str, float]]:
-    """Row-weighted loss and named metrics of an epoch's evaluation units."""
+    """Row-weighted loss and named metrics of an epoch's evaluation units (a partition with
+    no rows reports no metric names)."""
     loss, metrics = combine(parts)
-    return loss, dict(zip(list(parts[0]["metrics"]), metrics))
+    names = next((list(p["metrics"]) for p in parts if p.get("rows")), [])
+    return loss, dict(zip(names, metrics))
 
 
 def run_automl(hooks: AutoMLHooks, executor: Executor, *, random_state: int,

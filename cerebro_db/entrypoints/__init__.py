@@ -69,7 +69,17 @@ def require_output_schema(cat: Catalog, table: TableName, what: str) -> None:
     """The schema ``table`` will be created in exists and the caller may create in it.
 
     Checked before any work: an output is written at the end, so without this a fit would
-    train to completion and then fail on CREATE TABLE."""
+    train to completion and then fail on CREATE TABLE. ``pg_temp.<name>`` is this session's
+    temporary schema (created on first use), which needs the TEMPORARY privilege; outputs
+    are written by the calling session, so temporary outputs work (worker sessions only
+    read the packed tables)."""
+    if table.schema == "pg_temp":
+        ok = cat.query("SELECT pg_catalog.has_database_privilege(pg_catalog.current_database(), "
+                       "'TEMPORARY') AS ok")[0]["ok"]
+        if not ok:
+            raise CerebroError(f'{what} "{table}": permission denied to create temporary '
+                               "tables in this database", INSUFFICIENT_PRIVILEGE)
+        return
     rows = cat.query("SELECT n.nspname::text AS s, "
                      "pg_catalog.has_schema_privilege(n.oid, 'CREATE') AS ok "
                      "FROM pg_catalog.pg_namespace n WHERE n.nspname = $1",

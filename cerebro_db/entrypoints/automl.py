@@ -41,7 +41,7 @@ from ..scheduling import Progress
 from . import entrypoint, require_output_schema
 from .compat import custom_references, grid_names
 from .models import require_arch_table
-from .preprocessing import resolve_seed
+from .preprocessing import resolve_seed, summary_source_sql
 from .training import (
     INFO_COLUMNS,
     INFO_TYPES,
@@ -251,8 +251,9 @@ def _write_outputs(cat: Catalog, req: FitRequest, book: TrialBook, sink: _Catalo
                           req.validation is not None, req.source.partitions))
     ranking = book.ranking()
     best = sink.configs[ranking[0]]
-    src_summary = req.source.table.with_suffix("_summary", "source_table")
-    cv = '"' + (req.source.y + "_class_values").replace('"', '""') + '"'
+    src_summary = summary_source_sql(cat, req.source.table, req.source.summary)
+    cv = ", s.".join('"' + (d + "_class_values").replace('"', '""') + '"'
+                     for d in req.source.summary["dependent_varname"])
     # MADlib's AutoML summary columns exactly; our own facts (fit_id, best_mst_key,
     # num_trials) are in the catalog (cerebro_db.fits.options) and fit_id in <out>_info
     cat.query(
@@ -265,7 +266,7 @@ def _write_outputs(cat: Catalog, req: FitRequest, book: TrialBook, sink: _Catalo
         "$13::text AS description, to_timestamp($14)::timestamp AS start_training_time, "
         "clock_timestamp()::timestamp AS end_training_time, $15::text AS madlib_version, "
         f"s.num_classes, s.{cv}, s.dependent_vartype, s.normalizing_const "
-        f"FROM {src_summary.sql} s",
+        f"FROM {src_summary} s",
         [str(req.source.table), str(req.validation.table) if req.validation else None,
          str(out), str(info), str(req.arch_table), str(mst), method,
          automl_params, str(random_state), use_gpus, req.frequency, name, description, t0,

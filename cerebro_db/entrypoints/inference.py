@@ -17,7 +17,6 @@ from .. import keras_arch
 from ..catalog import Catalog
 from ..errors import (
     DATATYPE_MISMATCH,
-    FEATURE_NOT_SUPPORTED,
     NULL_VALUE_NOT_ALLOWED,
     UNDEFINED_OBJECT,
     CerebroError,
@@ -98,21 +97,23 @@ def _model_row(cat: Catalog, model_table: str, mst_key: int | None
 
 
 def _test_source(cat: Catalog, test_table: str, id_col: str, independent_varname: str
-                 ) -> tuple[TableName, str, str, str]:
+                 ) -> tuple[TableName, str, str, Any]:
+    """The test table, id column and type, and the feature column (a list of them for a
+    model with several inputs, in the model's input order)."""
     t = cat.table(test_table, "test_table")
     oid = cat.require_table(t, "test_table")
     cols = cat.columns(oid)
     (idc,) = split_column_list(id_col, "id_col")[:1]
     xs = split_column_list(independent_varname, "independent_varname")
-    if len(xs) != 1:
-        raise CerebroError("prediction supports one independent variable so far",
-                           FEATURE_NOT_SUPPORTED)
     idcol = cat.require_column(t, cols, idc, "id_col")
-    xcol = cat.require_column(t, cols, xs[0], "independent_varname")
-    if not (xcol.is_array and xcol.base_type in FEATURE_TYPES):
-        raise CerebroError(f'independent_varname: column "{xcol.name}" has type '
-                           f"{xcol.type_name}, expected a numeric array", DATATYPE_MISMATCH)
-    return t, idcol.name, idcol.type_name, xcol.name
+    names = []
+    for x in xs:
+        xcol = cat.require_column(t, cols, x, "independent_varname")
+        if not (xcol.is_array and xcol.base_type in FEATURE_TYPES):
+            raise CerebroError(f'independent_varname: column "{xcol.name}" has type '
+                               f"{xcol.type_name}, expected a numeric array", DATATYPE_MISMATCH)
+        names.append(xcol.name)
+    return t, idcol.name, idcol.type_name, names[0] if len(names) == 1 else names
 
 
 def _rows_for(pt: PredType, ids: list[Any], probs: np.ndarray, class_name: str,
@@ -199,7 +200,19 @@ def madlib_keras_predict(cat: Catalog, *, model_table: str, test_table: str, id_
     test, idn, idt, xn = _test_source(cat, test_table, id_col, independent_varname)
     cat.require_absent(out, "output_table")
     require_output_schema(cat, out, "output_table")
-    dep = summ["dependent_varname"][0]
+    deps = list(summ["dependent_varname"])
+    if len(deps) > 1 or isinstance(xn, list):
+        n = _predict_multi_into(
+            cat, arch=row["model_arch"], weights=bytes(row["model_weights"]), test=test,
+            id_name=idn, id_type=idt, x_names=xn if isinstance(xn, list) else [xn],
+            output=out, pt=pt, class_names=deps,
+            class_values=[summ.get(d + "_class_values") for d in deps],
+            normalizing_const=float(summ.get("normalizing_const") or 1.0),
+            regression=[_is_regression(summ, i, d) for i, d in enumerate(deps)])
+        cat.notice(f"madlib_keras_predict: {n} rows predicted into {out} in "
+                   f"{time.monotonic() - t0:.1f} s")
+        return
+    dep = deps[0]
     regression = summ.get("num_classes") in (None, [None]) or \
         summ.get(dep + "_class_values") is None
     n = _predict_into(cat, arch=row["model_arch"], weights=bytes(row["model_weights"]),
@@ -211,24 +224,100 @@ def madlib_keras_predict(cat: Catalog, *, model_table: str, test_table: str, id_
                f"{time.monotonic() - t0:.1f} s")
 
 
-def _byom_class_values(class_values: Any, dependent_count: int | None) -> list[Any] | None:
-    if dependent_count is not None and dependent_count < 1:
+def _is_regression(summ: dict[str, Any], i: int, dep: str) -> bool:
+    """Whether output ``i`` of a model is a regression target (no classes recorded)."""
+    nc = summ.get("num_classes") or []
+    return (i >= len(nc) or nc[i] is None) or summ.get(dep + "_class_values") is None
+
+
+def _predict_multi_into(cat: Catalog, *, arch: str, weights: bytes, test: TableName,
+                        id_name: str, id_type: str, x_names: list[str], output: TableName,
+                        pt: PredType, class_names: list[str],
+                        class_values: list[Sequence[Any] | None], normalizing_const: float,
+                        regression: list[bool]) -> int:
+    """Prediction for a model with several inputs or outputs, in MADlib's long format: the
+    rows of every output, ``class_name`` naming the output's dependent variable, ``rank``
+    within (id, output)."""
+    from ..training import ModelCache, predict_multi
+
+    model = keras_arch.build_from_json(arch, shared=True)
+    ins, outs = keras_arch.input_shapes(model), keras_arch.output_shapes(model)
+    if len(ins) != len(x_names) or len(outs) != len(class_names):
+        raise CerebroError(
+            f"the model has {len(ins)} inputs and {len(outs)} outputs, but there are "
+            f"{len(x_names)} independent variables and {len(class_names)} dependent ones "
+            "(dependent_count)", DATATYPE_MISMATCH,
+            hint="List one independent_varname column per model input, in order.")
+    cache = ModelCache(max_models=1)
+    with_rank = pt.kind != "response" and not all(regression)
+    cols = [(id_name, id_type), ("class_name", "text"), ("class_value", "text"),
+            ("prob", "double precision")] + ([("rank", "integer")] if with_rank else [])
+    cat.create_table(output, cols)
+    names = ", ".join(quote_ident(c) for c, _ in cols)
+    arrays = ["$1::text[]", "$2::text[]", "$3::text[]", "$4::float8[]"] + \
+        (["$5::int[]"] if with_rank else [])
+    sel = f"u.c0::{id_type}, u.c1, u.c2, u.c3" + (", u.c4" if with_rank else "")
+    sql = (f"INSERT INTO {output.sql} ({names}) SELECT {sel} FROM unnest({', '.join(arrays)}) "
+           f"AS u({', '.join(f'c{i}' for i in range(len(arrays)))})")
+    types = ["text[]", "text[]", "text[]", "float8[]"] + (["int4[]"] if with_rank else [])
+    scale = np.float32(normalizing_const or 1.0)
+    xsel = ", ".join(f"pg_catalog.array_send({quote_ident(x)}::real[]) AS x{i}"
+                     for i, x in enumerate(x_names))
+    q = f"SELECT {quote_ident(id_name)} AS id, {xsel} FROM {test.sql}"
+    total = 0
+    for rows in cat.stream(q, batch=BATCH_ROWS):
+        ids = [r["id"] for r in rows]
+        if any(i is None for i in ids):
+            raise CerebroError(f'id_col "{id_name}" is NULL in some rows', NULL_VALUE_NOT_ALLOWED)
+        xs = []
+        for i, x_name in enumerate(x_names):
+            x, _ = decode_arrays([r[f"x{i}"] for r in rows], "float4", f'"{x_name}"')
+            check_finite(x, f'independent variable "{x_name}"', total)
+            xs.append(x / scale if scale != 1 else x)
+        outs = predict_multi(cache, arch, weights, xs)
+        if len(outs) != len(class_names):
+            raise CerebroError(f"the model has {len(outs)} outputs but there are "
+                               f"{len(class_names)} dependent variables", DATATYPE_MISMATCH)
+        acc: list[list[Any]] = [[] for _ in range(5 if with_rank else 4)]
+        for out, name, cv, reg in zip(outs, class_names, class_values, regression):
+            out = out.reshape(len(ids), -1)
+            if reg:
+                part = ([str(i) for i in ids for _ in range(out.shape[1])],
+                        [name] * out.size, [None] * out.size,
+                        out.astype(float).ravel().tolist(), [None] * out.size)
+            else:
+                vals = list(cv) if cv is not None else list(range(out.shape[1]))
+                if len(vals) != out.shape[1]:
+                    raise CerebroError(f'output "{name}" has {out.shape[1]} values but there '
+                                       f"are {len(vals)} class values", DATATYPE_MISMATCH)
+                part = _rows_for(pt, ids, out, name, vals)
+            for a, b in zip(acc, part):
+                a.extend(b)
+        cat.query(sql, acc, types)
+        total += len(ids)
+    return total
+
+
+def _byom_class_values(class_values: Any, dependent_count: int | None
+                       ) -> list[list[Any] | None]:
+    """One list of class values (or None: 0..k-1) per output. MADlib 2.x passes a 2-D
+    array, one row per output (rows padded with trailing NULLs, dropped here when there are
+    several outputs); a 1-D array is the one output's."""
+    k = 1 if dependent_count is None else dependent_count
+    if k < 1:
         raise invalid(f"dependent_count must be at least 1, got {dependent_count}")
-    if dependent_count not in (None, 1):
-        raise CerebroError("prediction supports one dependent variable so far",
-                           FEATURE_NOT_SUPPORTED)
     if class_values is None:
-        return None
+        return [None] * k
     vals = list(class_values)
-    if vals and isinstance(vals[0], (list, tuple)):  # MADlib 2.x: one row per output
-        if len(vals) != 1:
-            raise CerebroError("prediction supports one dependent variable so far",
-                               FEATURE_NOT_SUPPORTED)
-        vals = list(vals[0])
-    if dependent_count not in (None, 1):
-        raise CerebroError("prediction supports one dependent variable so far",
-                           FEATURE_NOT_SUPPORTED)
-    return vals
+    rows = [list(v) for v in vals] if vals and isinstance(vals[0], (list, tuple)) else [vals]
+    if len(rows) != k:
+        raise invalid(f"class_values has {len(rows)} rows but dependent_count is {k}",
+                      hint="Give one row of class values per output (a 2-D array).")
+    if k > 1:
+        for r in rows:
+            while r and r[-1] is None:
+                r.pop()
+    return list(rows)
 
 
 @entrypoint
@@ -249,7 +338,7 @@ def madlib_keras_predict_byom(cat: Catalog, *, model_arch_table: str, model_id: 
     if normalizing_const is not None and (not math.isfinite(normalizing_const)
                                           or normalizing_const <= 0):
         raise invalid(f"normalizing_const must be a positive number, got {normalizing_const}")
-    cv = _byom_class_values(class_values, dependent_count)
+    cvs = _byom_class_values(class_values, dependent_count)
     require_arch_table(cat, arch_t, "model_arch_table")
     rows = cat.query(f"SELECT model_arch::text AS a, model_weights AS w FROM {arch_t.sql} "
                      "WHERE model_id = $1", [model_id], ["int4"])
@@ -263,10 +352,19 @@ def madlib_keras_predict_byom(cat: Catalog, *, model_arch_table: str, model_id: 
     require_output_schema(cat, out, "output_table")
     model = keras_arch.build_from_json(rows[0]["a"], shared=True)
     keras_arch.check_weights(model, rows[0]["w"])
-    n = _predict_into(cat, arch=rows[0]["a"], weights=bytes(rows[0]["w"]), test=test,
-                      id_name=idn, id_type=idt, x_name=xn, output=out, pt=pt,
-                      class_name="dependent_var", class_values=cv,
-                      normalizing_const=normalizing_const or 1.0, regression=False)
+    if len(cvs) > 1 or isinstance(xn, list):
+        names = ["dependent_var"] if len(cvs) == 1 else \
+            [f"dependent_var_{i}" for i in range(len(cvs))]
+        n = _predict_multi_into(
+            cat, arch=rows[0]["a"], weights=bytes(rows[0]["w"]), test=test, id_name=idn,
+            id_type=idt, x_names=xn if isinstance(xn, list) else [xn], output=out, pt=pt,
+            class_names=names, class_values=cvs, normalizing_const=normalizing_const or 1.0,
+            regression=[False] * len(cvs))
+    else:
+        n = _predict_into(cat, arch=rows[0]["a"], weights=bytes(rows[0]["w"]), test=test,
+                          id_name=idn, id_type=idt, x_name=xn, output=out, pt=pt,
+                          class_name="dependent_var", class_values=cvs[0],
+                          normalizing_const=normalizing_const or 1.0, regression=False)
     cat.notice(f"madlib_keras_predict_byom: {n} rows predicted into {out} in "
                f"{time.monotonic() - t0:.1f} s")
 
@@ -301,7 +399,19 @@ def madlib_keras_evaluate(cat: Catalog, *, model_table: str, test_table: str, ou
     cache = ModelCache(max_models=1)
     parts = []
     for p in range(test.partitions):
-        x, y = partition_data(cat, test.qualified, test.x, test.y, p, use_caching=False)
+        if test.multi is not None:  # several inputs/outputs
+            from ..worker import partition_multi
+
+            x, y = partition_multi(cat, test.qualified, test.multi["xs"], test.multi["ys"], p,
+                                   cfg["compile_params"], test.partition_mod), None
+            if x.total_rows:
+                parts.append(evaluate(cache, row["model_arch"], cp,
+                                      bytes(row["model_weights"]), x, None, batch_size=1024))
+            continue
+        x, y = partition_data(cat, test.qualified, test.x, test.y, p, use_caching=False,
+                              partition_mod=test.partition_mod)
+        if len(x) == 0:  # a partition with no buffer
+            continue
         y = labels_for(cfg["compile_params"], y)
         parts.append(evaluate(cache, row["model_arch"], cp, bytes(row["model_weights"]), x, y,
                               batch_size=1024))

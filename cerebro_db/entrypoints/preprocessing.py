@@ -32,9 +32,9 @@ from ..preprocess import (
 )
 from . import entrypoint, require_output_schema
 
-CLASS_TYPES = {"text", "varchar", "bpchar", "char", "name", "int2", "int4", "int8", "bool"}
 INT_TYPES = {"int2", "int4", "int8"}
 FLOAT_TYPES = {"float4", "float8", "numeric"}
+CLASS_TYPES = {"text", "varchar", "bpchar", "char", "name", "bool"} | INT_TYPES | FLOAT_TYPES
 FEATURE_TYPES = INT_TYPES | FLOAT_TYPES
 MAX_CLASSES = 10_000
 MAX_PARTITIONS = 256
@@ -50,18 +50,28 @@ class Dependent:
     kind: str  # 'class' (one-hot encoded here), 'one_hot' (int array as given), 'regression'
 
 
-def _dependent(col: Column) -> Dependent:
+def _dependent(col: Column, regression: bool = False) -> Dependent:
+    """How a dependent variable is encoded. As in MADlib, every scalar label (text, boolean,
+    integer, real, double precision, numeric) is a class and is one-hot encoded, and a
+    numeric array is taken as already one-hot; ``regression`` (the dependent variable is
+    listed in ``regression_targets``) keeps a numeric scalar or array as float32 targets."""
+    if regression:
+        if col.base_type in FLOAT_TYPES | INT_TYPES:
+            return Dependent(col, "regression")
+        raise CerebroError(
+            f'regression_targets: column "{col.name}" has type {col.type_name}, which cannot '
+            "be a regression target", DATATYPE_MISMATCH,
+            hint="Regression targets are real, double precision, numeric or integer "
+            "(scalars or arrays).")
     if not col.is_array and col.base_type in CLASS_TYPES:
         return Dependent(col, "class")
-    if col.is_array and col.base_type in INT_TYPES:
+    if col.is_array and col.base_type in INT_TYPES | FLOAT_TYPES:
         return Dependent(col, "one_hot")
-    if col.base_type in FLOAT_TYPES:
-        return Dependent(col, "regression")
     raise CerebroError(
         f'dependent_varname: column "{col.name}" has type {col.type_name}, which cannot be a label',
         DATATYPE_MISMATCH,
-        hint="Use text, integer or boolean class labels, an integer array that is already "
-        "one-hot, or a real/double precision/numeric target (scalar or array) for regression.",
+        hint="Use scalar class labels (text, boolean or numeric), a numeric array that is "
+        "already one-hot, or list a numeric column in regression_targets.",
     )
 
 
@@ -123,7 +133,8 @@ class _Inputs:
 
 
 def _resolve(cat: Catalog, source_table: str, output_table: str, dependent_varname: str,
-             independent_varname: str) -> _Inputs:
+             independent_varname: str, regression: set[str] | frozenset[str] = frozenset(),
+             ) -> _Inputs:
     source = cat.table(source_table, "source_table")
     output = cat.table(output_table, "output_table")
     if output.schema is not None and (output.schema == "pg_temp"
@@ -134,6 +145,10 @@ def _resolve(cat: Catalog, source_table: str, output_table: str, dependent_varna
     summary = output.with_suffix("_summary", "output_table")
     dep_names = split_column_list(dependent_varname, "dependent_varname")
     indep_names = split_column_list(independent_varname, "independent_varname")
+    if regression - set(dep_names):
+        raise invalid(f"regression_targets: {min(regression - set(dep_names))!r} is not "
+                      "one of the dependent variables",
+                      hint="List dependent_varname columns to train as regression targets.")
     both = set(dep_names) & set(indep_names)
     if both:
         raise invalid(f"column {sorted(both)[0]!r} is both a dependent and an independent variable")
@@ -153,27 +168,44 @@ def _resolve(cat: Catalog, source_table: str, output_table: str, dependent_varna
     if cat.relation_oid(output) == oid:  # pragma: no cover - caught by require_absent
         raise invalid("output_table must differ from source_table")
     cols = cat.columns(oid)
-    deps = [_dependent(cat.require_column(source, cols, n, "dependent_varname")) for n in dep_names]
+    deps = [_dependent(cat.require_column(source, cols, n, "dependent_varname"), n in regression)
+            for n in dep_names]
     indeps = [_independent(cat.require_column(source, cols, n, "independent_varname"))
               for n in indep_names]
     num_rows = cat.count_rows(source)
     if num_rows == 0:
         raise CerebroError(f'source_table "{source}" is empty', DATA_EXCEPTION)
+    for d in deps:
+        if d.kind == "one_hot" and d.column.base_type in FLOAT_TYPES:
+            _check_integral(cat, source, d.column)
     return _Inputs(source, output, summary, indeps, deps, num_rows)
+
+
+def _check_integral(cat: Catalog, source: TableName, col: Column) -> None:
+    """A non-integer numeric array taken as one-hot (MADlib casts it to smallint) must hold
+    whole numbers; anything else is refused rather than silently rounded."""
+    c = quote_ident(col.name)
+    bad = cat.query(f"SELECT 1 AS b FROM {source.sql} WHERE EXISTS (SELECT 1 FROM "
+                    f"pg_catalog.unnest({c}) v WHERE v <> pg_catalog.trunc(v::numeric)) LIMIT 1")
+    if bad:
+        raise CerebroError(
+            f'dependent variable "{col.name}" is a {col.type_name} array with values that are '
+            "not whole numbers, so it cannot be a one-hot label", DATATYPE_MISMATCH,
+            hint=f"Pass regression_targets => '{col.name}' to train it as a regression target.")
 
 
 def _class_values(cat: Catalog, inp: _Inputs, dep: Dependent) -> list[Any]:
     col = quote_ident(dep.column.name)
     rows = cat.query(
         f"SELECT {col} AS v FROM (SELECT DISTINCT {col} FROM {inp.source.sql}) d "
-        f"ORDER BY 1 NULLS LAST LIMIT {MAX_CLASSES + 1}"
+        f"ORDER BY 1 NULLS FIRST LIMIT {MAX_CLASSES + 1}"
     )
     if len(rows) > MAX_CLASSES:
         raise CerebroError(
             f'dependent_varname: column "{dep.column.name}" has more than {MAX_CLASSES} '
             "distinct values",
             DATA_EXCEPTION,
-            hint="Is it a continuous target? Use a real or double precision column for regression.",
+            hint=f"Is it a continuous target? Pass regression_targets => '{dep.column.name}'.",
         )
     return [r["v"] for r in rows]
 
@@ -335,8 +367,9 @@ def _summary(cat: Catalog, inp: _Inputs, *, class_values: list[list[Any] | None]
                                INVALID_NAME)
         if d.kind == "class":
             t = d.column.type_name + "[]"
-            ptype = {"bool": "bool[]", "int2": "int2[]", "int4": "int4[]",
-                     "int8": "int8[]"}.get(d.column.base_type, "text[]")
+            ptype = {"bool": "bool[]", "int2": "int2[]", "int4": "int4[]", "int8": "int8[]",
+                     "float4": "float4[]", "float8": "float8[]",
+                     "numeric": "numeric[]"}.get(d.column.base_type, "text[]")
         else:
             t, ptype = ("integer[]", "int4[]") if d.kind == "one_hot" else ("double precision[]",
                                                                           "float8[]")
@@ -381,8 +414,11 @@ def training_preprocessor_dl(cat: Catalog, *, source_table: str, output_table: s
                              num_classes: Sequence[int | None] | None = None,
                              distribution_rules: str | None = None,
                              num_partitions: int | None = None,
-                             random_state: int | None = None) -> None:
-    """Pack a table of examples into shuffled training buffers over ``num_partitions``."""
+                             random_state: int | None = None,
+                             regression_targets: str | None = None) -> None:
+    """Pack a table of examples into shuffled training buffers over ``num_partitions``;
+    the dependent variables listed in ``regression_targets`` are kept as float targets,
+    the others one-hot encoded (MADlib's behaviour)."""
     t0 = time.monotonic()
     _check_common(buffer_size, num_partitions)
     if normalizing_const is None:
@@ -395,7 +431,10 @@ def training_preprocessor_dl(cat: Catalog, *, source_table: str, output_table: s
         if k is not None and not 1 <= k <= MAX_CLASSES:
             raise invalid(f"num_classes must be between 1 and {MAX_CLASSES}, got {k}",
                           hint="Leave it NULL to use the number of distinct labels.")
-    inp = _resolve(cat, source_table, output_table, dependent_varname, independent_varname)
+    regression = set(split_column_list(regression_targets, "regression_targets")) \
+        if regression_targets is not None and regression_targets.strip() else set()
+    inp = _resolve(cat, source_table, output_table, dependent_varname, independent_varname,
+                   regression)
     if num_classes is not None and len(num_classes) != len(inp.deps):
         raise invalid(f"num_classes has {len(num_classes)} entries but there are "
                       f"{len(inp.deps)} dependent variables")
@@ -445,10 +484,104 @@ def read_training_summary(cat: Catalog, training_table: str) -> tuple[TableName,
     rows = cat.query(f"SELECT * FROM {summ.sql}")
     need = {"dependent_varname", "independent_varname", "normalizing_const", "num_classes",
             "num_partitions", "dependent_kind", "dependent_vartype"}
-    if len(rows) != 1 or not need <= set(rows[0]):
-        raise invalid(f'"{summ}" is not a summary made by training_preprocessor_dl',
-                      hint="Pass a table made by training_preprocessor_dl.")
-    return tt, rows[0]
+    if len(rows) == 1 and need <= set(rows[0]):
+        row = dict(rows[0])
+        row["x_columns"], row["y_columns"] = row["independent_varname"], row["dependent_varname"]
+        return tt, row
+    if len(rows) == 1 and MADLIB_SUMMARY <= set(rows[0]):
+        return tt, _madlib_summary(cat, tt, summ, dict(rows[0]))
+    raise invalid(f'"{summ}" is not a summary made by training_preprocessor_dl',
+                  hint="Pass a table made by training_preprocessor_dl (ours or MADlib's).")
+
+
+MADLIB_SUMMARY = {"dependent_varname", "independent_varname", "dependent_vartype",
+                  "normalizing_const", "num_classes", "buffer_size"}
+"""The summary columns every MADlib ``training_preprocessor_dl`` (1.x and 2.x) writes."""
+
+
+def _as_list(v: Any) -> list[Any]:
+    return list(v) if isinstance(v, (list, tuple)) else [v]
+
+
+def _madlib_summary(cat: Catalog, tt: TableName, summ: TableName, s: dict[str, Any]
+                    ) -> dict[str, Any]:
+    """A summary written by MADlib's own preprocessor, in the form of ours.
+
+    MADlib 2.x (PostgreSQL) writes ``<x> BYTEA`` (float32) and ``<y> BYTEA`` (int16 one-hot)
+    named after the source columns, ``<x>_shape``/``<y>_shape`` and ``buffer_id``, and a
+    summary with TEXT[] ``dependent_varname``/``independent_varname``/``dependent_vartype``,
+    ``<y>_class_values``, ``buffer_size``, ``normalizing_const``, INTEGER[] ``num_classes``,
+    ``distribution_rules`` and ``__internal_gpu_config__``; MADlib 1.x (one input and output)
+    names the buffers ``independent_var``/``dependent_var`` and writes TEXT names,
+    ``class_values`` and an INTEGER ``num_classes``. Neither has partitions on PostgreSQL
+    (Greenplum's ``__dist_key__`` are segment ids), so buffer ``b`` is given to partition
+    ``b % p`` with ``p`` the smaller of the buffer count and the default partition count
+    (``num_partitions``). Every label is a class (one-hot), as MADlib has no regression.
+    """
+    deps, indeps = _as_list(s["dependent_varname"]), _as_list(s["independent_varname"])
+    vartypes = _as_list(s["dependent_vartype"])
+    cols = cat.columns(cat.require_table(tt, "training_preprocessor_table"))
+    if all(n in cols for n in deps + indeps):
+        ycols, xcols = deps, indeps
+    elif len(deps) == len(indeps) == 1 and {"dependent_var", "independent_var"} <= set(cols):
+        ycols, xcols = ["dependent_var"], ["independent_var"]
+    else:
+        raise invalid(f'"{tt}" does not have the buffer columns its summary "{summ}" names',
+                      hint="Pass the output table of training_preprocessor_dl.")
+    for c in xcols + ycols:
+        if cols[c].type_name != "bytea" or c + "_shape" not in cols:
+            raise CerebroError(
+                f'"{tt}" holds column "{c}" as {cols[c].type_name}: packed by a MADlib version '
+                "before 1.17 (arrays, not BYTEA buffers), which cerebro_db does not read",
+                FEATURE_NOT_SUPPORTED,
+                hint="Pack the source table again with training_preprocessor_dl.")
+    if "buffer_id" not in cols:
+        raise invalid(f'"{tt}" has no buffer_id column', hint="Pack the source table again.")
+    out: dict[str, Any] = {k: v for k, v in s.items() if not k.endswith("class_values")}
+    out.update(dependent_varname=deps, independent_varname=indeps, dependent_vartype=vartypes,
+               x_columns=xcols, y_columns=ycols, madlib=True)
+    kinds = []
+    for i, d in enumerate(deps):
+        cv = s.get(d + "_class_values", s.get("class_values") if i == 0 else None)
+        cv = None if cv is None or (isinstance(cv, str)) else list(cv)
+        out[d + "_class_values"] = cv
+        kinds.append("class" if cv is not None else "one_hot")
+    nc = s["num_classes"]
+    out["num_classes"] = None if nc is None else _as_list(nc)
+    out["dependent_kind"] = kinds
+    buffers = cat.query(f"SELECT count(*) AS n FROM {tt.sql}")[0]["n"]
+    out["num_buffers"] = int(buffers)
+    out["num_partitions"] = max(1, min(int(buffers), default_partitions(cat)))
+    return out
+
+
+def summary_source_sql(cat: Catalog, table: TableName, summary: dict[str, Any]) -> str:
+    """SQL for the packed table's summary as a relation with our summary's columns (a
+    MADlib summary is read through a subquery that converts its columns)."""
+    summ = table.with_suffix("_summary", "source_table")
+    if not summary.get("madlib"):
+        return summ.sql
+    scols = cat.columns(cat.require_table(summ, "source summary"))
+
+    def arr(col: str, typ: str) -> str:
+        q = "s0." + quote_ident(col)
+        return f"{q}::{typ}[]" if scols[col].is_array else f"ARRAY[{q}]::{typ}[]"
+
+    items = [f"{arr('dependent_varname', 'text')} AS dependent_varname",
+             f"{arr('independent_varname', 'text')} AS independent_varname",
+             f"{arr('dependent_vartype', 'text')} AS dependent_vartype",
+             f"{arr('num_classes', 'integer')} AS num_classes",
+             "s0.buffer_size", "s0.normalizing_const::real AS normalizing_const",
+             f"{int(summary['num_partitions'])}::integer AS num_partitions",
+             "s0.source_table", "s0.output_table"]
+    for i, d in enumerate(summary["dependent_varname"]):
+        src = d + "_class_values" if d + "_class_values" in scols else \
+            "class_values" if i == 0 and "class_values" in scols else None
+        if src is not None and scols[src].is_array:
+            items.append(f"s0.{quote_ident(src)} AS {quote_ident(d + '_class_values')}")
+        else:
+            items.append(f"NULL::text[] AS {quote_ident(d + '_class_values')}")
+    return f"(SELECT {', '.join(items)} FROM {summ.sql} s0)"
 
 
 @entrypoint
@@ -464,7 +597,10 @@ def validation_preprocessor_dl(cat: Catalog, *, source_table: str, output_table:
     if training_preprocessor_table is None:
         raise CerebroError("training_preprocessor_table must not be NULL", NULL_VALUE_NOT_ALLOWED)
     tt, ts = read_training_summary(cat, training_preprocessor_table)
-    inp = _resolve(cat, source_table, output_table, dependent_varname, independent_varname)
+    dep_names = split_column_list(dependent_varname, "dependent_varname")
+    regression = {n for n, k in zip(dep_names, ts["dependent_kind"]) if k == "regression"}
+    inp = _resolve(cat, source_table, output_table, dependent_varname, independent_varname,
+                   regression)
     tdeps, tindeps = ts["dependent_varname"], ts["independent_varname"]
     if len(inp.deps) != len(tdeps) or len(inp.indeps) != len(tindeps):
         raise invalid(
@@ -496,7 +632,7 @@ def validation_preprocessor_dl(cat: Catalog, *, source_table: str, output_table:
             counts.append(None)
             maps.append(None)
     xs, xdims, ys, ydims = _read(cat, inp, maps)
-    _check_shapes_match(cat, tt, tindeps, tdeps, xdims, inp)
+    _check_shapes_match(cat, tt, ts["x_columns"], tdeps, xdims, inp)
     labels, widths = _encode_labels(inp, ys, ydims, counts)
     for d, w, tw in zip(inp.deps, widths, ts["num_classes"] or [None] * len(widths)):
         if d.kind == "one_hot" and tw is not None and w != tw:
@@ -515,11 +651,14 @@ def validation_preprocessor_dl(cat: Catalog, *, source_table: str, output_table:
 
 _TYPE_BASE = {"text": "text", "character varying": "varchar", "character": "bpchar",
               "integer": "int4", "smallint": "int2", "bigint": "int8", "boolean": "bool",
-              "name": "name", '"char"': "char"}
+              "name": "name", '"char"': "char", "real": "float4", "double precision": "float8",
+              "numeric": "numeric"}
 
 
 def _family(base: str) -> str:
-    return "int" if base in INT_TYPES else "bool" if base == "bool" else "text"
+    if base in INT_TYPES | FLOAT_TYPES:
+        return "number"
+    return "bool" if base == "bool" else "text"
 
 
 def _base_of(type_name: str) -> str:

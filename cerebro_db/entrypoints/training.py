@@ -53,7 +53,7 @@ from ..scheduling import (
 from . import entrypoint, require_output_schema
 from .compat import custom_references
 from .models import require_arch_table
-from .preprocessing import read_training_summary, resolve_seed
+from .preprocessing import read_training_summary, resolve_seed, summary_source_sql
 from .selection import check_fit_bounds
 
 CHUNK_SETTING = "cerebro_db.state_chunk_size"
@@ -93,6 +93,26 @@ class PackedTable:
     y_width: int
     partitions: int
     kind: str
+    partition_mod: int | None = None  # MADlib-packed: partition = buffer_id % partition_mod
+    multi: dict[str, list[Any]] | None = None  # several inputs/outputs: xs, ys, sizes, kinds
+
+    def columns(self) -> tuple[list[str], list[str], list[int], list[int], list[str]]:
+        """Buffer columns, values per row and label kinds of every input and output."""
+        if self.multi is None:
+            return [self.x], [self.y], [self.x_size], [self.y_width], [self.kind]
+        m = self.multi
+        return m["xs"], m["ys"], m["x_sizes"], m["y_widths"], m["kinds"]
+
+    @property
+    def temporary(self) -> bool:
+        """Whether the table is a temporary one (only the calling session sees it; schema
+        names starting with ``pg_`` are reserved, so ``pg_temp_N`` is a session's)."""
+        return self.qualified.startswith(("pg_temp_", '"pg_temp_'))
+
+    @property
+    def dep_name(self) -> str:
+        """The dependent variable's name (its class values are ``<name>_class_values``)."""
+        return str(self.summary["dependent_varname"][0])
 
 
 def _qualified(cat: Catalog, t: TableName) -> str:
@@ -146,8 +166,12 @@ def state_chunk_size(cat: Catalog) -> int | None:
     return n
 
 
-def packed_table(cat: Catalog, name: str, what: str) -> PackedTable:
-    """A preprocessed table and its summary, or a clear error."""
+def packed_table(cat: Catalog, name: str, what: str,
+                 partitions: int | None = None) -> PackedTable:
+    """A preprocessed table and its summary, or a clear error. A table packed by MADlib's
+    own preprocessor has no partitions of ours: its buffers are spread as ``buffer_id % p``
+    over ``partitions`` (a validation table: the training table's) or its summary's
+    ``num_partitions`` (see :func:`preprocessing._madlib_summary`)."""
     try:
         t, s = read_training_summary(cat, name)
     except CerebroError as e:
@@ -155,23 +179,31 @@ def packed_table(cat: Catalog, name: str, what: str) -> PackedTable:
                            hint=f"{what} must be made by training_preprocessor_dl or "
                            "validation_preprocessor_dl.") from None
     refuse_temporary(cat, t, what)
-    deps, indeps = s["dependent_varname"], s["independent_varname"]
-    if len(deps) != 1 or len(indeps) != 1:
-        raise CerebroError(f'{what} "{t}" has {len(indeps)} inputs and {len(deps)} outputs; '
-                           "training supports one of each so far", FEATURE_NOT_SUPPORTED)
-    x, y = indeps[0], deps[0]
-    shape = cat.query(f"SELECT {quote_ident(x + '_shape')} AS xs, {quote_ident(y + '_shape')} "
-                      f"AS ys FROM {t.sql} LIMIT 1")
+    xcols, ycols = list(s["x_columns"]), list(s["y_columns"])
+    x, y = xcols[0], ycols[0]
+    sel = ", ".join(f"{quote_ident(c + '_shape')} AS s{i}" for i, c in enumerate(xcols + ycols))
+    shape = cat.query(f"SELECT {sel} FROM {t.sql} LIMIT 1")
     if not shape:
         raise CerebroError(f'{what} "{t}" is empty', "22000")
-    parts = cat.query(f"SELECT count(DISTINCT __dist_key__) AS n, max(__dist_key__) AS m "
+    sizes = [int(np.prod(shape[0][f"s{i}"][1:])) for i in range(len(xcols + ycols))]
+    multi = None if len(xcols) == len(ycols) == 1 else {
+        "xs": xcols, "ys": ycols, "x_sizes": sizes[:len(xcols)],
+        "y_widths": sizes[len(xcols):], "kinds": list(s["dependent_kind"])}
+    shape = [{"xs": shape[0]["s0"], "ys": shape[0][f"s{len(xcols)}"]}]
+    if s.get("madlib"):
+        p = int(partitions or s["num_partitions"])
+        s = {**s, "num_partitions": p}
+        return PackedTable(t, _qualified(cat, t), s, x, y, int(np.prod(shape[0]["xs"][1:])),
+                           int(np.prod(shape[0]["ys"][1:])), p, s["dependent_kind"][0], p,
+                           multi)
+    parts = cat.query(f"SELECT min(__dist_key__) AS lo, max(__dist_key__) AS m "
                       f"FROM {t.sql}")[0]
     p = int(s["num_partitions"])
-    if parts["n"] != p or parts["m"] != p - 1:
+    if parts["lo"] < 0 or parts["m"] > p - 1:  # a partition may hold no buffer
         raise CerebroError(f'{what} "{t}" does not hold the {p} partitions its summary '
                            "records", "22000", hint="Preprocess the data again.")
     return PackedTable(t, _qualified(cat, t), s, x, y, int(np.prod(shape[0]["xs"][1:])),
-                       int(np.prod(shape[0]["ys"][1:])), p, s["dependent_kind"][0])
+                       int(np.prod(shape[0]["ys"][1:])), p, s["dependent_kind"][0], None, multi)
 
 
 @dataclass
@@ -194,28 +226,36 @@ def _check_config(c: Config, src: PackedTable, checked: dict[str, Any]) -> None:
         model = keras_arch.build_from_json(c.arch, shared=True)
         checked[c.arch] = model
     ins, outs = keras_arch.input_shapes(model), keras_arch.output_shapes(model)
-    if len(ins) != 1 or len(outs) != 1:
-        raise CerebroError(f"model_id {c.model_id} has {len(ins)} inputs and {len(outs)} "
-                           "outputs; training supports one of each so far", FEATURE_NOT_SUPPORTED)
-    in_size = int(np.prod([d for d in ins[0] if d is not None]))
-    if None in ins[0] or in_size != src.x_size:
+    _, _, x_sizes, y_widths, kinds = src.columns()
+    if len(ins) != len(x_sizes) or len(outs) != len(y_widths):
         raise CerebroError(
-            f"model_id {c.model_id} expects input shape {list(ins[0])}, but the packed data has "
-            f"{src.x_size} values per row", DATATYPE_MISMATCH,
-            hint="The architecture's input must hold as many values as each packed row "
-            "(a Reshape layer can adapt a flat row).")
-    out = outs[0][-1] if outs[0] else 1
+            f"model_id {c.model_id} has {len(ins)} inputs and {len(outs)} outputs, but the "
+            f"packed data has {len(x_sizes)} independent and {len(y_widths)} dependent "
+            "variables", DATATYPE_MISMATCH,
+            hint="List the variables in independent_varname / dependent_varname in the order "
+            "of the model's inputs and outputs.")
+    for i, (shape, size) in enumerate(zip(ins, x_sizes)):
+        in_size = int(np.prod([d for d in shape if d is not None]))
+        if None in shape or in_size != size:
+            which = "" if len(ins) == 1 else f" {i + 1}"
+            raise CerebroError(
+                f"model_id {c.model_id} expects input{which} shape {list(shape)}, but the "
+                f"packed data has {size} values per row", DATATYPE_MISMATCH,
+                hint="The architecture's input must hold as many values as each packed row "
+                "(a Reshape layer can adapt a flat row).")
     loss = c.cp.loss if isinstance(c.cp.loss, str) else None
     sparse = loss is not None and "sparse" in loss
-    want = 1 if sparse else src.y_width
-    if out is not None and out != want and not (sparse and src.kind != "regression"):
-        raise CerebroError(
-            f"model_id {c.model_id} has {out} outputs, but the labels have {src.y_width} "
-            "columns", DATATYPE_MISMATCH,
-            hint="The last layer's units must equal num_classes of the training data.")
-    if sparse and src.kind == "regression":
-        raise invalid(f"mst_key {c.mst_key}: loss {loss!r} needs class labels, but the "
-                      "training data has a regression target")
+    for shape, width, kind in zip(outs, y_widths, kinds):
+        out = shape[-1] if shape else 1
+        want = 1 if sparse else width
+        if out is not None and out != want and not (sparse and kind != "regression"):
+            raise CerebroError(
+                f"model_id {c.model_id} has {out} outputs, but the labels have {width} "
+                "columns", DATATYPE_MISMATCH,
+                hint="The last layer's units must equal num_classes of the training data.")
+        if sparse and kind == "regression":
+            raise invalid(f"mst_key {c.mst_key}: loss {loss!r} needs class labels, but the "
+                          "training data has a regression target")
 
 
 def check_item(c: Config, what: str = "compile_params") -> dict[str, Any]:
@@ -231,6 +271,7 @@ def check_spec(src: PackedTable, items: list[dict[str, Any]], num_workers: int,
     also their warm-up: the check imports TensorFlow with the fit's thread count.
     ``custom_functions``: the fit's ``{name: reference}`` (imported by the workers only)."""
     return {"configs": items, "x_size": src.x_size, "y_width": src.y_width, "kind": src.kind,
+            "columns": list(src.columns()),
             "validate_compile": validate_compile, "custom_functions": custom_functions or {},
             "worker_threads": max(1, (os.cpu_count() or 1) // max(1, num_workers))}
 
@@ -246,7 +287,9 @@ def check_configs(spec: dict[str, Any], cat: Catalog | None = None) -> None:
     from .. import worker
 
     worker._runtime(int(spec.get("worker_threads") or 0) or None)
-    src = SimpleNamespace(x_size=spec["x_size"], y_width=spec["y_width"], kind=spec["kind"])
+    cols = tuple(spec["columns"])
+    src = SimpleNamespace(x_size=spec["x_size"], y_width=spec["y_width"], kind=spec["kind"],
+                          columns=lambda: cols)
     refs = dict(spec.get("custom_functions") or {})
     if refs:  # this session checks the grants itself before importing anything
         from ..custom_functions import parse_reference, require_allowed
@@ -418,6 +461,14 @@ class FitRequest:
     object_table: str | None = None
     custom_functions: dict[str, str] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        for what, t in (("source_table", self.source), ("validation_table", self.validation)):
+            if t is not None and t.temporary:
+                raise CerebroError(
+                    f'{what} "{t.table}" is a temporary table, which the worker sessions '
+                    "cannot read", FEATURE_NOT_SUPPORTED,
+                    hint="Pack it into an ordinary table (outputs may be in pg_temp).")
+
 
 def _bytea_literal(b: bytes | None) -> str:
     return "NULL" if b is None else "'\\x" + bytes(b).hex() + "'::bytea"
@@ -504,8 +555,24 @@ def check_worker_limits(cat: Catalog, want: int, fit_id: int | None = None) -> N
                       f"max_workers_per_role in {where}.")
 
 
+def _validation_columns(v: PackedTable | None) -> dict[str, Any]:
+    """The validation table's own buffer columns (its summary's names, which need not be the
+    training table's) and, for a MADlib-packed one, how its buffers map to partitions."""
+    if v is None:
+        return {}
+    out: dict[str, Any] = {"valid_x": v.x, "valid_y": v.y,
+                           "valid_partition_mod": v.partition_mod}
+    if v.multi is not None:
+        out.update(valid_xs=v.multi["xs"], valid_ys=v.multi["ys"])
+    return out
+
+
 def _register(cat: Catalog, ex: DblinkExecutor, req: FitRequest, total: int) -> int:
-    opts = {"x": req.source.x, "y": req.source.y, "use_caching": req.use_caching,
+    opts = {"x": req.source.x, "y": req.source.y, **_validation_columns(req.validation),
+            "partition_mod": req.source.partition_mod,
+            **({"xs": req.source.multi["xs"], "ys": req.source.multi["ys"]}
+               if req.source.multi is not None else {}),
+            "use_caching": req.use_caching,
             "cache_memory": _cache_memory(cat, req.num_workers),
             "worker_threads": max(1, (os.cpu_count() or 1) // req.num_workers),
             "state_chunk_size": state_chunk_size(cat),
@@ -1002,8 +1069,8 @@ def info_rows(req: FitRequest, fit_id: int, outcome: FitOutcome,
 
 def summary_select(req: FitRequest) -> str:
     """A SELECT list over the source summary (alias s) for the output's _summary table."""
-    dep = req.source.y
-    cv = quote_ident(dep + "_class_values")
+    cv = ", s.".join(quote_ident(d + "_class_values")
+                     for d in req.source.summary["dependent_varname"])
     sel = (
         "$1::text AS source_table, $2::text AS validation_table, $3::text AS model, "
         "$4::text AS model_info, s.dependent_varname, s.independent_varname, "
@@ -1024,9 +1091,9 @@ def create_summary(cat: Catalog, req: FitRequest, summ: TableName, info: TableNa
                    description: str | None) -> None:
     """The output's ``_summary`` table: this fit's facts plus the source summary's."""
     epochs = sorted(evaluation_epochs(req.num_iterations, req.frequency))
-    src_summary = req.source.table.with_suffix("_summary", "source_table")
+    src_summary = summary_source_sql(cat, req.source.table, req.source.summary)
     cat.query(
-        f"CREATE TABLE {summ.sql} AS SELECT {summary_select(req)} FROM {src_summary.sql} s",
+        f"CREATE TABLE {summ.sql} AS SELECT {summary_select(req)} FROM {src_summary} s",
         [str(req.source.table), str(req.validation.table) if req.validation else None,
          str(req.output), str(info) if info else None, str(req.arch_table),
          str(req.mst_table) if req.mst_table else None, req.num_iterations, req.frequency,
@@ -1151,16 +1218,21 @@ def _validation(cat: Catalog, validation_table: str | None, src: PackedTable
                 ) -> PackedTable | None:
     if validation_table is None:
         return None
-    v = packed_table(cat, validation_table, "validation_table")
+    v = packed_table(cat, validation_table, "validation_table", src.partitions)
     if v.partitions != src.partitions:
         raise invalid(f'validation_table "{v.table}" has {v.partitions} partitions, the '
                       f"training data {src.partitions}",
                       hint="Preprocess the validation data with validation_preprocessor_dl "
                       "from this training table.")
-    if (v.x_size, v.y_width) != (src.x_size, src.y_width):
-        raise CerebroError(f'validation_table "{v.table}" rows have {v.x_size} features and '
-                           f"{v.y_width} label columns, the training data {src.x_size} and "
-                           f"{src.y_width}", DATATYPE_MISMATCH)
+    if v.columns()[2:4] != src.columns()[2:4]:
+        _, _, vx, vy, _ = v.columns()
+        _, _, sx, sy, _ = src.columns()
+        def shown(a: list[int]) -> str:
+            return str(a[0]) if len(a) == 1 else str(a)
+
+        raise CerebroError(f'validation_table "{v.table}" rows have {shown(vx)} features and '
+                           f"{shown(vy)} label columns, the training data {shown(sx)} and "
+                           f"{shown(sy)}", DATATYPE_MISMATCH)
     return v
 
 

@@ -60,11 +60,11 @@ def test_round_trip_text_labels_with_null_class(conn, small):
     assert sorted(set(keys)) == [0, 1]
     summ = q(conn, "SELECT lbl_class_values, num_classes, normalizing_const, buffer_size, "
                    "dependent_vartype, num_partitions, random_state, num_rows FROM small_packed_summary")[0]
-    assert summ == (["cat", "dog", "emu", None], [4], 2.0, 20, ["text"], 2, 7, 40)
+    assert summ == ([None, "cat", "dog", "emu"], [4], 2.0, 20, ["text"], 2, 7, 40)
     ids = np.rint(x[:, 0] * 2).astype(int)  # features were divided by 2
     assert sorted(ids) == list(range(40))
     assert np.allclose(x[:, 1], ids) and np.allclose(x[:, 2], -ids / 2)
-    expect = np.where(ids % 4 == 3, 3, ids % 4)
+    expect = np.where(ids % 4 == 3, 0, ids % 4 + 1)  # the NULL class first, as MADlib
     assert (y.argmax(axis=1) == expect).all() and (y.sum(axis=1) == 1).all()
     assert list(ids) != sorted(ids)  # shuffled
 
@@ -78,7 +78,7 @@ def test_seeded_shuffle_is_reproducible(conn, small, tables):
                for t in ("sp_a", "sp_b", "sp_c"))
     assert bytes(a) == bytes(b) and bytes(a) != bytes(c)
     n = q(conn, "SELECT count(*), max(x_shape[1]), array_agg(DISTINCT __dist_key__) FROM sp_a")[0]
-    assert n == (5, 8, [0, 1])
+    assert n == (6, 7, [0, 1])  # MADlib: 2 * ceil(40 / 8 / 2) buffers of ceil(40 / 6)
 
 
 def test_integer_boolean_labels_and_padding(conn, small, tables):
@@ -100,14 +100,14 @@ def test_integer_boolean_labels_and_padding(conn, small, tables):
 def test_regression_targets_stay_float(conn, small, tables):
     tables += ["sp_t", "sp_t2"]
     q(conn, "SELECT training_preprocessor_dl('small', 'sp_t', 't', 'x', NULL, 1.0, NULL, NULL,"
-            " 2, 3)")
+            " 2, 3, regression_targets => 't')")
     x, t, _ = buffers(conn, "sp_t", "x", "t")
     assert t.dtype == np.float32 and t.shape == (40, 1)
     assert np.allclose(t[:, 0], x[:, 0] * 0.5)
     summ = q(conn, "SELECT dependent_kind, num_classes, t_class_values FROM sp_t_summary")[0]
     assert summ == (["regression"], [None], None)
     q(conn, "SELECT training_preprocessor_dl('small', 'sp_t2', 't2', 'x', NULL, 1.0, NULL, NULL,"
-            " 2, 3)")
+            " 2, 3, regression_targets => 't2')")
     rows = q(conn, "SELECT t2, t2_shape FROM sp_t2 ORDER BY buffer_id")
     t2 = np.concatenate([np.frombuffer(bytes(b), np.float32).reshape(s) for b, s in rows])
     assert t2.shape == (40, 2) and np.allclose(t2[:, 1] - t2[:, 0], 1)
@@ -153,7 +153,7 @@ def test_validation_uses_training_classes_and_constant(conn, small, tables):
     assert y.shape == (10, 4)
     ids = np.rint(x[:, 0] * 4).astype(int)
     assert sorted(ids) == list(range(10))
-    assert (y.argmax(1) == np.where(ids % 4 == 3, 3, ids % 4)).all()
+    assert (y.argmax(1) == np.where(ids % 4 == 3, 0, ids % 4 + 1)).all()
     q(conn, "UPDATE small_val SET lbl = 'yak' WHERE id = 1")
     e = err(conn, "SELECT validation_preprocessor_dl('small_val', 'sp_val2', 'lbl', 'x', 'sp_tr')")
     assert e.pgcode == "22000" and "'yak'" in e.pgerror
@@ -188,8 +188,10 @@ BAD_CALLS = [
      "0A000", "gpu_segments"),
     ("SELECT training_preprocessor_dl('small', 'o1', 'lbl', 'x', NULL, 1, NULL, NULL, 0)", "22023",
      "num_partitions"),
-    ("SELECT training_preprocessor_dl('small', 'o1', 'lbl', 'x', NULL, 1, NULL, NULL, 41)",
-     "22000", "fewer than num_partitions"),
+    ("SELECT training_preprocessor_dl('small', 'o1', 'lbl', 'x', regression_targets => 'k')",
+     "22023", "regression_targets"),
+    ("SELECT training_preprocessor_dl('small', 'o1', 'lbl', 'x', regression_targets => 'lbl')",
+     "42804", "regression target"),
     ("SELECT training_preprocessor_dl('small', 'o1', 't', 'x', NULL, 1, ARRAY[3])", "22023",
      "num_classes"),
     ("SELECT training_preprocessor_dl('small', 'a.b.c.d', 'lbl', 'x')", "42602", "dotted"),
@@ -221,7 +223,7 @@ def test_bad_data(conn, small, update, code, words):
     q(conn, update)
     dep = "t" if "SET t" in update else "lbl"
     e = err(conn, f"SELECT training_preprocessor_dl('small', 'o1', '{dep}', 'x', NULL, 1, NULL,"
-                  " NULL, 2)")
+                  f" NULL, 2, regression_targets => {'t' if dep == 't' else ''!r})")
     assert e.pgcode == code, e.pgerror
     assert words in e.pgerror
     assert not exists(conn, "o1")

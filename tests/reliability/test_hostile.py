@@ -365,7 +365,7 @@ CASES = [
     case("byom-model-id-null", BYOM, byom(mid=None), "22004", "model_id"),
     case("byom-no-weights", BYOM, byom(mid=1), "22023", "has no weights"),
     case("byom-class-values-count", BYOM, byom(cv=["a", "b"]), "42804", "class values"),
-    case("byom-dependent-count", BYOM, byom(dc=2), "0A000", "one dependent variable"),
+    case("byom-dependent-count", BYOM, byom(dc=2), "42804", "dependent_count"),
     case("byom-arch-drop", BYOM, byom(arch=f"arch{SQLI}"), "42602", "model_arch_table"),
     case("byom-output-exists", BYOM, byom(out="taken"), "42P07", "already exists"),
 ]

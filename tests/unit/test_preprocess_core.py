@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import math
 import struct
 
 import numpy as np
@@ -45,19 +46,34 @@ def test_madlib_default_buffer_size():
 
 @given(st.integers(1, 5000), st.integers(1, 3000), st.integers(1, 8),
        st.one_of(st.none(), st.integers(1, 800)))
-def test_plan_covers_rows_evenly(n, width, p, bs):
-    if n < p:
-        with pytest.raises(CerebroError):
-            plan_buffers(n, width, p, bs)
-        return
+def test_plan_is_madlibs_layout(n, width, p, bs):
+    """MADlib's _get_buffer_size over p segments, then buffer_id = row / buffer_size."""
     plan = plan_buffers(n, width, p, bs)
+    want = bs if bs is not None else math.ceil(min(75e6 / width, n / p))
+    size = math.ceil(n / (p * math.ceil(n / want / p)))
+    assert plan.buffer_size == size
     sizes = [b - a for a, b in plan.bounds]
     assert sum(sizes) == n and plan.bounds[0][0] == 0 and plan.bounds[-1][1] == n
-    assert max(sizes) - min(sizes) <= 1 and min(sizes) >= 1
-    assert plan.num_buffers >= p
+    assert all(a == i * size for i, (a, _) in enumerate(plan.bounds))
+    assert all(s == size for s in sizes[:-1]) and 1 <= sizes[-1] <= size
     if bs is not None:
-        assert max(sizes) <= bs or plan.num_buffers == p
-    assert {plan.dist_key(b) for b in range(plan.num_buffers)} == set(range(p))
+        assert size <= bs
+    assert {plan.dist_key(b) for b in range(plan.num_buffers)} == \
+        set(range(min(p, plan.num_buffers)))
+
+
+def test_plan_examples_as_madlib():
+    # MADlib on PostgreSQL (one segment): 17 rows of buffer_size 5 give 5, 5, 5, 2
+    for p in (1, 2):
+        plan = plan_buffers(17, 4, p, 5)
+        assert [b - a for a, b in plan.bounds] == [5, 5, 5, 2]
+    # three partitions (Greenplum with three segments): 6 buffers of 3
+    assert [b - a for a, b in plan_buffers(17, 4, 3, 5).bounds] == [3, 3, 3, 3, 3, 2]
+    # fewer rows than partitions: one buffer, the other partitions stay empty
+    one = plan_buffers(1, 4, 4)
+    assert one.bounds == ((0, 1),) and one.dist_key(0) == 0
+    three = plan_buffers(3, 4, 4)
+    assert [three.dist_key(b) for b in range(three.num_buffers)] == [0, 1, 2]
 
 
 def test_shuffle_is_seeded_permutation():
