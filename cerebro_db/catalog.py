@@ -165,16 +165,20 @@ class Catalog(DblinkMixin):
             pinned = self.query("SELECT pg_catalog.current_setting('search_path') AS p")[0]["p"]
             self.set_local("search_path", self.caller_path)
         try:
-            row = self.query(
-                "SELECT (SELECT n.nspname::text FROM pg_catalog.pg_class c JOIN "
-                "pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
-                "WHERE c.oid = pg_catalog.to_regclass($1)) AS found, "
-                "NULLIF(pg_catalog.current_schema()::text, 'pg_catalog') "
-                "AS creation", [t.sql], ["text"])[0]
+            # no operator or unqualified function here: this runs in the caller's path
+            row = self.query("SELECT pg_catalog.to_regclass($1)::oid AS oid, "
+                             "pg_catalog.current_schema()::text AS creation", [t.sql],
+                             ["text"])[0]
         finally:
             if pinned is not None:
                 self.set_local("search_path", pinned)
-        schema = row["found"] or row["creation"]
+        schema = None
+        if row["oid"] is not None:
+            schema = self.query("SELECT n.nspname::text AS s FROM pg_catalog.pg_class c JOIN "
+                                "pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
+                                "WHERE c.oid = $1", [row["oid"]], ["oid"])[0]["s"]
+        elif row["creation"] != "pg_catalog":
+            schema = row["creation"]
         return TableName(schema, t.name, t.given) if schema else t
 
     def relation_oid(self, table: TableName) -> int | None:

@@ -56,7 +56,7 @@ import numpy as np
 
 from . import state as state_mod
 from .catalog import Catalog
-from .errors import CerebroError
+from .errors import OUT_OF_MEMORY, CerebroError, out_of_memory
 from .names import TableName, quote_ident
 
 MAX_CACHED_PARTITIONS = 4
@@ -544,7 +544,8 @@ def run_unit(cat: Catalog, fit_id: int, mst_key: int, epoch: int, partition: int
         return {"ok": False, "message": e.message, "sqlstate": e.sqlstate, "hint": e.hint,
                 "detail": e.detail or traceback.format_exc(), "worker": worker}
     except Exception as e:  # noqa: BLE001 - reported to the coordinator with the traceback
-        sqlstate = getattr(e, "sqlstate", None) or "XX000"
+        sqlstate = getattr(e, "sqlstate", None) or (OUT_OF_MEMORY if out_of_memory(e)
+                                                     else "XX000")
         return {"ok": False, "message": f"{type(e).__name__}: {e}", "sqlstate": sqlstate,
                 "detail": traceback.format_exc(), "worker": worker}
 
