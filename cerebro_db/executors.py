@@ -25,8 +25,9 @@ be used by whatever runs later in the calling session, so it must not act as a r
 session did not log in as (a fit inside a SECURITY DEFINER function, or after SET ROLE, closes
 its sessions as before). A pooled session is reused only by the same role (``current_user``,
 ``session_user`` and connection string as when it was opened), after ``RESET ALL``; one that
-died (idle timeout, terminated) is closed and a fresh one opened. The pool ends with the calling session, after the idle timeout, or
-with :func:`close_pool` (``cerebro_db_close_workers()``).
+died (idle timeout, terminated) is closed and a fresh one opened. The pool ends with the
+calling session, after the idle timeout, or with :func:`close_pool`
+(``cerebro_db_close_workers()``).
 
 All SQL text goes through :class:`cerebro_db.catalog.Catalog` or this module.
 """
