@@ -33,11 +33,15 @@ Elasticity. Workers can be added (:meth:`DblinkExecutor.add`, a new session) and
 Reuse between fits. With ``keep_idle`` > 0 (``cerebro_db.worker_idle_timeout``), a fit
 that ends well leaves its idle worker sessions open in this backend's pool
 (``application_name`` ``cerebro_db_pool <coordinator pid>``, ``idle_session_timeout`` set),
-so the next fit of the same calling session skips TensorFlow's import. A pooled session is
-reused only by the same role (``current_user``, ``session_user`` and connection string as
-when it was opened), after ``RESET ALL``; one that died (idle timeout, terminated) is closed
-and a fresh one opened. The pool ends with the calling session, after the idle timeout, or
-with :func:`close_pool` (``cerebro_db_close_workers()``).
+so the next fit of the same calling session skips TensorFlow's import. Only sessions of a
+caller whose ``current_user`` is its ``session_user`` are kept: a kept dblink connection can
+be used by whatever runs later in the calling session, so it must not act as a role that
+session did not log in as (a fit inside a SECURITY DEFINER function, or after SET ROLE, closes
+its sessions as before). A pooled session is reused only by the same role (``current_user``,
+``session_user`` and connection string as when it was opened), after ``RESET ALL``; one that
+died (idle timeout, terminated) is closed and a fresh one opened. The pool ends with the
+calling session, after the idle timeout, or with :func:`close_pool`
+(``cerebro_db_close_workers()``).
 
 All SQL text goes through :class:`cerebro_db.catalog.Catalog` or this module.
 """
@@ -265,7 +269,7 @@ class DblinkExecutor:
     def _reuse(self, w: int | str) -> bool:
         """Give worker ``w`` an idle session from the pool (same role, alive, its settings
         reset); False when there is none to take."""
-        if self.keep_idle <= 0 or not _pool:
+        if self.keep_idle <= 0 or not _pool or not self.may_keep():
             return False
         key, now = self.pool_key(), time.monotonic()
         for s in list(_pool):
@@ -291,6 +295,12 @@ class DblinkExecutor:
             self.reused += 1
             return True
         return False
+
+    def may_keep(self) -> bool:
+        """Whether this caller's sessions may outlive the fit: only when it acts as the role
+        it logged in as (see the module)."""
+        _, current, session, _ = self.pool_key()
+        return current == session
 
     def _park(self, worker: int) -> bool:
         """Keep an idle worker's session in the pool for the next fit; False if it cannot."""
@@ -533,7 +543,7 @@ class DblinkExecutor:
         """Cancel what is running and close every session (safe to call twice); with
         ``keep`` (a fit that ended well) and ``keep_idle`` > 0 the idle worker sessions go
         to the pool instead, for the next fit of this calling session."""
-        if keep and self.keep_idle > 0:
+        if keep and self.keep_idle > 0 and self.may_keep():
             for w in self.workers:
                 if w not in self.busy and w not in self._send_failed \
                         and self.name(w) in self.opened:

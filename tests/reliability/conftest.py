@@ -4,6 +4,7 @@ behind."""
 from __future__ import annotations
 
 import io
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -49,6 +50,20 @@ def catalog_counts(conn) -> dict[str, int]:
 def worker_sessions(conn) -> int:
     return q(conn, "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE "
                    "'cerebro_db %%'")[0][0]
+
+
+def worker_sessions_gone(conn, wait: float = 10.0) -> bool:
+    """True once no fit's worker session is connected (a closed session's backend may take a
+    moment to leave pg_stat_activity: a fit whose worker-side checks refused its input has
+    closed the sessions it opened for them)."""
+    end = time.monotonic() + wait
+    while True:
+        q(conn, "SELECT pg_catalog.pg_stat_clear_snapshot()")
+        if worker_sessions(conn) == 0:
+            return True
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.1)
 
 
 def load_mnist(conn, table: str, lo: int, hi: int) -> None:
