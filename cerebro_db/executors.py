@@ -10,8 +10,22 @@ catalog rows, committed at once so workers and other sessions see them.
 Faults. A unit whose statement does not come back with the worker's own JSON answer lost
 its session (the backend was terminated, crashed or the connection broke): its result is
 ``lost`` and :meth:`DblinkExecutor.reopen` gives the worker a fresh session. A unit running
-longer than ``unit_timeout`` seconds is ended by ``pg_terminate_backend`` of its session's
-backend (pids are recorded when sessions open) and reported lost the same way.
+longer than its time limit is ended by ``pg_terminate_backend`` of its session's backend
+(pids are recorded when sessions open) and reported lost the same way: the limit is
+``unit_timeout`` seconds when that is a number, else a :class:`StallRule` derived from the
+measured times of the configuration's completed units (a stalled worker, e.g. a stopped
+backend, is detected by default). A lost control session is opened again.
+
+Interrupts. A query cancel of the coordinator (``pg_cancel_backend``, ``statement_timeout``)
+surfaces as an SQL error with SQLSTATE 57014 from the next SPI call; it is never swallowed
+by the handlers of worker faults (:func:`reraise_cancel`), so it ends the fit. While units
+run, :meth:`DblinkExecutor.wait` also polls (every ``check_interval`` seconds) the fit's
+``cancel_requested`` flag (set by ``cerebro_db_cancel_fit`` from another session), raising
+:class:`FitCancelled`, and the locks its workers wait for: a worker queued behind a session
+that itself waits for this fit's coordinator (DDL on the source table while the fit's
+transaction holds a lock on it) is a deadlock the server cannot see, because the coordinator
+waits for its workers through dblink; the fit fails at once with SQLSTATE 40P01 naming the
+blocking session.
 
 Elasticity. Workers can be added (:meth:`DblinkExecutor.add`, a new session) and retired
 (:meth:`DblinkExecutor.retire`, its session closed) while the fit runs.
@@ -21,6 +35,7 @@ All SQL text goes through :class:`cerebro_db.catalog.Catalog` or this module.
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +46,48 @@ from .errors import CerebroError
 RETRYABLE = frozenset({"57014", "57P01", "57P02", "57P03", "40001", "40P01"})
 """SQLSTATEs of a worker's answer that say the session, not the unit, failed (query
 cancelled, server shutting down, serialization failure, deadlock): the unit is retried."""
+
+
+QUERY_CANCELED = "57014"
+DEADLOCK_DETECTED = "40P01"
+
+
+class FitCancelled(CerebroError):
+    """The fit was cancelled (``cerebro_db_cancel_fit``); SQLSTATE 57014."""
+
+
+def is_cancel(e: BaseException) -> bool:
+    """Whether ``e`` is a query cancel of this backend (``pg_cancel_backend``,
+    ``statement_timeout``: PL/Python's ``plpy.spiexceptions.QueryCanceled``) or a
+    :class:`FitCancelled`: SQLSTATE 57014. Worker answers never raise (they come back as
+    JSON), and the control and worker sessions run with ``statement_timeout = 0``, so an
+    SQL error with 57014 in the coordinator is the coordinator's own cancel."""
+    return getattr(e, "sqlstate", None) == QUERY_CANCELED
+
+
+def reraise_cancel(e: BaseException) -> None:
+    """Raise ``e`` again when it is a cancel (see :func:`is_cancel`); handlers of worker
+    faults call this first, so a cancel is never taken for a lost session."""
+    if is_cancel(e):
+        raise e
+
+
+@dataclass(frozen=True)
+class StallRule:
+    """When a unit counts as stalled (its session is then terminated and the unit retried):
+    after ``max(floor, factor x the median of the completed units of its configuration and
+    kind)`` seconds; before any of them completed, the median of all completed units of
+    that kind; before any unit of the kind completed, ``first`` seconds."""
+
+    floor: float = 60.0
+    factor: float = 10.0
+    first: float = 600.0
+
+    def limit(self, own: list[float], same_kind: list[float]) -> float:
+        times = own or same_kind
+        if not times:
+            return max(self.floor, self.first)
+        return max(self.floor, self.factor * statistics.median(times))
 
 
 @dataclass(frozen=True)
@@ -45,14 +102,16 @@ class WorkerResult:
 class DblinkExecutor:
     """``num_workers`` worker sessions plus one control session, over dblink.
 
-    ``unit_timeout``: seconds after which a unit's session is terminated (None: never).
+    ``unit_timeout``: seconds after which a unit's session is terminated, a
+    :class:`StallRule` (a limit per unit from the measured unit times), or None (never).
+    ``fit_id``: set once the fit is registered; :meth:`wait` then polls its cancel flag.
     ``refuse_reopen``: workers whose session cannot be reopened after a loss (a test hook
     the coordinator sets for superusers only, to make a worker's loss permanent).
     """
 
     def __init__(self, cat: Catalog, tag: str, num_workers: int, conninfo: str | None,
                  poll_interval: float = 0.002, max_poll_interval: float = 0.025,
-                 unit_timeout: float | None = None) -> None:
+                 unit_timeout: float | StallRule | None = None) -> None:
         self.cat = cat
         self.tag = tag
         self.workers: list[int] = list(range(num_workers))
@@ -66,6 +125,12 @@ class DblinkExecutor:
         self.pids: dict[int | str, int] = {}
         self.settings: dict[str, str] = {}
         self._send_failed: dict[int, str] = {}
+        self.fit_id: int | None = None
+        self.check_interval = 0.5
+        self._last_check = 0.0
+        self.limits: dict[int, float | None] = {}
+        self._keys: dict[int, tuple[Any, str]] = {}
+        self.unit_times: dict[tuple[Any, str], list[float]] = {}
 
     def name(self, worker: int | str) -> str:
         return f"cerebro_{self.tag}_{worker}"
@@ -101,7 +166,8 @@ class DblinkExecutor:
             raise CerebroError(f"worker {worker} is already open", "XX000")
         try:
             self._connect(worker)
-        except Exception:  # noqa: BLE001 - the fit goes on without it
+        except Exception as e:  # noqa: BLE001 - the fit goes on without it
+            reraise_cancel(e)
             self._drop(worker)
             return False
         self.workers.append(worker)
@@ -123,6 +189,9 @@ class DblinkExecutor:
             self.opened.append(name)
         self.cat.dblink_exec(name, "SET application_name = "
                              + self.cat.literal(self.application_name(w)))
+        # the caller's statement_timeout bounds the whole fit (the coordinator's statement);
+        # a unit is never cancelled by a timeout of its own session (see is_cancel)
+        self.cat.dblink_exec(name, "SET statement_timeout = 0")
         for k, v in self.settings.items():
             self.cat.dblink_query(name, f"SELECT pg_catalog.set_config({self.cat.literal(k)}, "
                                         f"{self.cat.literal(v)}, false)")
@@ -138,7 +207,8 @@ class DblinkExecutor:
             return False
         try:
             self._connect(worker)
-        except Exception:  # noqa: BLE001 - the caller carries on without this worker
+        except Exception as e:  # noqa: BLE001 - the caller carries on without this worker
+            reraise_cancel(e)
             self._drop(worker)
             return False
         return True
@@ -147,8 +217,8 @@ class DblinkExecutor:
         name = self.name(worker)
         try:
             self.cat.dblink_disconnect(name)
-        except Exception:  # noqa: BLE001 - already gone
-            pass
+        except Exception as e:  # noqa: BLE001 - already gone
+            reraise_cancel(e)
         if name in self.opened:
             self.opened.remove(name)
         self.pids.pop(worker, None)
@@ -168,26 +238,50 @@ class DblinkExecutor:
         are updates of the fit's rows and failure records)."""
         try:
             self.cat.dblink_exec(self.name("ctl"), sql)
-        except Exception:  # noqa: BLE001 - a lost session: reconnect and retry once
+        except Exception as e:  # noqa: BLE001 - a lost session: reconnect and retry once
+            reraise_cancel(e)
             self._drop("ctl")
             self._connect("ctl")
             self.cat.dblink_exec(self.name("ctl"), sql)
 
     def control_query(self, sql: str) -> list[tuple]:
-        return self.cat.dblink_query(self.name("ctl"), sql)
+        """A query in the control session (committed at once); like :meth:`control`, a
+        lost control session is opened again and the query retried once."""
+        try:
+            return self.cat.dblink_query(self.name("ctl"), sql)
+        except Exception as e:  # noqa: BLE001 - a lost session: reconnect and retry once
+            reraise_cancel(e)
+            self._drop("ctl")
+            self._connect("ctl")
+            return self.cat.dblink_query(self.name("ctl"), sql)
 
     def idle(self) -> list[int]:
         return [w for w in self.workers if w not in self.busy]
 
-    def submit(self, worker: int, sql: str) -> None:
-        """Send a unit; a session that cannot take it is reported lost by :meth:`wait`."""
+    def submit(self, worker: int, sql: str, key: tuple[Any, str] | None = None) -> None:
+        """Send a unit; a session that cannot take it is reported lost by :meth:`wait`.
+        ``key`` (configuration, kind) groups units whose times set each other's stall
+        limit (:class:`StallRule`)."""
         if worker in self.busy:
             raise CerebroError(f"worker {worker} is busy", "XX000")
         try:
             self.cat.dblink_send(self.name(worker), sql)
         except Exception as e:  # noqa: BLE001 - a lost session, reported as a lost unit
+            reraise_cancel(e)
             self._send_failed[worker] = getattr(e, "message", None) or str(e)
         self.busy[worker] = time.monotonic()
+        self.limits[worker] = self._limit(key)
+        if key is not None:
+            self._keys[worker] = key
+
+    def _limit(self, key: tuple[Any, str] | None) -> float | None:
+        rule = self.unit_timeout
+        if not isinstance(rule, StallRule):
+            return rule
+        own = self.unit_times.get(key, []) if key is not None else []
+        same_kind = [t for k, ts in self.unit_times.items()
+                     if key is not None and k[1] == key[1] for t in ts]
+        return rule.limit(own, same_kind)
 
     def wait(self, timeout: float | None = None) -> list[WorkerResult]:
         """Block until at least one busy worker finished (or ``timeout``); return results.
@@ -204,10 +298,14 @@ class DblinkExecutor:
             if done:
                 return [self._collect(w) for w in done]
             now = time.monotonic()
-            if self.unit_timeout is not None:
-                late = [w for w, t in self.busy.items() if now - t > self.unit_timeout]
-                if late:
-                    return [self._timed_out(w) for w in late]
+            late = [w for w, t in self.busy.items()
+                    if self.limits.get(w) is not None and now - t > self.limits[w]]
+            if late:
+                return [self._timed_out(w) for w in late]
+            if now - self._last_check >= self.check_interval:
+                self._last_check = now
+                self.check_cancel()
+                self.check_lock_waits()
             waited = now - start
             if timeout is not None and waited > timeout:
                 return []
@@ -217,32 +315,99 @@ class DblinkExecutor:
     def _is_busy(self, worker: int) -> bool:
         try:
             return self.cat.dblink_is_busy(self.name(worker))
-        except Exception:  # noqa: BLE001 - a broken connection is not busy; collect says why
+        except Exception as e:  # noqa: BLE001 - a broken connection is not busy; collect says why
+            reraise_cancel(e)
             return False
+
+    def check_cancel(self) -> None:
+        """Raise :class:`FitCancelled` when ``cerebro_db_cancel_fit`` flagged this fit."""
+        if self.fit_id is None:
+            return
+        rows = self.control_query(f"SELECT cancel_requested IS NOT NULL FROM "
+                                  f"{self.cat.ext('fits')} WHERE fit_id = {int(self.fit_id)}")
+        if rows and rows[0][0] == "t":
+            raise FitCancelled(f"canceling fit {self.fit_id} due to cerebro_db_cancel_fit",
+                               QUERY_CANCELED,
+                               hint=f"Resume it with madlib_keras_fit_resume({self.fit_id}).")
+
+    def check_lock_waits(self) -> None:
+        """Fail with 40P01 when a busy worker waits for a lock that this backend (the
+        coordinator) holds, or behind a session that waits for this backend: a deadlock
+        through dblink that the server's deadlock detector cannot see (e.g. DROP TABLE,
+        TRUNCATE or ALTER TABLE of the source table while the fit's transaction holds its
+        lock, or a table the workers read locked by the calling transaction itself)."""
+        pids = [self.pids[w] for w in self.busy if w in self.pids]
+        if not pids:
+            return
+        rows = self.cat.query(
+            "SELECT w.pid AS worker_pid, b.pid AS blocker FROM pg_catalog.pg_locks w "
+            "CROSS JOIN LATERAL pg_catalog.unnest(pg_catalog.pg_blocking_pids(w.pid)) AS b(pid) "
+            "WHERE NOT w.granted AND w.pid = ANY($1) AND b.pid <> ALL($1) AND "
+            "(b.pid = pg_catalog.pg_backend_pid() OR "
+            "pg_catalog.pg_backend_pid() = ANY(pg_catalog.pg_blocking_pids(b.pid))) LIMIT 1",
+            [pids], ["int4[]"])
+        if not rows:
+            return
+        wpid, bpid = rows[0]["worker_pid"], rows[0]["blocker"]
+        worker = next((w for w, p in self.pids.items() if p == wpid), "?")
+        fit = f"fit {self.fit_id}" if self.fit_id is not None else "the fit"
+        resume = f"madlib_keras_fit_resume({self.fit_id})" if self.fit_id else "a resume"
+        if bpid == self.cat.query("SELECT pg_catalog.pg_backend_pid() AS p")[0]["p"]:
+            raise CerebroError(
+                f"{fit} cannot go on: worker {worker} (pid {wpid}) waits for a lock that the "
+                "transaction calling the fit holds", DEADLOCK_DETECTED,
+                detail="Worker sessions read the fit's tables in their own transactions; a "
+                "table the calling transaction locked (LOCK TABLE, DDL, TRUNCATE) blocks them.",
+                hint="Commit that change before calling the fit, then resume it with "
+                f"{resume}.")
+        self.cat.query("SELECT pg_catalog.pg_stat_clear_snapshot()")
+        act = self.cat.query("SELECT usename::text AS u, query FROM pg_catalog.pg_stat_activity "
+                             "WHERE pid = $1", [bpid], ["int4"])
+        who = (f'user "{act[0]["u"]}": {" ".join((act[0]["query"] or "").split())[:200]}'
+               if act else "gone")
+        raise CerebroError(
+            f"{fit} cannot go on: worker {worker} (pid {wpid}) waits for a lock behind "
+            f"session {bpid} ({who}), which waits for a lock this fit's transaction holds",
+            DEADLOCK_DETECTED,
+            detail="The fit's coordinator waits for its worker sessions through dblink, "
+            "where the server's deadlock detector cannot see it; that session's statement "
+            "goes on once the fit's transaction ends.",
+            hint="Run DDL on a fit's tables after the fit. To keep the fit instead, cancel "
+            f"that statement (SELECT pg_cancel_backend({bpid})) and resume the fit with "
+            f"{resume}.")
 
     def _lost(self, worker: int, message: str, pid: int | None = None) -> WorkerResult:
         self.busy.pop(worker, None)
+        self._keys.pop(worker, None)
         return WorkerResult(worker, False, {"lost": True, "message": message,
                                             "sqlstate": "08006", "worker": worker,
                                             "worker_pid": pid or self.pids.get(worker)})
 
     def _timed_out(self, worker: int) -> WorkerResult:
         pid = self.pids.get(worker)
+        limit = self.limits.get(worker) or 0.0
         self.terminate(worker)
         self._drop(worker)
-        return self._lost(worker, f"unit exceeded cerebro_db.unit_timeout "
-                                  f"({self.unit_timeout:g} s); its session (pid {pid}) was "
-                                  "terminated", pid)
+        if isinstance(self.unit_timeout, StallRule):
+            why = (f"unit stalled: no answer after {limit:.1f} s (the stall limit derived from "
+                   "its configuration's unit times; cerebro_db.unit_timeout sets a fixed one)")
+        else:
+            why = f"unit exceeded cerebro_db.unit_timeout ({limit:g} s)"
+        return self._lost(worker, f"{why}; its session (pid {pid}) was terminated", pid)
 
     def _collect(self, worker: int) -> WorkerResult:
         try:
             ok, text, err = self.cat.dblink_result(self.name(worker))
         except Exception as e:  # noqa: BLE001
+            reraise_cancel(e)
             ok, text, err = False, None, getattr(e, "message", None) or str(e)
         if not ok or text is None:
             return self._lost(worker, (err or "worker session failed").strip())
-        del self.busy[worker]
+        seconds = time.monotonic() - self.busy.pop(worker)
+        key = self._keys.pop(worker, None)
         data = json.loads(text)
+        if data.get("ok") and key is not None:
+            self.unit_times.setdefault(key, []).append(seconds)
         if not data.get("ok") and data.get("sqlstate") in RETRYABLE:
             data["lost"] = True
         return WorkerResult(worker, bool(data.get("ok")), data)
@@ -255,6 +420,7 @@ class DblinkExecutor:
             except Exception:  # noqa: BLE001 - closing anyway
                 pass
         self.busy.clear()
+        self._keys.clear()
         for name in self.opened:
             try:
                 self.cat.dblink_disconnect(name)

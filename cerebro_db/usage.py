@@ -100,8 +100,12 @@ partition) at a time; model states hop between them. Progress: SELECT * FROM
 cerebro_db.fit_progress;
 Faults: a unit whose worker session dies is retried on a fresh session (at most
 cerebro_db.max_unit_retries times, default 3; failed attempts in cerebro_db.unit_failures);
-SET cerebro_db.unit_timeout = <seconds> ends units that hang. A fit whose own session
-died is 'interrupted': continue it with madlib_keras_fit_resume(fit_id).
+a unit that stalls (no answer after max(cerebro_db.unit_timeout_floor, default 60 s,
+10 x the median of its configuration's unit times)) is ended and retried; SET
+cerebro_db.unit_timeout = <seconds> for a fixed limit, 0 for none. A fit whose own session
+died is 'interrupted'; one stopped by a cancel (pg_cancel_backend, statement_timeout,
+cerebro_db_cancel_fit(fit_id)) is 'cancelled': continue either with
+madlib_keras_fit_resume(fit_id). The fit is marked done in the calling transaction.
 Replicas: SET cerebro_db.replicas = r (default 1): worker w holds partitions w .. w+r-1
 mod p; a worker that cannot reconnect leaves and the others serve its partitions. Change a
 running fit's worker count from another session with cerebro_db_fit_workers(fit_id, n);
@@ -116,7 +120,7 @@ SELECT madlib_keras_fit(
 Sequential SGD over the partitions (one worker session holds them all). Writes <model>
 (model_weights, model_arch) and <model>_summary (with the metrics).""",
     "madlib_keras_fit_resume": """\
-madlib_keras_fit_resume: continue an interrupted or failed fit
+madlib_keras_fit_resume: continue an interrupted, cancelled or failed fit
 
 SELECT madlib_keras_fit_resume(fit_id);
 fit_id: from SELECT fit_id, status, message FROM cerebro_db.fits. The units the fit

@@ -278,6 +278,37 @@ RETURNS TEXT LANGUAGE plpython3u IMMUTABLE AS $python$
 @usage cerebro_db_fit_workers@
 $python$;
 
+-- Cancel a running fit from another session: sets the fit's cancel_requested flag, which
+-- its coordinator polls (at most every 0.5 s while units run). The coordinator then cancels
+-- the units in flight on their workers, closes every worker session, marks the fit
+-- 'cancelled' (resumable with madlib_keras_fit_resume; committed units are kept) and fails
+-- its statement with SQLSTATE 57014. Returns true when a running fit was flagged, false when
+-- the fit is not running. Runs with the caller's rights: row-level security lets only the
+-- fit's owner (or a superuser) see, hence cancel, it. The flag takes effect once the
+-- calling transaction commits.
+CREATE OR REPLACE FUNCTION @extschema@.cerebro_db_cancel_fit(fit_id BIGINT)
+RETURNS BOOLEAN LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp AS $cancel_fit$
+DECLARE
+    st text;
+BEGIN
+    IF cerebro_db_cancel_fit.fit_id IS NULL THEN
+        RAISE EXCEPTION 'fit_id must not be NULL' USING ERRCODE = '22004';
+    END IF;
+    SELECT f.status INTO st FROM @extschema@.fits f WHERE f.fit_id = cerebro_db_cancel_fit.fit_id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'fit % does not exist', cerebro_db_cancel_fit.fit_id
+            USING ERRCODE = '42704',
+            HINT = 'SELECT fit_id, status FROM @extschema@.fits lists your fits.';
+    END IF;
+    UPDATE @extschema@.fits f SET cancel_requested = pg_catalog.clock_timestamp()
+     WHERE f.fit_id = cerebro_db_cancel_fit.fit_id AND f.status = 'running';
+    RETURN FOUND;
+END
+$cancel_fit$;
+COMMENT ON FUNCTION @extschema@.cerebro_db_cancel_fit(BIGINT) IS
+'Cancel a running fit (its owner or a superuser): the coordinator stops between units, cancels the units in flight, closes its worker sessions and marks the fit cancelled (resumable with madlib_keras_fit_resume); true if a running fit was flagged';
+
 -- One unit of a fit, run by a worker session the coordinator opened (internal).
 CREATE OR REPLACE FUNCTION @extschema@.__run_unit(
     fit_id BIGINT, mst_key INTEGER, epoch INTEGER, part INTEGER, worker INTEGER, kind TEXT,

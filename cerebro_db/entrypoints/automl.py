@@ -60,6 +60,7 @@ from .training import (
     _UnitExecutor,
     _validation,
     final_weights,
+    mark_done,
     mark_failed,
     packed_table,
     stored_configs,
@@ -441,8 +442,7 @@ def _execute(cat: Catalog, req: FitRequest, tuner: Tuner,
         hooks.persist()
         best = _write_outputs(cat, req, book, sink, fit_id, outcome, t0, mst, method,
                               automl_params, seed, use_gpus, name, description)
-        ex.control(f"UPDATE {cat.ext('fits')} SET status = 'done', ended_at = clock_timestamp() "
-                   f"WHERE fit_id = {fit_id}")
+        mark_done(cat, ex, fit_id)
         freed = ", ".join(str(k) for k in book.freed())
         ex.control(f"DELETE FROM {cat.ext('model_states')} WHERE fit_id = {fit_id} AND "
                    f"(version <> 'current'{f' OR mst_key IN ({freed})' if freed else ''})")

@@ -36,7 +36,7 @@ from ..errors import (
     CerebroError,
     invalid,
 )
-from ..executors import DblinkExecutor, end_sessions
+from ..executors import DblinkExecutor, StallRule, end_sessions, is_cancel
 from ..names import TableName, quote_ident
 from ..scheduling import (
     EVAL,
@@ -64,6 +64,9 @@ MAX_UNITS = 2**31 - 1
 CONNINFO_SETTING = "cerebro_db.worker_conninfo"
 RETRIES_SETTING = "cerebro_db.max_unit_retries"
 TIMEOUT_SETTING = "cerebro_db.unit_timeout"
+TIMEOUT_FLOOR_SETTING = "cerebro_db.unit_timeout_floor"
+TIMEOUT_FACTOR_SETTING = "cerebro_db.unit_timeout_factor"
+TIMEOUT_FIRST_SETTING = "cerebro_db.unit_timeout_first"
 HOOK_SETTING = "cerebro_db.test_hook"
 REPLICAS_SETTING = "cerebro_db.replicas"
 DEFAULT_MAX_UNIT_RETRIES = 3
@@ -286,6 +289,7 @@ def _register(cat: Catalog, ex: DblinkExecutor, req: FitRequest, total: int) -> 
            f"{req.frequency or req.num_iterations}, {req.random_state}, "
            f"{lit(json.dumps(opts))}::jsonb, {total}, {_my_pid(cat)}) RETURNING fit_id")
     fit_id = int(ex.control_query(sql)[0][0])
+    ex.fit_id = fit_id
     for c in req.configs:
         ex.control(f"INSERT INTO {cat.ext('fit_configs')} (fit_id, mst_key, model_id, "
                    "compile_params, fit_params, model_arch, init_weights) VALUES "
@@ -305,7 +309,7 @@ class _UnitExecutor:
         sql = (f"SELECT {self.cat.ext('__run_unit')}({self.fit_id}::bigint, {int(a.config)}, "
                f"{int(a.epoch)}, {int(a.partition)}, {int(a.worker)}, {self.cat.literal(kind)}, "
                f"{self.cat.literal(json.dumps(options))})")
-        self.ex.submit(a.worker, sql)
+        self.ex.submit(a.worker, sql, key=(a.config, kind))
 
     def wait(self, timeout: float | None = None) -> list[tuple[int, bool, dict[str, Any]]]:
         return [(r.worker, r.ok, r.data) for r in self.ex.wait(timeout)]
@@ -425,8 +429,9 @@ def _my_pid(cat: Catalog) -> int:
     return int(cat.query("SELECT pg_catalog.pg_backend_pid() AS p")[0]["p"])
 
 
-def _fault_settings(cat: Catalog) -> tuple[int, float | None, dict[str, str]]:
-    """max_unit_retries, unit_timeout (None: off) and the settings forwarded to workers."""
+def _fault_settings(cat: Catalog) -> tuple[int, float | StallRule | None, dict[str, str]]:
+    """max_unit_retries, unit_timeout (seconds; a :class:`StallRule` when unset or 'auto';
+    None: off) and the settings forwarded to workers."""
     raw = cat.setting(RETRIES_SETTING)
     try:
         retries = DEFAULT_MAX_UNIT_RETRIES if raw is None else int(raw)
@@ -435,15 +440,31 @@ def _fault_settings(cat: Catalog) -> tuple[int, float | None, dict[str, str]]:
     if retries < 0:
         raise invalid(f"{RETRIES_SETTING} must be a non-negative integer, got {raw!r}")
     raw = cat.setting(TIMEOUT_SETTING)
-    try:
-        timeout = None if raw is None else float(raw)
-    except ValueError:
-        timeout = -1.0
-    if timeout is not None and not timeout >= 0:
-        raise invalid(f"{TIMEOUT_SETTING} must be a number of seconds (0: no timeout), "
-                      f"got {raw!r}")
+    timeout: float | StallRule | None
+    if raw is None or raw.strip().lower() == "auto":
+        timeout = StallRule(_seconds(cat, TIMEOUT_FLOOR_SETTING, StallRule.floor),
+                            _seconds(cat, TIMEOUT_FACTOR_SETTING, StallRule.factor),
+                            _seconds(cat, TIMEOUT_FIRST_SETTING, StallRule.first))
+    else:
+        timeout = _seconds(cat, TIMEOUT_SETTING, 0.0, "(0: no timeout, 'auto': derived "
+                           "from the measured unit times)") or None
     hook = cat.setting(HOOK_SETTING)
-    return retries, (timeout or None), ({HOOK_SETTING: hook} if hook else {})
+    return retries, timeout, ({HOOK_SETTING: hook} if hook else {})
+
+
+def _seconds(cat: Catalog, setting: str, default: float, what: str = "") -> float:
+    """A non-negative number setting (``default`` when unset), or a 22023 error."""
+    raw = cat.setting(setting)
+    if raw is None:
+        return default
+    try:
+        v = float(raw)
+    except ValueError:
+        v = -1.0
+    if not 0 <= v < float("inf"):
+        raise invalid(f"{setting} must be a non-negative number{' ' + what if what else ''}, "
+                      f"got {raw!r}")
+    return v
 
 
 LIVE_COORDINATOR = (
@@ -452,13 +473,19 @@ LIVE_COORDINATOR = (
 
 
 def _mark_interrupted(cat: Catalog, ex: DblinkExecutor) -> None:
-    """Fits of this role still 'running' whose coordinator session is gone become
-    'interrupted' (resumable with madlib_keras_fit_resume)."""
+    """Fits of this role still 'running' whose coordinator session is gone (or whose
+    calling transaction rolled back its outputs: no coordinator recorded, see
+    :func:`mark_done`) become 'interrupted' (resumable with madlib_keras_fit_resume). Rows
+    locked by a calling transaction still open are skipped, not waited for."""
     ex.control(f"UPDATE {cat.ext('fits')} f SET status = 'interrupted', ended_at = "
-               "clock_timestamp(), message = format('the coordinator session (pid %s) ended "
-               "before the fit did; resume it with madlib_keras_fit_resume(%s)', "
-               "f.coordinator_pid, f.fit_id) WHERE f.status = 'running' AND f.owner = "
-               f"current_user AND NOT {LIVE_COORDINATOR}")
+               "clock_timestamp(), message = CASE WHEN f.coordinator_pid IS NULL THEN "
+               "'the transaction that called the fit did not commit its outputs; resume it "
+               "with madlib_keras_fit_resume(' || f.fit_id || ')' ELSE "
+               "pg_catalog.format('the coordinator session (pid %s) ended before the fit did; "
+               "resume it with madlib_keras_fit_resume(%s)', f.coordinator_pid, f.fit_id) END "
+               f"WHERE f.fit_id IN (SELECT f.fit_id FROM {cat.ext('fits')} f WHERE f.status = "
+               f"'running' AND f.owner = current_user AND NOT {LIVE_COORDINATOR} "
+               "FOR UPDATE SKIP LOCKED)")
 
 
 @dataclass
@@ -475,13 +502,15 @@ def _claim(cat: Catalog, ex: DblinkExecutor, fit_id: int) -> None:
     rows = ex.control_query(
         f"UPDATE {cat.ext('fits')} f SET status = 'running', coordinator_pid = {_my_pid(cat)}, "
         "message = NULL, ended_at = NULL, resumed_at = clock_timestamp(), resumes = "
-        f"resumes + 1, options = options || jsonb_build_object('executor_tag', "
-        f"{cat.literal(ex.tag)}::text) WHERE f.fit_id = {int(fit_id)} AND (f.status IN "
-        f"('interrupted', 'failed') OR (f.status = 'running' AND NOT {LIVE_COORDINATOR})) "
-        "RETURNING f.fit_id")
+        "resumes + 1, cancel_requested = NULL, options = options || jsonb_build_object("
+        f"'executor_tag', {cat.literal(ex.tag)}::text) WHERE f.fit_id = {int(fit_id)} AND "
+        f"(f.status IN ('interrupted', 'failed', 'cancelled') OR (f.status = 'running' AND "
+        f"NOT {LIVE_COORDINATOR})) RETURNING f.fit_id")
     if not rows:
         raise CerebroError(f"fit {fit_id} is done or has a live coordinator session",
-                           "55006", hint="Only an interrupted or failed fit can be resumed.")
+                           "55006", hint="Only an interrupted, cancelled or failed fit can be "
+                           "resumed.")
+    ex.fit_id = fit_id
 
 
 def take_over(cat: Catalog, ex: DblinkExecutor, resume: ResumePoint) -> tuple[int, float]:
@@ -497,14 +526,40 @@ def take_over(cat: Catalog, ex: DblinkExecutor, resume: ResumePoint) -> tuple[in
 
 
 def mark_failed(cat: Catalog, ex: DblinkExecutor, fit_id: int, e: BaseException) -> None:
-    """Record a fit's failure (its message), if this session still coordinates it."""
+    """Record a fit's failure (its message), if this session still coordinates it: status
+    'cancelled' for a cancel (``pg_cancel_backend``, ``statement_timeout``,
+    ``cerebro_db_cancel_fit``: SQLSTATE 57014), else 'failed'; both are resumable."""
     try:
         msg = getattr(e, "message", None) or str(e)
-        ex.control(f"UPDATE {cat.ext('fits')} SET status = 'failed', message = "
+        status = "cancelled" if is_cancel(e) else "failed"
+        if status == "cancelled":
+            msg = (f"{msg.strip()}; the units committed so far are kept: resume it with "
+                   f"madlib_keras_fit_resume({fit_id})")
+        ex.control(f"UPDATE {cat.ext('fits')} SET status = {cat.literal(status)}, message = "
                    f"{cat.literal(msg[:2000])}, ended_at = clock_timestamp() "
                    f"WHERE fit_id = {fit_id} AND coordinator_pid = {_my_pid(cat)}")
     except Exception:  # noqa: BLE001, S110 - the original error matters more
         pass
+
+
+def mark_done(cat: Catalog, ex: DblinkExecutor, fit_id: int) -> None:
+    """Mark the fit done in the caller's transaction, after its outputs were written there:
+    the catalog then agrees with the caller's COMMIT or ROLLBACK.
+
+    The control session first records that no coordinator runs the fit any more (committed
+    at once); the caller's transaction then sets 'done'. If that transaction rolls back, the
+    fit is 'running' with no coordinator, i.e. interrupted (``fit_progress`` shows it so),
+    and a resume (which only writes the outputs again: every unit is in the log) waits for
+    the caller's transaction to end, then finds it done or resumable. A resume that took the
+    fit over in between makes this call fail (the caller's outputs roll back)."""
+    ex.control(f"UPDATE {cat.ext('fits')} SET coordinator_pid = NULL WHERE fit_id = "
+               f"{int(fit_id)} AND coordinator_pid = {_my_pid(cat)}")
+    rows = cat.query(f"UPDATE {cat.ext('fits')} SET status = 'done', message = NULL, "
+                     "ended_at = clock_timestamp() WHERE fit_id = $1 AND status = 'running' "
+                     "AND coordinator_pid IS NULL RETURNING fit_id", [fit_id], ["int8"])
+    if not rows:
+        raise CerebroError(f"fit {fit_id} was taken over by another session before its "
+                           "outputs were written", "55006")
 
 
 def _from_log(cat: Catalog, fit_id: int, targets: dict[int, int], p: int,
@@ -592,8 +647,7 @@ def execute_fit(cat: Catalog, req: FitRequest,
                           done_units=done, elapsed_before=spent, pool=pool)
         pool.close()
         finish(fit_id, outcome, t0)
-        ex.control(f"UPDATE {cat.ext('fits')} SET status = 'done', ended_at = clock_timestamp() "
-                   f"WHERE fit_id = {fit_id}")
+        mark_done(cat, ex, fit_id)
         ex.control(f"DELETE FROM {cat.ext('model_states')} WHERE fit_id = {fit_id} AND "
                    "version <> 'current'")
         return fit_id, outcome
