@@ -503,9 +503,25 @@ KERAS2_EPSILON = 1e-7
 """Keras 2's backend epsilon (``keras.backend.epsilon()``): what ``epsilon=None`` meant."""
 
 
+_STATIC_FLOAT_ARGS = frozenset({
+    "adam_beta_1", "adam_beta_2", "adam_weight_decay", "beta", "beta_1", "beta_2",
+    "beta_2_decay", "clip_threshold", "ema_momentum", "epsilon", "epsilon_1", "epsilon_2",
+    "initial_accumulator_value", "initial_scale", "l1_regularization_strength",
+    "l2_regularization_strength", "l2_shrinkage_regularization_strength", "learning_rate",
+    "learning_rate_power", "momentum", "muon_a", "muon_b", "muon_c", "rho", "rms_rate",
+    "weight_decay"})
+"""Keras 3's optimizer arguments whose default is a float (of any optimizer), for a process
+that has not imported Keras (a fit's coordinator); ``tests/unit/test_params.py`` keeps it
+equal to what Keras reports."""
+
+
 @functools.lru_cache(maxsize=64)
 def _float_arguments(name: str) -> frozenset[str]:
-    """Arguments of the named optimizer whose default is a float (an int given is converted)."""
+    """Arguments of the named optimizer whose default is a float (an int given is converted).
+    Without Keras imported: the static set, within the optimizer's known arguments."""
+    if "keras" not in sys.modules:
+        known = optimizer_arguments(name)
+        return (_STATIC_FLOAT_ARGS & known if known else _STATIC_FLOAT_ARGS) | {"learning_rate"}
     try:
         keras = _import_keras()
     except ImportError:

@@ -540,6 +540,9 @@ DECLARE
     st    text;
     delay interval;
 BEGIN
+    -- a procedure that commits cannot have a SET clause: it pins search_path itself in each
+    -- of its transactions (SET LOCAL), so nothing a role creates on the caller's path runs
+    PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
     IF job_name IS NULL THEN
         RAISE EXCEPTION 'job_name must not be NULL' USING ERRCODE = '22004';
     END IF;
@@ -550,15 +553,18 @@ BEGIN
     END IF;
     run := @extschema@.__job_step(job_name, NULL, 'begin')::bigint;
     COMMIT;
+    PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
     IF run IS NULL THEN
         RETURN;
     END IF;
     LOOP
         st := @extschema@.__job_step(job_name, run, 'pack');
         COMMIT;
+        PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
         IF st = 'ok' THEN
             st := @extschema@.__job_step(job_name, run, 'train');
             COMMIT;
+            PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
         END IF;
         EXIT WHEN st <> 'retry';
         PERFORM pg_catalog.pg_sleep(extract(epoch FROM delay));

@@ -133,7 +133,17 @@ def _call(cat: Catalog, fn: str, fixed: list[tuple[str, Any, str]], opts: dict[s
         vals.append(_as_text(v, k))
         tys.append("text")
     args = ", ".join(f"{quote_ident(n)} => ${i + 1}::{types[n]}" for i, n in enumerate(names))
-    cat.query(f"SELECT {cat.ext(fn)}({args})", vals, tys)
+    # the entry point's wrapper resolves the names under the job's search_path: set it for
+    # this one statement (a qualified call with bound values), then pin again
+    pinned = None
+    if cat.caller_path is not None:
+        pinned = cat.query("SELECT pg_catalog.current_setting('search_path') AS p")[0]["p"]
+        cat.set_local("search_path", cat.caller_path)
+    try:
+        cat.query(f"SELECT {cat.ext(fn)}({args})", vals, tys)
+    finally:
+        if pinned is not None:
+            cat.set_local("search_path", pinned)
 
 
 def _job(cat: Catalog, job_name: str) -> dict[str, Any]:
@@ -261,7 +271,7 @@ def schedule_model_selection(
     delay = retry_delay if retry_delay is not None else "0"
     if cat.query("SELECT $1::interval < '0' AS neg", [delay], ["text"])[0]["neg"]:
         raise invalid(f"retry_delay must not be negative, got {retry_delay!r}")
-    src = TableName.parse(source_table, "source_table")
+    src = cat.table(source_table, "source_table")
     oid = cat.require_table(src, "source_table")
     cols = cat.columns(oid)
     for n in split_column_list(dependent_varname, "dependent_varname"):
@@ -274,8 +284,8 @@ def schedule_model_selection(
             raise CerebroError(f'key_column: column "{key_column}" has type {kc.type_name}; '
                                "a key is a scalar that grows with new rows",
                                "42804", hint="Use a serial id or an insertion timestamp.")
-    packed = TableName.parse(packed_table, "packed_table")
-    out = TableName.parse(model_output_table, "model_output_table")
+    packed = cat.table(packed_table, "packed_table")
+    out = cat.table(model_output_table, "model_output_table")
     for t, what in ((packed, "packed_table"), (out, "model_output_table")):
         require_output_schema(cat, t, what)
         for s in ("", "_summary") + (("_info",) if t is out else ()):
@@ -292,14 +302,14 @@ def schedule_model_selection(
                                NULL_VALUE_NOT_ALLOWED,
                                hint="Pass a table made by load_model_selection_table or "
                                "generate_model_configs.")
-        cat.require_table(TableName.parse(model_selection_table, "model_selection_table"),
+        cat.require_table(cat.table(model_selection_table, "model_selection_table"),
                           "model_selection_table")
     else:
         if model_selection_table is None:
             raise CerebroError("model_selection_table must not be NULL for method 'automl'",
                                NULL_VALUE_NOT_ALLOWED,
                                hint="Name the table that will hold the best configuration.")
-        mst = TableName.parse(model_selection_table, "model_selection_table")
+        mst = cat.table(model_selection_table, "model_selection_table")
         for t in (mst, mst.with_suffix("_summary", "model_selection_table")):
             cat.require_absent(t, "model_selection_table",
                                hint="The job creates and owns it: choose a new name.")
@@ -314,13 +324,13 @@ def schedule_model_selection(
         f"INSERT INTO {cat.ext('jobs')} (job_name, schedule, method, source_table, key_column, "
         "packed_table, dependent_varname, independent_varname, preprocess_options, "
         "model_output_table, model_selection_table, fit_options, warm_start, retries, "
-        "retry_delay) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::jsonb, $10, $11, "
-        "$12::jsonb, $13, $14, $15::interval) RETURNING job_id",
+        "retry_delay, search_path) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::jsonb, $10, "
+        "$11, $12::jsonb, $13, $14, $15::interval, $16) RETURNING job_id",
         [job_name, schedule, m, source_table, key_column, packed_table, dependent_varname,
          independent_varname, json.dumps(popts), model_output_table, model_selection_table,
-         json.dumps(fopts), warm, retries, delay],
+         json.dumps(fopts), warm, retries, delay, _caller_path(cat)],
         ["text", "text", "text", "text", "text", "text", "text", "text", "text", "text",
-         "text", "text", "bool", "int4", "text"])
+         "text", "text", "bool", "int4", "text", "text"])
     job_id = int(row[0]["job_id"])
     for s in ("out", "mst", "packed", "new"):
         if len(_stage(out, job_id, s).name.encode()) + len("_summary") >= NAMEDATALEN:
@@ -363,10 +373,20 @@ def unschedule_model_selection(cat: Catalog, *, job_name: str) -> bool:
 
 
 # -- a run --------------------------------------------------------------------------------
+def _caller_path(cat: Catalog) -> str:
+    """The search_path the job's tables are named under (the scheduling call's)."""
+    if cat.caller_path is not None:
+        return cat.caller_path
+    return str(cat.query("SELECT pg_catalog.current_setting('search_path') AS p")[0]["p"])
+
+
 def job_step(plpy: Any, schema: str, *, job_name: str, run_id: int | None, step: str) -> Any:
-    """One step of ``run_model_selection_job`` (see the module doc)."""
+    """One step of ``run_model_selection_job`` (see the module doc). The job's table names
+    are resolved under the search_path of the call that scheduled it (:meth:`Catalog.table`),
+    whatever the session that runs it (pg_cron's) has; this function itself runs pinned."""
     cat = Catalog(plpy, schema)
     job = _job(cat, job_name)
+    cat.caller_path = job.get("search_path") or None
     if step == "begin":
         return _begin(cat, job)
     if step == "end":
@@ -460,7 +480,7 @@ def _failed(cat: Catalog, job: dict[str, Any], run_id: int, step: str, e: BaseEx
 
 
 def _last_fit(cat: Catalog, job: dict[str, Any], run_id: int) -> int | None:
-    out = TableName.parse(job["model_output_table"], "model_output_table")
+    out = cat.table(job["model_output_table"], "model_output_table")
     rows = cat.query(
         f"SELECT max(f.fit_id) AS f FROM {cat.ext('fits')} f, {cat.ext('job_runs')} r "
         "WHERE r.run_id = $1 AND f.started_at >= r.started_at AND f.model_output_table = $2",
@@ -481,8 +501,8 @@ def _temp_view(cat: Catalog, name: str, src: TableName, where: str) -> TableName
 def _pack(cat: Catalog, job: dict[str, Any]) -> tuple[int, int]:
     """Pack the source; returns (rows packed now, rows in the packed table)."""
     jid = int(job["job_id"])
-    src = TableName.parse(job["source_table"], "source_table")
-    packed = TableName.parse(job["packed_table"], "packed_table")
+    src = cat.table(job["source_table"], "source_table")
+    packed = cat.table(job["packed_table"], "packed_table")
     psumm = packed.with_suffix("_summary", "packed_table")
     popts = job["preprocess_options"]
     popts = json.loads(popts) if isinstance(popts, str) else dict(popts or {})
@@ -588,7 +608,7 @@ def _train_and_publish(cat: Catalog, job: dict[str, Any], run_id: int) -> None:
     m = job["method"]
     fn = METHODS[m]
     types = _fn_args(cat, fn)
-    out = TableName.parse(job["model_output_table"], "model_output_table")
+    out = cat.table(job["model_output_table"], "model_output_table")
     stage = _stage(out, jid, "out")
     fopts = job["fit_options"]
     fopts = json.loads(fopts) if isinstance(fopts, str) else dict(fopts or {})
@@ -601,7 +621,7 @@ def _train_and_publish(cat: Catalog, job: dict[str, Any], run_id: int) -> None:
             cat.query(f"CREATE TABLE {stage.sql} AS SELECT * FROM {out.sql}")
         fixed.append(("warm_start", warm, "bool"))
     else:
-        mst = TableName.parse(job["model_selection_table"], "model_selection_table")
+        mst = cat.table(job["model_selection_table"], "model_selection_table")
         smst = _stage(mst, jid, "mst")
         fixed.append(("model_selection_table", smst.sql, "text"))
     _call(cat, fn, fixed, fopts, types)

@@ -23,6 +23,8 @@ CREATE TABLE @extschema@.jobs (
     warm_start          boolean NOT NULL DEFAULT false,
     retries             integer NOT NULL DEFAULT 0 CHECK (retries >= 0),
     retry_delay         interval NOT NULL DEFAULT '1 minute',
+    -- the search_path the table names above were given under (the scheduling call's)
+    search_path         text,
     -- the largest key packed so far (text of the key column's type) and the packed rows
     packed_through      text,
     packed_rows         bigint,
@@ -52,17 +54,21 @@ CREATE TABLE @extschema@.job_runs (
     UNIQUE (job_id, run)
 );
 
-DO $rls$
-DECLARE t text;
-BEGIN
-    FOREACH t IN ARRAY ARRAY['jobs', 'job_runs'] LOOP
-        EXECUTE format('ALTER TABLE @extschema@.%I ENABLE ROW LEVEL SECURITY', t);
-        EXECUTE format('CREATE POLICY own_rows ON @extschema@.%I USING (owner = current_user) '
-                       'WITH CHECK (owner = current_user)', t);
-        EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON @extschema@.%I TO PUBLIC', t);
-    END LOOP;
-END
-$rls$;
+-- Row-level security: a role sees and writes its own jobs; a run row is accepted only for a
+-- job of the writing role and (when it names one) a fit of the writing role, as for every
+-- fit-bound catalog table (010_isolation.sql).
+ALTER TABLE @extschema@.jobs ENABLE ROW LEVEL SECURITY;
+CREATE POLICY own_rows ON @extschema@.jobs USING (owner = current_user)
+    WITH CHECK (owner = current_user);
+ALTER TABLE @extschema@.job_runs ENABLE ROW LEVEL SECURITY;
+CREATE POLICY own_rows ON @extschema@.job_runs USING (owner = current_user)
+    WITH CHECK (owner = current_user
+                AND EXISTS (SELECT 1 FROM @extschema@.jobs j
+                             WHERE j.job_id = job_runs.job_id AND j.owner = current_user)
+                AND (job_runs.fit_id IS NULL
+                     OR EXISTS (SELECT 1 FROM @extschema@.fits f
+                                 WHERE f.fit_id = job_runs.fit_id AND f.owner = current_user)));
+GRANT SELECT, INSERT, UPDATE, DELETE ON @extschema@.jobs, @extschema@.job_runs TO PUBLIC;
 GRANT USAGE ON SEQUENCE @extschema@.jobs_job_id_seq, @extschema@.job_runs_run_id_seq TO PUBLIC;
 
 -- Every job with its last run (views filter by owner themselves, like fit_progress).
@@ -81,4 +87,5 @@ SELECT j.job_id, j.job_name, j.owner, j.schedule, j.cron_jobid, j.method, j.sour
        ORDER BY x.run DESC LIMIT 1) r ON true
  WHERE j.owner = current_user
     OR (SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user);
+ALTER VIEW @extschema@.model_selection_jobs SET (security_barrier = true, security_invoker = true);
 GRANT SELECT ON @extschema@.model_selection_jobs TO PUBLIC;

@@ -23,7 +23,16 @@ BY_TYPE = {"integer": "0", "bigint": "0", "text": "'x'", "name": "current_user",
 BY_COLUMN = {"status": {"fit_workers": "'active'", "automl_trials": "'training'",
                         "fits": "'running'"},
              "kind": {"units": "'train'", "fits": "'fit'"},
-             "decision": {"automl_decisions": "'launch'"}}
+             "decision": {"automl_decisions": "'launch'"},
+             # a job run belongs to a job of the writing role (its own policy checks that too)
+             "job_id": {"job_runs": "(SELECT max(job_id) FROM cerebro_db.jobs "
+                                    "WHERE owner = current_user)"}}
+
+
+def new_job(conn, name: str) -> None:
+    q(conn, "INSERT INTO cerebro_db.jobs (job_name, method, source_table, packed_table, "
+            "dependent_varname, independent_varname, model_output_table) VALUES "
+            "(%s, 'fit', 's', 'p', 'y', 'x', 'o')", (name,))
 
 
 def insert_sql(admin, table: str, fit_id: str, extra: dict[str, str] | None = None) -> str:
@@ -64,6 +73,8 @@ def two(admin, rel_db):
         alice, eve = roles.create("iso_alice"), roles.create("iso_eve")
         ca, ce = roles.connect(alice), roles.connect(eve)
         fit = new_fit(ca)
+        new_job(ca, "iso_alice_job")
+        new_job(ce, "iso_eve_job")
         for t in fit_tables(admin):
             q(ca, insert_sql(admin, t, str(fit)))
         yield {"alice": alice, "eve": eve, "ca": ca, "ce": ce, "fit": fit}
@@ -72,6 +83,7 @@ def two(admin, rel_db):
             q(admin, f"DELETE FROM cerebro_db.{t} WHERE owner IN "
                      f"(SELECT rolname FROM pg_roles WHERE rolname LIKE 'iso\\_%%')")
         q(admin, "DELETE FROM cerebro_db.fits WHERE owner LIKE 'iso\\_%%'")
+        q(admin, "DELETE FROM cerebro_db.jobs WHERE owner LIKE 'iso\\_%%'")
         roles.drop()
 
 

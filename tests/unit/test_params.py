@@ -841,3 +841,18 @@ def test_tensorboard_callback_and_log_dir_confinement(tmp_path):
         assert e.sqlstate == "42501" and "outside" in e.message, bad
     e = err(confine_log_dir, "run1", None)
     assert e.sqlstate == "42501" and "cerebro_db.tensorboard_log_dir" in e.hint
+
+
+def test_static_float_arguments_equal_keras():
+    """The coordinator converts integer float arguments without Keras: its static list is
+    Keras' own (every optimizer argument whose default is a float)."""
+    import inspect
+
+    keras = pytest.importorskip("keras")
+    want = set()
+    for n in dir(keras.optimizers):
+        c = getattr(keras.optimizers, n)
+        if inspect.isclass(c) and issubclass(c, keras.optimizers.Optimizer):
+            want |= {p.name for p in inspect.signature(c.__init__).parameters.values()
+                     if isinstance(p.default, float)}
+    assert params._STATIC_FLOAT_ARGS == want
