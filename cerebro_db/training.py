@@ -54,9 +54,7 @@ reshaped to the model's input, XX000 (with the traceback in ``detail``) for unex
 from __future__ import annotations
 
 import collections
-import functools
 import gc
-import inspect
 import math
 import time
 import traceback
@@ -347,18 +345,10 @@ def _learning_rate(cp: CompileParams) -> float | None:
     return _default_learning_rate(cp.optimizer.name)
 
 
-@functools.lru_cache(maxsize=64)
 def _default_learning_rate(name: str) -> float | None:
-    import keras
+    from .params import default_learning_rate
 
-    cls = getattr(keras.optimizers, name, None)
-    if cls is None:
-        return None
-    param = inspect.signature(cls.__init__).parameters.get("learning_rate")
-    default = None if param is None else param.default
-    if isinstance(default, (int, float)) and not isinstance(default, bool):
-        return float(default)
-    return None
+    return default_learning_rate(name)
 
 
 def _rebuild_key(cp: CompileParams) -> str:
