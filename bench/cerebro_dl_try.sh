@@ -14,4 +14,4 @@ VENV=${1:-/tmp/cerebro_dl_venv}
     "tensorflow-cpu==${CEREBRO_DL_TF:-2.15.1}"
 java -version
 export PYSPARK_PYTHON="$VENV/bin/python" PYSPARK_DRIVER_PYTHON="$VENV/bin/python"
-"$VENV/bin/python" "$ROOT/bench/cerebro_dl_try.py" "$ROOT/../shared/datasets/fashion-mnist"
+"$VENV/bin/python" "$ROOT/bench/cerebro_dl_try.py" "${CEREBRO_FASHION_DIR:-/usr/share/datasets/fashion-mnist}"
