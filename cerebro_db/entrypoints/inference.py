@@ -148,16 +148,7 @@ def _predict_into(cat: Catalog, *, arch: str, weights: bytes, test: TableName, i
 
     cache = ModelCache(max_models=1)
     with_rank = pt.kind != "response" and not regression
-    cols = [(id_name, id_type), ("class_name", "text"), ("class_value", "text"),
-            ("prob", "double precision")] + ([("rank", "integer")] if with_rank else [])
-    cat.create_table(output, cols)
-    names = ", ".join(quote_ident(c) for c, _ in cols)
-    arrays = ["$1::text[]", "$2::text[]", "$3::text[]", "$4::float8[]"] + \
-        (["$5::int[]"] if with_rank else [])
-    sel = f"u.c0::{id_type}, u.c1, u.c2, u.c3" + (", u.c4" if with_rank else "")
-    sql = (f"INSERT INTO {output.sql} ({names}) SELECT {sel} FROM unnest({', '.join(arrays)}) "
-           f"AS u({', '.join(f'c{i}' for i in range(len(arrays)))})")
-    types = ["text[]", "text[]", "text[]", "float8[]"] + (["int4[]"] if with_rank else [])
+    sql, types = _long_output(cat, output, id_name, id_type, with_rank)
     scale = np.float32(normalizing_const or 1.0)
     total = 0
     q = (f"SELECT {quote_ident(id_name)} AS id, pg_catalog.array_send({quote_ident(x_name)}"
@@ -250,16 +241,7 @@ def _predict_multi_into(cat: Catalog, *, arch: str, weights: bytes, test: TableN
             hint="List one independent_varname column per model input, in order.")
     cache = ModelCache(max_models=1)
     with_rank = pt.kind != "response" and not all(regression)
-    cols = [(id_name, id_type), ("class_name", "text"), ("class_value", "text"),
-            ("prob", "double precision")] + ([("rank", "integer")] if with_rank else [])
-    cat.create_table(output, cols)
-    names = ", ".join(quote_ident(c) for c, _ in cols)
-    arrays = ["$1::text[]", "$2::text[]", "$3::text[]", "$4::float8[]"] + \
-        (["$5::int[]"] if with_rank else [])
-    sel = f"u.c0::{id_type}, u.c1, u.c2, u.c3" + (", u.c4" if with_rank else "")
-    sql = (f"INSERT INTO {output.sql} ({names}) SELECT {sel} FROM unnest({', '.join(arrays)}) "
-           f"AS u({', '.join(f'c{i}' for i in range(len(arrays)))})")
-    types = ["text[]", "text[]", "text[]", "float8[]"] + (["int4[]"] if with_rank else [])
+    sql, types = _long_output(cat, output, id_name, id_type, with_rank)
     scale = np.float32(normalizing_const or 1.0)
     xsel = ", ".join(f"pg_catalog.array_send({quote_ident(x)}::real[]) AS x{i}"
                      for i, x in enumerate(x_names))
@@ -427,3 +409,20 @@ def madlib_keras_evaluate(cat: Catalog, *, model_table: str, test_table: str, ou
                ["float8", "float8", "text[]", "text", "float8[]"],
                [[res.loss, metrics[0] if metrics else None, cp.metric_names() or None,
                  loss_type, metrics or None]])
+
+
+def _long_output(cat: Catalog, output: TableName, id_name: str, id_type: str,
+                 with_rank: bool) -> tuple[str, list[str]]:
+    """Create MADlib's long prediction table (id, class_name, class_value, prob[, rank]) and
+    return the INSERT of one batch (arrays bound as parameters) with its parameter types."""
+    cols = [(id_name, id_type), ("class_name", "text"), ("class_value", "text"),
+            ("prob", "double precision")] + ([("rank", "integer")] if with_rank else [])
+    cat.create_table(output, cols)
+    names = ", ".join(quote_ident(c) for c, _ in cols)
+    arrays = ["$1::text[]", "$2::text[]", "$3::text[]", "$4::float8[]"] + \
+        (["$5::int[]"] if with_rank else [])
+    sel = f"u.c0::{id_type}, u.c1, u.c2, u.c3" + (", u.c4" if with_rank else "")
+    sql = (f"INSERT INTO {output.sql} ({names}) SELECT {sel} FROM unnest({', '.join(arrays)}) "
+           f"AS u({', '.join(f'c{i}' for i in range(len(arrays)))})")
+    types = ["text[]", "text[]", "text[]", "float8[]"] + (["int4[]"] if with_rank else [])
+    return sql, types
