@@ -10,13 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Sequence
 
-from .errors import (
+from ..errors import (
     DUPLICATE_TABLE,
     UNDEFINED_COLUMN,
     UNDEFINED_TABLE,
     CerebroError,
 )
-from .names import TableName, quote_ident, quote_literal
+from ..names import TableName, quote_ident, quote_literal
 
 
 @dataclass(frozen=True)
