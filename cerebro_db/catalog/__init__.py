@@ -49,6 +49,19 @@ class DblinkMixin:
     def literal(self, value: str) -> str:
         return quote_literal(value)
 
+    def format_sql(self: Any, template: str, args: Sequence[Any] = (),
+                   types: Sequence[str] = ()) -> str:
+        """``template`` with ``args`` filled in by PostgreSQL's ``format()``, for statements
+        that travel as text (dblink takes no parameters): the values are bound parameters of
+        the local call and PostgreSQL quotes them (``%L`` a literal, NULL as NULL; cast in the
+        template, e.g. ``%L::bytea``; ``%I`` an identifier)."""
+        if not args:
+            return template
+        marks = ", ".join(f"${i + 2}" for i in range(len(args)))
+        rows = self.query(f"SELECT pg_catalog.format($1, {marks}) AS s", [template, *args],
+                          ["text", *types])
+        return rows[0]["s"]
+
     def dblink_connect(self: Any, name: str, conninfo: str) -> None:
         self.query(f"SELECT {self._dl('dblink_connect')}($1, $2)", [name, conninfo],
                    ["text", "text"])
