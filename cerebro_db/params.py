@@ -33,7 +33,6 @@ from .errors import (
 )
 
 __all__ = [
-    "AUTOML_DEFAULTS",
     "COMPILE_KEYS",
     "FIT_CALLBACKS",
     "FIT_KEYS",
@@ -43,7 +42,6 @@ __all__ = [
     "FitParams",
     "OptimizerSpec",
     "fit_key_error",
-    "hyperband_s_max",
     "optimizer_arguments",
     "optimizer_names",
     "parse_automl_params",
@@ -1147,25 +1145,6 @@ def parse_fit_params(text: str | None, what: str = "fit_params") -> FitParams:
 # automl_params
 # --------------------------------------------------------------------------------------------
 
-AUTOML_DEFAULTS: dict[str, dict[str, Any]] = {
-    "hyperband": {"R": 6, "eta": 3, "skip_last": 0},
-    "hyperopt": {"num_configs": 20, "num_iterations": 5, "algorithm": "tpe"},
-}
-"""Accepted keys and defaults of ``automl_params`` for the methods known here."""
-
-_HYPEROPT_ALGORITHMS = ("tpe", "rand")
-
-
-def hyperband_s_max(R: int, eta: int) -> int:
-    """``floor(log_eta(R))`` computed exactly with integers (R >= 1, eta >= 2)."""
-    s = 0
-    power = eta
-    while power <= R:
-        s += 1
-        power *= eta
-    return s
-
-
 def _automl_value(value: Any, default: Any, where: str) -> Any:
     if isinstance(default, bool):
         if not isinstance(value, bool):
@@ -1185,30 +1164,21 @@ def _automl_value(value: Any, default: Any, where: str) -> Any:
 def parse_automl_params(
     text: str | None,
     method: str,
-    defaults: Mapping[str, Any] | None = None,
+    defaults: Mapping[str, Any],
+    *,
+    bare_name_keys: Collection[str] = (),
     what: str = "automl_params",
 ) -> dict[str, Any]:
-    """Parse ``automl_params`` for ``method`` into a dict with every key (defaults filled).
+    """Parse ``automl_params`` into a dict with every key of ``defaults`` (defaults filled).
 
-    Keys are matched case-insensitively. Built in: hyperband (``R=6, eta=3, skip_last=0``) and
-    hyperopt (``num_configs=20, num_iterations=5, algorithm=tpe``; ``algorithm`` may be a bare
-    word). Other methods pass ``defaults``: allowed keys and their defaults, whose types the
-    values must match (int, float, bool or str; None allows any literal); for these the
-    built-in range checks do not apply. Raises :class:`CerebroError`.
+    ``defaults`` are the accepted keys (matched case-insensitively) and their defaults, whose
+    types the values must match (int, float, bool or str; None allows any literal); keys in
+    ``bare_name_keys`` may take a bare word (hyperopt's ``algorithm=tpe``). ``method`` names
+    the procedure in messages. Ranges are the procedure's own checks (its constructor).
+    Raises :class:`CerebroError`.
     """
-    if not isinstance(method, str):
-        raise invalid(f"automl_method must be a string, got {type(method).__name__}")
     m = method.strip().lower()
-    builtin = defaults is None
-    if defaults is None:
-        if m not in AUTOML_DEFAULTS:
-            raise invalid(
-                f"unknown automl_method {method!r}",
-                hint="valid methods: " + ", ".join(sorted(AUTOML_DEFAULTS)),
-            )
-        defaults = AUTOML_DEFAULTS[m]
     by_lower = {k.lower(): k for k in defaults}
-    bare = ("algorithm",) if builtin and m == "hyperopt" else ()
 
     def norm(key: str) -> str:
         return by_lower.get(key.lower(), key)
@@ -1220,28 +1190,9 @@ def parse_automl_params(
             )
 
     given = parse_keyword_string(
-        text, what, bare_name_keys=bare, key_normalizer=norm, key_check=check
+        text, what, bare_name_keys=bare_name_keys, key_normalizer=norm, key_check=check
     )
     out = dict(defaults)
     for key, value in given.items():
         out[key] = _automl_value(value, defaults[key], f"{what}: {key}")
-    if builtin and m == "hyperband":
-        _int_at_least(out["R"], f"{what}: R", 1)
-        _int_at_least(out["eta"], f"{what}: eta", 2)
-        _int_at_least(out["skip_last"], f"{what}: skip_last", 0)
-        s_max = hyperband_s_max(out["R"], out["eta"])
-        if out["skip_last"] > s_max:
-            raise invalid(
-                f"{what}: skip_last must be less than the number of brackets "
-                f"({s_max + 1} for R={out['R']}, eta={out['eta']}), got {out['skip_last']}"
-            )
-    elif builtin and m == "hyperopt":
-        _int_at_least(out["num_configs"], f"{what}: num_configs", 1)
-        _int_at_least(out["num_iterations"], f"{what}: num_iterations", 1)
-        algorithm = out["algorithm"].lower()
-        if algorithm not in _HYPEROPT_ALGORITHMS:
-            raise invalid(
-                f"{what}: algorithm must be 'tpe' or 'rand', got {out['algorithm']!r}",
-            )
-        out["algorithm"] = algorithm
     return out

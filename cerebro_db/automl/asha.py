@@ -43,25 +43,21 @@ from .base import (
     Tuner,
     score_key,
 )
+from .options import (
+    MAX_EPOCHS,
+    MAX_TRIALS,
+    int_option,
+    num_workers_option,
+    random_state_option,
+)
 from .space import SearchSpace
 
-__all__ = ["ASHA", "rung_resources"]
+__all__ = ["ASHA", "MAX_BRACKETS", "MAX_ETA", "rung_resources"]
 
-
-def _seed(random_state: int | None) -> int:
-    if random_state is None:
-        return random.SystemRandom().randrange(2**32)
-    if isinstance(random_state, bool) or not isinstance(random_state, int) or random_state < 0:
-        raise invalid(f"random_state must be a non-negative integer, got {random_state!r}")
-    return random_state
-
-
-def _int_param(name: str, value: Any, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise invalid(f"automl_params: {name} must be an integer, got {value!r}")
-    if value < low:
-        raise invalid(f"automl_params: {name} must be at least {low}, got {value}")
-    return value
+MAX_ETA = 1_000
+"""Largest ``eta`` accepted."""
+MAX_BRACKETS = 64
+"""Most brackets accepted."""
 
 
 def _enc(x: float) -> float | str:
@@ -96,14 +92,11 @@ class ASHA(Tuner):
                  num_workers: int, random_state: int | None = None, min_r: int = 1,
                  max_r: int = 9, eta: int = 3, brackets: int = 1, max_configs: int = 27,
                  time_budget: float = 0.0) -> None:
-        self.space = SearchSpace(model_ids, compile_grid, fit_grid)
-        self.num_workers = _int_param("num_workers", num_workers, 1)
-        self.random_state = _seed(random_state)
-        self.min_r = _int_param("min_r", min_r, 1)
-        self.max_r = _int_param("max_r", max_r, min_r)
-        self.eta = _int_param("eta", eta, 2)
-        self.brackets = _int_param("brackets", brackets, 1)
-        self.max_configs = _int_param("max_configs", max_configs, 1)
+        self.min_r = int_option("min_r", min_r, 1, MAX_EPOCHS)
+        self.max_r = int_option("max_r", max_r, min_r, MAX_EPOCHS)
+        self.eta = int_option("eta", eta, 2, MAX_ETA)
+        self.brackets = int_option("brackets", brackets, 1, MAX_BRACKETS)
+        self.max_configs = int_option("max_configs", max_configs, 1, MAX_TRIALS)
         if isinstance(time_budget, bool) or not isinstance(time_budget, (int, float)) \
                 or not time_budget >= 0:
             raise invalid(f"automl_params: time_budget must be a number of seconds at least 0, "
@@ -114,6 +107,10 @@ class ASHA(Tuner):
                 f"automl_params: brackets={brackets} needs min_r * eta**(brackets - 1) <= max_r, "
                 f"got {min_r * eta ** (brackets - 1)} > {max_r}",
                 hint="use fewer brackets or a larger max_r")
+        self.space = SearchSpace(model_ids, compile_grid, fit_grid)
+        self.num_workers = num_workers_option(num_workers)
+        seed = random_state_option(random_state)
+        self.random_state = random.SystemRandom().randrange(2**32) if seed is None else seed
         self.resources = [rung_resources(self.min_r, self.max_r, self.eta, b)
                           for b in range(self.brackets)]
         self._rng = np.random.default_rng(self.random_state)

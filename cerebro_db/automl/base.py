@@ -28,7 +28,8 @@ Contract of a :class:`Tuner` (checked by property tests on the engine, :mod:`.si
 
 - decisions depend only on the constructor arguments (``random_state`` included) and the
   sequence of calls, so a seeded procedure is reproducible, and
-  ``Tuner.from_state_json(t.state_json())`` continues exactly as ``t`` would;
+  ``tuner_from_state_json(t.state_json())`` (:mod:`.registry`) continues exactly as ``t``
+  would;
 - trial ids are the ``mst_key`` s of the outputs: positive, unique, never reused;
 - :meth:`Tuner.on_idle` is called when fewer trials are in flight (training, or waiting
   for their evaluation) than there are workers (``view.num_workers``): a procedure that can
@@ -51,6 +52,7 @@ from types import MappingProxyType
 from typing import Any, ClassVar, Union
 
 from ..errors import invalid
+from ..params import parse_automl_params
 
 __all__ = [
     "STATE_FORMAT",
@@ -228,14 +230,26 @@ class EngineView:
 class Tuner(ABC):
     """An AutoML procedure (see the module docstring for the contract).
 
-    Subclasses set :attr:`name` (the ``automl_method`` SQL uses) and :attr:`option_names`
-    (the ``automl_params`` keys they accept), and implement :meth:`start`, :meth:`on_epoch`,
-    :meth:`done`, :meth:`options` and, when they have state, ``_dynamic_state`` /
-    ``_restore``.
+    Subclasses set :attr:`name` (the ``automl_method`` SQL uses), :attr:`defaults` (the
+    ``automl_params`` keys they accept and their defaults) and :attr:`option_names`, check
+    their parameters in the constructor (ranges, bounds, relations: :mod:`.options`), and
+    implement :meth:`start`, :meth:`on_epoch`, :meth:`done`, :meth:`options` and, when they
+    have state, ``_dynamic_state`` / ``_restore``.
     """
 
     name: ClassVar[str]
+    defaults: ClassVar[Mapping[str, Any]] = {}
+    """``automl_params`` keys and their defaults (a value's type is the type accepted)."""
+    bare_words: ClassVar[tuple[str, ...]] = ()
+    """``automl_params`` keys that may take a bare word (``algorithm=tpe``)."""
     option_names: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def parse_params(cls, text: str | None) -> dict[str, Any]:
+        """``automl_params`` text -> the constructor's keyword arguments: keys of
+        :attr:`defaults` (case-insensitive), values of their types, defaults filled. The
+        ranges are checked by the constructor."""
+        return parse_automl_params(text, cls.name, cls.defaults, bare_name_keys=cls.bare_words)
 
     @abstractmethod
     def start(self) -> list[Decision]:
@@ -280,20 +294,6 @@ class Tuner(ABC):
                 "state": self._dynamic_state()}
 
     def state_json(self) -> str:
-        """:meth:`state` as compact JSON (kept in the catalog, never pickled)."""
+        """:meth:`state` as compact JSON (kept in the catalog, never pickled; the registry's
+        :func:`~.registry.tuner_from_state_json` rebuilds the tuner from it)."""
         return json.dumps(self.state(), sort_keys=True, separators=(",", ":"))
-
-    @classmethod
-    def from_state_json(cls, text: str) -> Tuner:
-        try:
-            state = json.loads(text)
-        except (TypeError, ValueError) as e:
-            raise invalid(f"tuner state is not valid JSON: {e}") from None
-        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
-            raise invalid("unsupported tuner state")
-        from .registry import tuner_class
-
-        klass = tuner_class(str(state["tuner"]))
-        tuner = klass(**dict(state.get("options") or {}))
-        tuner._restore(state.get("state") or {})
-        return tuner

@@ -15,19 +15,17 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..errors import invalid
-from ..params import _int_at_least
 from .base import Decision, EpochReport, Launch, TrialSpec, Tuner
+from .options import (
+    MAX_EPOCHS,
+    MAX_TRIALS,
+    int_option,
+    num_workers_option,
+    random_state_option,
+)
 from .space import Point, SearchSpace
 
 __all__ = ["GridSearch", "RandomSearch"]
-
-
-def _seed(random_state: int | None) -> int | None:
-    if random_state is None:
-        return None
-    if isinstance(random_state, bool) or not isinstance(random_state, int):
-        raise invalid(f"random_state must be an integer, got {random_state!r}")
-    return random_state % 2**64
 
 
 class _OneShot(Tuner):
@@ -37,11 +35,10 @@ class _OneShot(Tuner):
 
     def __init__(self, *, model_ids: Sequence[int], compile_grid: str, fit_grid: str,
                  num_workers: int, random_state: int | None, num_iterations: int = 5) -> None:
+        self.num_iterations = int_option("num_iterations", num_iterations, 1, MAX_EPOCHS)
         self.space = SearchSpace(model_ids, compile_grid, fit_grid)
-        self.num_workers = int(num_workers)
-        self.random_state = random_state
-        self._seed = _seed(random_state)
-        self.num_iterations = _int_at_least(num_iterations, "automl_params: num_iterations", 1)
+        self.num_workers = num_workers_option(num_workers)
+        self.random_state = random_state_option(random_state)
         self.started = False
         self.num_trials = 0
 
@@ -115,13 +112,14 @@ class RandomSearch(_OneShot):
     def __init__(self, *, model_ids: Sequence[int], compile_grid: str, fit_grid: str,
                  num_workers: int, random_state: int | None, num_configs: int = 20,
                  num_iterations: int = 5) -> None:
+        self.num_configs = int_option("num_configs", num_configs, 1, MAX_TRIALS)
         super().__init__(model_ids=model_ids, compile_grid=compile_grid, fit_grid=fit_grid,
                          num_workers=num_workers, random_state=random_state,
                          num_iterations=num_iterations)
-        self.num_configs = _int_at_least(num_configs, "automl_params: num_configs", 1)
 
     def _points(self) -> list[Point]:
-        return self.space.sample_distinct(np.random.default_rng(self._seed), self.num_configs)
+        return self.space.sample_distinct(np.random.default_rng(self.random_state),
+                                          self.num_configs)
 
     def options(self) -> dict[str, Any]:
         return {**self._base_options(), "num_configs": self.num_configs}

@@ -36,22 +36,49 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..errors import invalid
-from ..params import _int_at_least, hyperband_s_max
 from .base import Decision, EpochReport, Extend, Launch, Stop, TrialSpec, Tuner, score_key
+from .options import (
+    MAX_EPOCHS,
+    MAX_TRIALS,
+    int_option,
+    num_workers_option,
+    random_state_option,
+)
 from .space import Point, SearchSpace
 
-__all__ = ["Hyperband", "bracket_size", "hyperband_schedule", "round_epochs"]
+__all__ = [
+    "MAX_ETA",
+    "MAX_SKIP_LAST",
+    "Hyperband",
+    "bracket_size",
+    "hyperband_s_max",
+    "hyperband_schedule",
+    "round_epochs",
+]
+
+MAX_ETA = 1_000
+"""Largest ``eta`` accepted."""
+MAX_SKIP_LAST = 64
+"""Largest ``skip_last`` accepted."""
+
+
+def hyperband_s_max(R: int, eta: int) -> int:
+    """``floor(log_eta(R))`` computed exactly with integers (R >= 1, eta >= 2)."""
+    s = 0
+    power = eta
+    while power <= R:
+        s += 1
+        power *= eta
+    return s
 
 
 def _check(R: int, eta: int, skip_last: int) -> int:
-    _int_at_least(R, "automl_params: R", 1)
-    _int_at_least(eta, "automl_params: eta", 2)
-    _int_at_least(skip_last, "automl_params: skip_last", 0)
-    from .registry import LIMITS, MAX_TRIALS
-
-    for name, v in (("R", R), ("eta", eta), ("skip_last", skip_last)):
-        if v > LIMITS[name]:
-            raise invalid(f"automl_params: {name} must be at most {LIMITS[name]}, got {v}")
+    """Hyperband's ``automl_params`` checked (22023 otherwise); returns ``s_max``. ``R`` is
+    at most :data:`~.options.MAX_EPOCHS`, and the brackets run at most
+    :data:`~.options.MAX_TRIALS` configurations in all."""
+    int_option("R", R, 1, MAX_EPOCHS)
+    int_option("eta", eta, 2, MAX_ETA)
+    int_option("skip_last", skip_last, 0, MAX_SKIP_LAST)
     s_max = hyperband_s_max(R, eta)
     if skip_last > s_max:
         raise invalid(f"automl_params: skip_last must be less than the number of brackets "
@@ -104,18 +131,16 @@ class Hyperband(Tuner):
     """``automl_method => 'hyperband'`` (see the module docstring)."""
 
     name: ClassVar[str] = "hyperband"
-    option_names: ClassVar[tuple[str, ...]] = ("R", "eta", "skip_last")
+    defaults: ClassVar[dict[str, Any]] = {"R": 6, "eta": 3, "skip_last": 0}
+    option_names: ClassVar[tuple[str, ...]] = tuple(defaults)
 
     def __init__(self, *, model_ids: Sequence[int], compile_grid: str, fit_grid: str,
                  num_workers: int, random_state: int | None, R: int = 6, eta: int = 3,
                  skip_last: int = 0) -> None:
-        self.space = SearchSpace(model_ids, compile_grid, fit_grid)
-        self.num_workers = int(num_workers)
-        if random_state is not None and (isinstance(random_state, bool)
-                                         or not isinstance(random_state, int)):
-            raise invalid(f"random_state must be an integer, got {random_state!r}")
-        self.random_state = random_state
         self.s_max = _check(R, eta, skip_last)
+        self.space = SearchSpace(model_ids, compile_grid, fit_grid)
+        self.num_workers = num_workers_option(num_workers)
+        self.random_state = random_state_option(random_state)
         self.R, self.eta, self.skip_last = R, eta, skip_last
         self.num_diagonals = self.s_max + 1 - skip_last
         self.started = False

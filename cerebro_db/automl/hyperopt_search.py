@@ -39,8 +39,14 @@ import numpy as np
 
 from .. import configs as _c
 from ..errors import invalid
-from ..params import AUTOML_DEFAULTS, _int_at_least
 from .base import Decision, EngineView, EpochReport, Launch, TrialSpec, Tuner
+from .options import (
+    MAX_EPOCHS,
+    MAX_TRIALS,
+    int_option,
+    num_workers_option,
+    random_state_option,
+)
 from .space import Point, SearchSpace
 
 __all__ = ["HyperoptSearch"]
@@ -135,23 +141,23 @@ class HyperoptSearch(Tuner):
     """``automl_method => 'hyperopt'`` (see the module docstring)."""
 
     name: ClassVar[str] = "hyperopt"
-    option_names: ClassVar[tuple[str, ...]] = tuple(AUTOML_DEFAULTS["hyperopt"])
+    defaults: ClassVar[dict[str, Any]] = {"num_configs": 20, "num_iterations": 5,
+                                          "algorithm": "tpe"}
+    bare_words: ClassVar[tuple[str, ...]] = ("algorithm",)
+    option_names: ClassVar[tuple[str, ...]] = tuple(defaults)
 
     def __init__(self, *, model_ids: Sequence[int], compile_grid: str, fit_grid: str,
                  num_workers: int, random_state: int | None, num_configs: int = 20,
                  num_iterations: int = 5, algorithm: str = "tpe") -> None:
-        self.space = SearchSpace(model_ids, compile_grid, fit_grid)
-        self.num_workers = _int_at_least(num_workers, "num_workers", 1)
-        if random_state is not None and (isinstance(random_state, bool)
-                                         or not isinstance(random_state, int)):
-            raise invalid(f"random_state must be an integer, got {random_state!r}")
-        self.random_state = random_state
-        self.num_configs = _int_at_least(num_configs, "automl_params: num_configs", 1)
-        self.num_iterations = _int_at_least(num_iterations, "automl_params: num_iterations", 1)
+        self.num_configs = int_option("num_configs", num_configs, 1, MAX_TRIALS)
+        self.num_iterations = int_option("num_iterations", num_iterations, 1, MAX_EPOCHS)
         algo = algorithm.lower() if isinstance(algorithm, str) else algorithm
         if algo not in _ALGORITHMS:
             raise invalid(f"automl_params: algorithm must be 'tpe' or 'rand', got {algorithm!r}")
         self.algorithm = algo
+        self.space = SearchSpace(model_ids, compile_grid, fit_grid)
+        self.num_workers = num_workers_option(num_workers)
+        self.random_state = random_state_option(random_state)
         self.n_startup_jobs = max(1, min(20, num_configs // 4))
         self.base_seed = (int(np.random.default_rng().integers(2**63))
                           if random_state is None else random_state % 2**64)

@@ -78,6 +78,14 @@ from .base import (
     Tuner,
     UnitReport,
 )
+from .options import (
+    MAX_EPOCHS,
+    MAX_TRIALS,
+    int_option,
+    num_workers_option,
+    number_option,
+    random_state_option,
+)
 from .space import SearchSpace
 
 __all__ = ["BATCH_SIZES", "MIN_POINTS", "Convergence", "MLtuner", "convergence"]
@@ -91,6 +99,13 @@ DOWNSAMPLE_POINTS = 5
 
 MIN_POINTS = 3
 """Loss points a branch needs before it can be called stable."""
+
+MAX_BRANCHES = 256
+"""Most ``num_branches`` accepted."""
+MAX_SEARCH_STEPS = 256
+"""Most ``search_steps`` accepted."""
+MAX_RETUNES = 10_000
+"""Most ``max_retunes`` accepted."""
 
 
 @dataclass(frozen=True)
@@ -198,34 +213,6 @@ def _dec(x: float | str | None) -> float | None:
     return None if x is None else float(x)
 
 
-def _seed(random_state: int | None) -> int:
-    if random_state is None:
-        return random.SystemRandom().randrange(2**32)
-    if isinstance(random_state, bool) or not isinstance(random_state, int) or random_state < 0:
-        raise invalid(f"random_state must be a non-negative integer, got {random_state!r}")
-    return random_state
-
-
-def _int(name: str, value: Any, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise invalid(f"automl_params: {name} must be an integer, got {value!r}")
-    if value < low:
-        raise invalid(f"automl_params: {name} must be at least {low}, got {value}")
-    return value
-
-
-def _num(name: str, value: Any, low: float, high: float | None = None,
-         low_open: bool = False) -> float:
-    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
-    if ok:
-        ok = (value > low if low_open else value >= low) and (high is None or value <= high)
-    if not ok:
-        rng = f"{'above' if low_open else 'at least'} {low}" + \
-            (f" and at most {high}" if high is not None else "")
-        raise invalid(f"automl_params: {name} must be a number {rng}, got {value!r}")
-    return float(value)
-
-
 class MLtuner(Tuner):
     """MLtuner-style tuning of training tunables (see the module docstring)."""
 
@@ -245,21 +232,18 @@ class MLtuner(Tuner):
                  max_trial_epochs: int = 8, tunables: str = "learning_rate",
                  lr_min: float = 1e-5, lr_max: float = 1.0, retune_spread: float = 1.0,
                  stall_fraction: float = 0.2, noise_penalty: float = 1.0) -> None:
-        self.space = SearchSpace(model_ids, compile_grid, fit_grid)
-        self.num_workers = _int("num_workers", num_workers, 1)
-        self.random_state = _seed(random_state)
-        self.num_configs = _int("num_configs", num_configs, 1)
-        self.num_iterations = _int("num_iterations", num_iterations, 2)
-        self.num_branches = _int("num_branches", num_branches, 1)
-        self.search_steps = _int("search_steps", search_steps, 1)
-        self.max_retunes = _int("max_retunes", max_retunes, 0)
-        self.max_tuning_share = _num("max_tuning_share", max_tuning_share, 0.0, 1.0)
-        self.max_trial_epochs = _int("max_trial_epochs", max_trial_epochs, 1)
-        self.lr_min = _num("lr_min", lr_min, 0.0, low_open=True)
-        self.lr_max = _num("lr_max", lr_max, self.lr_min, low_open=True)
-        self.retune_spread = _num("retune_spread", retune_spread, 0.0, low_open=True)
-        self.stall_fraction = _num("stall_fraction", stall_fraction, 0.0, 1.0)
-        self.noise_penalty = _num("noise_penalty", noise_penalty, 0.0)
+        self.num_configs = int_option("num_configs", num_configs, 1, MAX_TRIALS)
+        self.num_iterations = int_option("num_iterations", num_iterations, 2, MAX_EPOCHS)
+        self.num_branches = int_option("num_branches", num_branches, 1, MAX_BRANCHES)
+        self.search_steps = int_option("search_steps", search_steps, 1, MAX_SEARCH_STEPS)
+        self.max_retunes = int_option("max_retunes", max_retunes, 0, MAX_RETUNES)
+        self.max_tuning_share = number_option("max_tuning_share", max_tuning_share, 0.0, 1.0)
+        self.max_trial_epochs = int_option("max_trial_epochs", max_trial_epochs, 1, MAX_EPOCHS)
+        self.lr_min = number_option("lr_min", lr_min, 0.0, low_open=True)
+        self.lr_max = number_option("lr_max", lr_max, self.lr_min, low_open=True)
+        self.retune_spread = number_option("retune_spread", retune_spread, 0.0, low_open=True)
+        self.stall_fraction = number_option("stall_fraction", stall_fraction, 0.0, 1.0)
+        self.noise_penalty = number_option("noise_penalty", noise_penalty, 0.0)
         if not isinstance(tunables, str):
             raise invalid(f"automl_params: tunables must be a string, got {tunables!r}")
         names = [t.strip().lower() for t in tunables.split(",") if t.strip()]
@@ -271,6 +255,10 @@ class MLtuner(Tuner):
             raise invalid(f"automl_params: tunables must include learning_rate, got {tunables!r}")
         self.tunables_text = tunables
         self.tunables = tuple(t for t in TUNABLES if t in names)
+        self.space = SearchSpace(model_ids, compile_grid, fit_grid)
+        self.num_workers = num_workers_option(num_workers)
+        seed = random_state_option(random_state)
+        self.random_state = random.SystemRandom().randrange(2**32) if seed is None else seed
         self._rng = np.random.default_rng(self.random_state)
         self._next_id = 1
         self._groups: list[dict[str, Any]] = []

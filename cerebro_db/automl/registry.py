@@ -1,36 +1,26 @@
-"""The ``automl_method`` names SQL uses, in one place, and ``automl_params`` parsing."""
+"""The ``automl_method`` names SQL uses, in one place: the look-ups by name and from a state.
+
+Each tuner parses and checks its own ``automl_params`` (:meth:`.base.Tuner.parse_params`,
+its constructor); the registry only finds the class.
+"""
 from __future__ import annotations
 
 import importlib
-from collections.abc import Sequence
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
 
-from .. import params
 from ..errors import invalid
-from .base import Tuner
+from .base import STATE_FORMAT, Tuner
 
 __all__ = [
-    "LIMITS",
-    "MAX_EPOCHS",
-    "MAX_TRIALS",
     "TUNERS",
-    "check_limits",
     "get_tuner",
     "tuner_class",
+    "tuner_from_state",
+    "tuner_from_state_json",
     "tuner_names",
 ]
-
-MAX_EPOCHS = 100_000
-"""The most epochs any one configuration may be asked for (as a fit's num_iterations)."""
-MAX_TRIALS = 10_000
-"""The most configurations one AutoML run may create."""
-LIMITS: dict[str, int] = {
-    "R": MAX_EPOCHS, "eta": 1_000, "skip_last": 64, "num_iterations": MAX_EPOCHS,
-    "num_configs": MAX_TRIALS, "max_configs": MAX_TRIALS, "min_r": MAX_EPOCHS,
-    "max_r": MAX_EPOCHS, "brackets": 64, "num_branches": 256, "search_steps": 256,
-    "max_retunes": 10_000, "max_trial_epochs": MAX_EPOCHS,
-}
-"""Upper bounds of the integer ``automl_params`` that size the work, checked before any
-tuner is built (their lower bounds and relations are the tuners' own checks)."""
 
 TUNERS: dict[str, tuple[str, str]] = {
     "grid": ("grid", "GridSearch"),
@@ -59,26 +49,32 @@ def tuner_class(name: str) -> type[Tuner]:
     return klass
 
 
-def check_limits(opts: dict[str, object]) -> None:
-    """Every work-sizing parameter within :data:`LIMITS` (22023 otherwise)."""
-    for k, high in LIMITS.items():
-        v = opts.get(k)
-        if isinstance(v, int) and not isinstance(v, bool) and v > high:
-            raise invalid(f"automl_params: {k} must be at most {high}, got {v}",
-                          hint="Bounds keep one call's work finite; see the README's limits.")
-
-
 def get_tuner(name: str, automl_params: str | None, *, model_ids: Sequence[int],
               compile_grid: str, fit_grid: str, num_workers: int,
               random_state: int | None) -> Tuner:
-    """A new tuner from SQL's arguments. ``automl_params`` is ``key=value, ...``; keys and
-    defaults come from the class's ``defaults`` (hyperband and hyperopt keep the built-in
-    checks of :func:`cerebro_db.params.parse_automl_params`)."""
+    """A new tuner from SQL's arguments. ``automl_params`` is ``key=value, ...``, read by
+    the class (:meth:`~.base.Tuner.parse_params`) and checked by its constructor."""
     klass = tuner_class(name)
-    key = klass.name
-    builtin = key in params.AUTOML_DEFAULTS
-    opts = params.parse_automl_params(automl_params, key,
-                                      None if builtin else getattr(klass, "defaults", {}))
-    check_limits(opts)
     return klass(model_ids=list(model_ids), compile_grid=compile_grid, fit_grid=fit_grid,
-                 num_workers=num_workers, random_state=random_state, **opts)
+                 num_workers=num_workers, random_state=random_state,
+                 **klass.parse_params(automl_params))
+
+
+def tuner_from_state(state: Mapping[str, Any]) -> Tuner:
+    """Rebuild a tuner from :meth:`~.base.Tuner.state`: the registered class of
+    ``state["tuner"]``, its options, then its dynamic state."""
+    if not isinstance(state, Mapping) or state.get("format") != STATE_FORMAT \
+            or "tuner" not in state:
+        raise invalid("unsupported tuner state")
+    tuner = tuner_class(str(state["tuner"]))(**dict(state.get("options") or {}))
+    tuner._restore(state.get("state") or {})
+    return tuner
+
+
+def tuner_from_state_json(text: str) -> Tuner:
+    """Rebuild a tuner from :meth:`~.base.Tuner.state_json` text."""
+    try:
+        state = json.loads(text)
+    except (TypeError, ValueError) as e:
+        raise invalid(f"tuner state is not valid JSON: {e}") from None
+    return tuner_from_state(state)

@@ -48,6 +48,7 @@ from .base import (
     UnitReport,
 )
 from .engine import AutoMLHooks, run_automl
+from .registry import tuner_from_state_json
 from .trials import AutoMLError, TrialBook
 
 __all__ = [
@@ -493,7 +494,7 @@ class _Hooks(AutoMLHooks):
         rt = self.roundtrip
         if rt is True or (not isinstance(rt, bool) and self.executor.steps in rt):
             o = self.observed
-            o.inner = Tuner.from_state_json(o.inner.state_json())
+            o.inner = tuner_from_state_json(o.inner.state_json())
             kept = json.loads(json.dumps(self.book.to_json()))
             targets = self.book.restore(kept)
             if targets != self.book.progress.targets:

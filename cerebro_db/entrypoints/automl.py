@@ -22,7 +22,7 @@ import numpy as np
 from .. import __version__, params
 from ..automl.base import TrialSpec, Tuner
 from ..automl.engine import AutoMLHooks, run_automl
-from ..automl.registry import get_tuner
+from ..automl.registry import get_tuner, tuner_from_state_json
 from ..automl.space import SearchSpace
 from ..automl.trials import EvalEpochs, TrialBook, state_for_jsonb, state_from_jsonb
 from ..catalog import Catalog
@@ -509,7 +509,7 @@ def _restore(cat: Catalog, ex: DblinkExecutor, book: TrialBook, hooks: _Hooks,
     the units committed after that step (the procedure decides on them as it would have).
     Returns results, training units done, seconds spent, units reported now."""
     state, kept = saved
-    book.tuner = Tuner.from_state_json(state)
+    book.tuner = tuner_from_state_json(state)
     targets = book.restore(kept)
     _forget_trials(cat, ex, fit_id, set(targets), book.seq)
     sink.configs.update((c.mst_key, c) for c in stored_configs(cat, fit_id))

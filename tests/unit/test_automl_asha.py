@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from cerebro_db.automl.asha import ASHA, rung_resources
 from cerebro_db.automl.base import Extend, Launch, Stop, TrialSpec, Tuner, score_key
-from cerebro_db.automl.registry import get_tuner
+from cerebro_db.automl.registry import get_tuner, tuner_from_state_json
 from cerebro_db.automl.simulate import SimResult, simulate_tuner
 from cerebro_db.errors import CerebroError
 
@@ -174,7 +174,7 @@ def test_resume_from_json_after_every_step() -> None:
                              roundtrip_state=True)
     assert resumed.decisions == full.decisions
     assert len([d for d in full.decisions if isinstance(d.decision, Extend)]) >= 3
-    state = Tuner.from_state_json(full.final_state)
+    state = tuner_from_state_json(full.final_state)
     assert isinstance(state, ASHA) and state.done() and len(state.promotions) >= 3
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from cerebro_db.automl.base import Decision, Launch, TrialSpec, Tuner
 from cerebro_db.automl.grid import GridSearch, RandomSearch
-from cerebro_db.automl.registry import get_tuner
+from cerebro_db.automl.registry import get_tuner, tuner_from_state_json
 from cerebro_db.automl.simulate import EpochScores, SimResult, random_unit_time, simulate_tuner
 from cerebro_db.automl.space import Point, SearchSpace
 from cerebro_db.errors import CerebroError
@@ -99,10 +99,10 @@ def test_registry_parses_automl_params_and_state_round_trips() -> None:
                       compile_grid=DIST, fit_grid=FIT, num_workers=2, random_state=3)
     assert isinstance(tuner, RandomSearch)
     assert (tuner.num_configs, tuner.num_iterations) == (4, 3)
-    fresh = Tuner.from_state_json(tuner.state_json())
+    fresh = tuner_from_state_json(tuner.state_json())
     assert not fresh.done()
     assert fresh.start() == tuner.start()
-    after = Tuner.from_state_json(tuner.state_json())
+    after = tuner_from_state_json(tuner.state_json())
     assert after.done() and after.options() == tuner.options()
     grid = get_tuner("grid", None, model_ids=[1], compile_grid=COMPILE, fit_grid=FIT,
                      num_workers=1, random_state=None)

@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cerebro_db.automl.base import EpochReport, Extend, Launch, Stop, TrialSpec, score_key
-from cerebro_db.automl.hyperband import Hyperband, hyperband_schedule
-from cerebro_db.automl.registry import get_tuner
+from cerebro_db.automl.hyperband import Hyperband, hyperband_s_max, hyperband_schedule
+from cerebro_db.automl.registry import get_tuner, tuner_from_state_json
 from cerebro_db.automl.simulate import EpochScores, SimResult, random_unit_time, simulate_tuner
 from cerebro_db.errors import CerebroError
 
@@ -197,7 +197,7 @@ def test_state_keeps_nan_scores_as_json() -> None:
     t.on_epoch(rep)
     text = t.state_json()
     assert "NaN" not in text
-    again = Hyperband.from_state_json(text)
+    again = tuner_from_state_json(text)
     assert isinstance(again, Hyperband)
     assert math.isnan(again.score[launches[0].spec.trial_id])
 
@@ -249,3 +249,50 @@ def test_registry_and_info_columns() -> None:
                   fit_grid=FIT, num_workers=2, random_state=None)
     with pytest.raises(CerebroError, match="eta must be at least 2"):
         _tuner(27, 1)
+
+
+def _params(text: str | None, method: str = "hyperband") -> tuple[int, int, int]:
+    t = get_tuner(method, text, model_ids=[1], compile_grid=COMPILE, fit_grid=FIT,
+                  num_workers=2, random_state=1)
+    assert isinstance(t, Hyperband)
+    return t.R, t.eta, t.skip_last
+
+
+def _error(text: str) -> CerebroError:
+    with pytest.raises(CerebroError) as info:
+        _params(text)
+    return info.value
+
+
+def test_hyperband_params() -> None:
+    """Hyperband reads and checks its own automl_params (keys case-insensitive)."""
+    assert _params(None) == (6, 3, 0)
+    assert _params("R=243, eta=3, skip_last=5", "Hyperband") == (243, 3, 5)
+    assert _params("r=9")[0] == 9
+    e = _error("R=243, eta=3, skip_last=6")
+    assert "skip_last must be less than the number of brackets (6" in e.message
+    assert e.sqlstate == "22023"
+    assert _error("R=0").message == "automl_params: R must be at least 1, got 0"
+    assert "eta must be at least 2" in _error("eta=1").message
+    assert "skip_last must be at least 0" in _error("skip_last=-1").message
+    assert "must be an integer" in _error("R=6.0").message
+    assert "unknown key 'foo' for hyperband" in _error("foo=1").message
+    assert _error("R=6, r=7").sqlstate == "42601"
+
+
+def test_hyperband_limits_are_its_own() -> None:
+    """The upper bounds (with their hint) and the configuration count, checked before the
+    tuner draws anything."""
+    e = _error("R=1000000000")
+    assert e.message == "automl_params: R must be at most 100000, got 1000000000"
+    assert "Bounds keep one call's work finite" in (e.hint or "")
+    assert "eta must be at most 1000" in _error("R=27, eta=1000000").message
+    assert "skip_last must be at most 64" in _error("skip_last=65").message
+    e = _error("R=100000, eta=2")
+    assert "configurations, more than 10000" in e.message and e.hint
+
+
+@pytest.mark.parametrize("R, eta", [(243, 3), (81, 3), (8, 2), (1, 3), (1000, 10), (999, 10)])
+def test_hyperband_s_max_exact(R: int, eta: int) -> None:
+    s = hyperband_s_max(R, eta)
+    assert eta**s <= R < eta ** (s + 1)

@@ -16,7 +16,7 @@ import pytest
 
 from cerebro_db.automl.base import EngineView, EpochReport, Launch, TrialSpec, Tuner
 from cerebro_db.automl.hyperopt_search import HyperoptSearch
-from cerebro_db.automl.registry import get_tuner
+from cerebro_db.automl.registry import get_tuner, tuner_from_state_json
 from cerebro_db.automl.simulate import EpochScores, SimResult, random_unit_time, simulate_tuner
 from cerebro_db.automl.space import Point, SearchSpace
 from cerebro_db.errors import CerebroError
@@ -192,7 +192,7 @@ def test_state_round_trip_mid_run_continues_identically(algorithm: str) -> None:
     assert resumed.decisions == whole.decisions
     assert resumed.tuner.state_json() == whole.tuner.state_json()
     # a tuner restored before start() also behaves as a fresh one
-    fresh = Tuner.from_state_json(tuner().state_json())
+    fresh = tuner_from_state_json(tuner().state_json())
     assert run(fresh, _synthetic, num_workers=3, seed=8).decisions == whole.decisions
 
 
@@ -276,3 +276,33 @@ def test_registry_and_bad_params() -> None:
     with pytest.raises(CerebroError, match="num_configs must be at least 1"):
         get_tuner("hyperopt", "num_configs=0", model_ids=[1], compile_grid=DIST,
                   fit_grid=DIST_FIT, num_workers=2, random_state=None)
+
+
+def _params(text: str | None, method: str = "hyperopt") -> tuple[int, int, str]:
+    t = get_tuner(method, text, model_ids=[1], compile_grid=DIST, fit_grid=DIST_FIT,
+                  num_workers=2, random_state=1)
+    assert isinstance(t, HyperoptSearch)
+    return t.num_configs, t.num_iterations, t.algorithm
+
+
+def _error(text: str) -> CerebroError:
+    with pytest.raises(CerebroError) as info:
+        _params(text)
+    return info.value
+
+
+def test_hyperopt_params() -> None:
+    """Hyperopt reads and checks its own automl_params (algorithm may be a bare word)."""
+    assert _params("") == (20, 5, "tpe")
+    assert _params("num_configs=3, algorithm=rand", "HyperOpt") == (3, 5, "rand")
+    assert _params("algorithm='TPE'")[2] == "tpe"
+    assert _error("algorithm=anneal").message == \
+        "automl_params: algorithm must be 'tpe' or 'rand', got 'anneal'"
+    assert "attribute access" in _error("algorithm=hyperopt.tpe.suggest").message
+    assert _error("num_configs=0").message == \
+        "automl_params: num_configs must be at least 1, got 0"
+    # bare words are only accepted for the algorithm key
+    assert "name 'x'" in _error("num_configs=x").message
+    assert "num_configs must be at most 10000" in _error("num_configs=1000000000").message
+    assert "num_iterations must be at most 100000" in \
+        _error("num_iterations=1000000000").message

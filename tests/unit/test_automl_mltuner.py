@@ -10,7 +10,7 @@ import pytest
 
 from cerebro_db.automl.base import EpochReport, Extend, Launch, Stop, TrialSpec, Tuner
 from cerebro_db.automl.mltuner import MLtuner, _rewrite, _settings, convergence
-from cerebro_db.automl.registry import get_tuner
+from cerebro_db.automl.registry import get_tuner, tuner_from_state_json
 from cerebro_db.automl.simulate import SimResult, SyntheticLoss, simulate_tuner
 from cerebro_db.errors import CerebroError
 
@@ -288,9 +288,9 @@ def test_json_round_trip_and_reproducible() -> None:
     assert a.decisions == b.decisions and a.final_state == b.final_state
     assert a.decisions == run(7).decisions
     assert [d.decision for d in a.decisions] != [d.decision for d in c.decisions]
-    restored = Tuner.from_state_json(a.final_state)
+    restored = tuner_from_state_json(a.final_state)
     assert isinstance(restored, MLtuner) and restored.done()
-    assert restored.history(1) == MLtuner.from_state_json(b.final_state).history(1)
+    assert restored.history(1) == tuner_from_state_json(b.final_state).history(1)
 
 
 @pytest.mark.parametrize("params,message", [

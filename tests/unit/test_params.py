@@ -18,7 +18,6 @@ from cerebro_db.params import (
     CompileParams,
     FitParams,
     OptimizerSpec,
-    hyperband_s_max,
     parse_automl_params,
     parse_compile_params,
     parse_fit_params,
@@ -211,8 +210,8 @@ def test_fuzz_text_only_raises_cerebro_error(text):
     for fn in (
         parse_compile_params,
         parse_fit_params,
-        lambda t: parse_automl_params(t, "hyperband"),
-        lambda t: parse_automl_params(t, "hyperopt"),
+        _tuner_params("hyperband"),
+        _tuner_params("hyperopt"),
         lambda t: parse_literal(t, "g"),
         parse_optimizer_spec,
     ):
@@ -232,7 +231,7 @@ _TOKENS = [
 @given(st.lists(st.sampled_from(_TOKENS), max_size=40).map("".join))
 def test_fuzz_tokens_only_raises_cerebro_error(text):
     for fn in (parse_compile_params, parse_fit_params, lambda t: parse_literal(t, "g"),
-               parse_optimizer_spec, lambda t: parse_automl_params(t, "hyperopt")):
+               parse_optimizer_spec, _tuner_params("hyperopt")):
         with contextlib.suppress(CerebroError):
             fn(text)
 
@@ -560,46 +559,6 @@ def test_fit_params_round_trip(d):
 # ------------------------------------------------------------------------------------------
 
 
-def test_hyperband_params():
-    assert parse_automl_params(None, "hyperband") == {"R": 6, "eta": 3, "skip_last": 0}
-    assert parse_automl_params("R=243, eta=3, skip_last=5", "Hyperband") == {
-        "R": 243, "eta": 3, "skip_last": 5,
-    }
-    assert parse_automl_params("r=9", "hyperband")["R"] == 9
-    e = err(parse_automl_params, "R=243, eta=3, skip_last=6", "hyperband")
-    assert "skip_last must be less than the number of brackets (6" in e.message
-    assert "R must be at least 1, got 0" in err(parse_automl_params, "R=0", "hyperband").message
-    assert "eta must be at least 2" in err(parse_automl_params, "eta=1", "hyperband").message
-    assert "skip_last must be at least 0" in err(
-        parse_automl_params, "skip_last=-1", "hyperband"
-    ).message
-    assert "must be an integer" in err(parse_automl_params, "R=6.0", "hyperband").message
-    assert "unknown key 'foo'" in err(parse_automl_params, "foo=1", "hyperband").message
-    assert err(parse_automl_params, "R=6, r=7", "hyperband").sqlstate == "42601"
-
-
-@pytest.mark.parametrize("R, eta", [(243, 3), (81, 3), (8, 2), (1, 3), (1000, 10), (999, 10)])
-def test_hyperband_s_max_exact(R, eta):
-    s = hyperband_s_max(R, eta)
-    assert eta**s <= R < eta ** (s + 1)
-
-
-def test_hyperopt_params():
-    assert parse_automl_params("", "hyperopt") == {
-        "num_configs": 20, "num_iterations": 5, "algorithm": "tpe",
-    }
-    assert parse_automl_params("num_configs=3, algorithm=rand", "hyperopt")["algorithm"] == "rand"
-    assert parse_automl_params("algorithm='TPE'", "hyperopt")["algorithm"] == "tpe"
-    assert "'tpe' or 'rand'" in err(parse_automl_params, "algorithm=anneal", "hyperopt").message
-    e = err(parse_automl_params, "algorithm=hyperopt.tpe.suggest", "hyperopt")
-    assert "attribute access" in e.message
-    assert "num_configs must be at least 1" in err(
-        parse_automl_params, "num_configs=0", "hyperopt"
-    ).message
-    # bare words are only accepted for the algorithm key
-    assert "name 'x'" in err(parse_automl_params, "num_configs=x", "hyperopt").message
-
-
 def test_generic_automl_params():
     defaults = {"eta": 3, "min_r": 1.0, "flag": False, "mode": "min", "anything": None}
     out = parse_automl_params("ETA=4, min_r=2, flag=True, anything=[1]", "asha", defaults)
@@ -608,8 +567,22 @@ def test_generic_automl_params():
     assert "True or False" in err(parse_automl_params, "flag=1", "asha", defaults).message
     assert "must be a string" in err(parse_automl_params, "mode=1", "asha", defaults).message
     assert "must be an integer" in err(parse_automl_params, "eta=True", "asha", defaults).message
-    e = err(parse_automl_params, "", "asha")
-    assert e.message == "unknown automl_method 'asha'" and "hyperband" in e.hint
+    e = err(parse_automl_params, "foo=1", "ASHA", defaults)
+    assert e.message == "automl_params: unknown key 'foo' for asha"
+    assert e.hint == "allowed keys: eta, min_r, flag, mode, anything"
+    assert "name 'tpe'" in err(parse_automl_params, "mode=tpe", "asha", defaults).message
+    assert parse_automl_params("mode=tpe", "asha", defaults, bare_name_keys=("mode",))[
+        "mode"] == "tpe"
+
+
+def _tuner_params(method):
+    """``automl_params`` text -> a tuner of ``method`` (parsed and checked by the tuner)."""
+    from cerebro_db.automl.registry import get_tuner
+
+    grid = "{'loss': ['mse'], 'optimizer_params_list': [{'optimizer': ['SGD'], 'lr': [0.1]}]}"
+    return lambda text: get_tuner(method, text, model_ids=[1], compile_grid=grid,
+                                  fit_grid="{'batch_size': [8]}", num_workers=1,
+                                  random_state=1)
 
 
 # ------------------------------------------------------------------------------------------
@@ -629,6 +602,8 @@ def _warm_up() -> None:
                                    "{'batch_size': [8]}", "random", 2, 1)
     for name in policy_names():
         _policy(name, None, 1)
+    for method in ("hyperband", "hyperopt"):
+        _tuner_params(method)(None)
 
 
 @contextlib.contextmanager
@@ -684,8 +659,8 @@ def _grid_parse(text):
 _PARSERS = (
     parse_compile_params,
     parse_fit_params,
-    lambda t: parse_automl_params(t, "hyperband"),
-    lambda t: parse_automl_params(t, "hyperopt"),
+    _tuner_params("hyperband"),
+    _tuner_params("hyperopt"),
     lambda t: parse_keyword_string(t, "policy_params"),
     _policy_parse,
     _grid_parse,
@@ -740,7 +715,7 @@ def test_hostile_strings_are_refused_by_every_parser(text):
         for fn in (
             lambda: parse_compile_params(f"loss={text}, optimizer='SGD'"),
             lambda: parse_fit_params(f"batch_size={text}"),
-            lambda: parse_automl_params(f"R={text}", "hyperband"),
+            lambda: _tuner_params("hyperband")(f"R={text}"),
             lambda: _policy("ring", f"reset_optimizer_per_hop={text}", 1),
             lambda: configs.parse_grid(f"{{'batch_size': {text}}}", "fit"),
         ):
