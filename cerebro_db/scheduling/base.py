@@ -11,7 +11,6 @@ has completed ``k`` epochs is training epoch ``k + 1``.
 """
 from __future__ import annotations
 
-import json
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -37,10 +36,6 @@ __all__ = [
 TRAIN = "train"
 EVAL = "eval"
 KINDS: tuple[str, ...] = (TRAIN, EVAL)
-
-STATE_FORMAT = 1
-"""Version of the JSON layout written by :meth:`Policy.state_json`."""
-
 
 class SchedulingError(CerebroError):
     """A policy (or a caller) asked for something the invariants forbid (SQLSTATE XX000)."""
@@ -244,10 +239,17 @@ class Policy(ABC):
       and returns an empty list only when nothing may run now.
     - An idle worker prefers an eligible training unit; with none it takes a pending
       evaluation unit for a partition it holds.
-    - Decisions depend only on the sequence of snapshots and the policy's state, so a seeded
-      policy is reproducible, and ``from_state_json(p.state_json())`` continues exactly as
-      ``p`` would.
+    - Decisions depend only on the constructor options and the sequence of snapshots, so a
+      seeded policy given the same snapshots makes the same decisions.
     - :meth:`done` says whether all work is finished.
+
+    A policy keeps no state worth saving: a resumed fit builds a new one from the stored
+    options (:meth:`options`, the fit's ``random_state``) and a snapshot rebuilt from the unit
+    log. Its decisions then follow the resumed run's timing, as they follow the timing of
+    any run; what a run's models depend on, each config's visit order, must therefore not
+    depend on the timing (``'mop'`` with ``seeded_order`` draws it from ``random_state``,
+    ``'ring'`` deals it from the configs' order), so a resumed fit trains the same models as
+    an uninterrupted one.
     """
 
     name: ClassVar[str]
@@ -266,51 +268,6 @@ class Policy(ABC):
     @abstractmethod
     def options(self) -> dict[str, Any]:
         """The constructor options, JSON-serialisable (``type(p)(**p.options())`` is a fresh p)."""
-
-    def _dynamic_state(self) -> dict[str, Any]:
-        """What changes while running (subclasses with state override)."""
-        return {}
-
-    def _restore(self, state: Mapping[str, Any]) -> None:
-        """Load what :meth:`_dynamic_state` wrote (subclasses with state override)."""
-
-    def state(self) -> dict[str, Any]:
-        """Everything needed to resume, as plain JSON-compatible data."""
-        return {
-            "policy": self.name,
-            "format": STATE_FORMAT,
-            "options": self.options(),
-            "state": self._dynamic_state(),
-        }
-
-    def state_json(self) -> str:
-        """:meth:`state` as compact JSON text (stored in a table, never pickled)."""
-        return json.dumps(self.state(), sort_keys=True, separators=(",", ":"))
-
-    @classmethod
-    def from_state(cls, state: Mapping[str, Any]) -> Policy:
-        """Rebuild a policy from :meth:`state`; on :class:`Policy` itself, any registered one."""
-        if not isinstance(state, Mapping) or "policy" not in state:
-            raise invalid("scheduling state must be an object with a \"policy\" key")
-        if state.get("format") != STATE_FORMAT:
-            raise invalid(f"unsupported scheduling state format {state.get('format')!r}")
-        from .registry import policy_class
-
-        klass = policy_class(str(state["policy"]))
-        if cls is not Policy and not issubclass(klass, cls):
-            raise invalid(f"scheduling state is for policy {state['policy']!r}, not {cls.name!r}")
-        policy = klass(**dict(state.get("options") or {}))
-        policy._restore(state.get("state") or {})
-        return policy
-
-    @classmethod
-    def from_state_json(cls, text: str) -> Policy:
-        """Rebuild a policy from :meth:`state_json` text."""
-        try:
-            state = json.loads(text)
-        except (TypeError, ValueError) as e:
-            raise invalid(f"scheduling state is not valid JSON: {e}") from None
-        return cls.from_state(state)
 
     def __repr__(self) -> str:
         opts = ", ".join(f"{k}={v!r}" for k, v in self.options().items())

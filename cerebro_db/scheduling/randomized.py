@@ -36,14 +36,16 @@ epoch. What differs from the paper:
   rotation starting at offset ``c + shift``: consecutive configs start on different
   partitions, so at every moment about as many configs wait for each worker (independent
   random orders pile several configs onto one partition and leave other workers idle);
-- the random stream is Python's Mersenne Twister seeded by ``random_state``; its state is
-  part of :meth:`state_json`, so a resumed fit makes the decisions the original would have.
+- the random stream is Python's Mersenne Twister seeded by ``random_state``. It is not
+  saved: a resumed fit starts a new stream from the same seed, and its choices follow the
+  resumed run's timing; under ``seeded_order`` the configs' visit orders, hence the models,
+  are those of an uninterrupted run.
 """
 from __future__ import annotations
 
 import operator
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from ..errors import invalid
@@ -104,15 +106,6 @@ class RandomizedMOP(Policy):
             return [perm[(config + shift + i) % num_partitions] for i in range(num_partitions)]
         return random.Random(f"{self.random_state}:{config}:{epoch}").sample(
             range(num_partitions), num_partitions)
-
-    def _dynamic_state(self) -> dict[str, Any]:
-        version, internal, gauss = self._rng.getstate()
-        return {"rng": [version, list(internal), gauss]}
-
-    def _restore(self, state: Mapping[str, Any]) -> None:
-        if "rng" in state:
-            version, internal, gauss = state["rng"]
-            self._rng.setstate((version, tuple(internal), gauss))
 
     def assign(self, snapshot: Snapshot) -> list[Assignment]:
         """Random eligible config for each idle worker, in random worker order."""

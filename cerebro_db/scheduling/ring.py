@@ -23,7 +23,6 @@ assignment for the executor to act on (the policy itself only carries the flag).
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from ..errors import invalid
@@ -55,13 +54,6 @@ class RingPolicy(Policy):
     def options(self) -> dict[str, Any]:
         """``{"reset_optimizer_per_hop": bool, "layout": str}``."""
         return {"reset_optimizer_per_hop": self.reset_optimizer_per_hop, "layout": self.layout}
-
-    def _dynamic_state(self) -> dict[str, Any]:
-        return {"num_groups": self._num_groups, "groups": [[c, g] for c, g in self._groups.items()]}
-
-    def _restore(self, state: Mapping[str, Any]) -> None:
-        self._num_groups = state.get("num_groups")
-        self._groups = {int(c): int(g) for c, g in state.get("groups", [])}
 
     def groups(self) -> dict[int, int]:
         """config -> group, as dealt so far (in dealing order)."""
