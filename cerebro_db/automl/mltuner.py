@@ -61,7 +61,7 @@ import functools
 import math
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -88,7 +88,7 @@ from .options import (
 )
 from .space import SearchSpace
 
-__all__ = ["BATCH_SIZES", "MIN_POINTS", "Convergence", "MLtuner", "convergence"]
+__all__ = ["BATCH_SIZES", "MIN_POINTS", "Convergence", "Group", "MLtuner", "convergence"]
 
 BATCH_SIZES: tuple[int, ...] = (16, 32, 64, 128, 256)
 """Batch sizes the tunable search draws from."""
@@ -162,6 +162,64 @@ def convergence(trace: Sequence[tuple[float, float]], noise_penalty: float = 1.0
     stable = (len(ys) >= min_points and not increasing and bool(np.all(np.diff(ym) < 0))
               and speed > 0)
     return Convergence(speed, stable, False, increasing)
+
+
+@dataclass
+class Group:
+    """The bookkeeping of one configuration of the search space (its trials are branches)."""
+
+    config: int
+    """1-based number of the configuration."""
+    range: tuple[float, float]
+    """Learning-rate range of the current search batch."""
+    phase: str = "tune"
+    """``'tune'`` (a tuning round runs), ``'train'`` (the winner trains on) or ``'done'``."""
+    checkpoint: int | None = None
+    """The trial the current tuning round forked from (None at the first tuning)."""
+    base: int = 0
+    """Lineage epochs before the current tuning round."""
+    L: int = 1
+    """Trial length: epochs each candidate of a round trains, and of a training window."""
+    step: int = 1
+    """Search batch of the current round (1 .. ``search_steps``)."""
+    cands: list[int] = field(default_factory=list)
+    """Candidates of the current round."""
+    waiting: list[int] = field(default_factory=list)
+    """Candidates whose result for the current trial length is not in yet."""
+    current: int | None = None
+    """The winner that trains on (phase ``'train'``)."""
+    window_start: int = 0
+    """Epoch of ``current`` where the training window began."""
+    speed: float | None = None
+    """The winner's convergence speed at the last tuning."""
+    retunes: int = 0
+    tuning_epochs: int = 0
+    """Epochs spent on branches that lost."""
+    history: list[dict[str, Any]] = field(default_factory=list)
+    """One entry per tuning (see :meth:`MLtuner.history`)."""
+    output: int | None = None
+    """The trial that stands for the configuration in the outputs so far."""
+    start_loss: float | None = None
+    """Evaluated training loss of the state a re-tuning round forked from."""
+    last_loss: float | None = None
+    """Evaluated training loss of ``current`` at the start of its window."""
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON data (non-finite numbers as strings)."""
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["range"] = list(self.range)
+        for k in ("speed", "start_loss", "last_loss"):
+            d[k] = _enc(d[k])
+        return json_copy(d)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Group:
+        """Inverse of :meth:`to_json`."""
+        kw = json_copy(dict(d))
+        lo, hi = kw.pop("range")
+        for k in ("speed", "start_loss", "last_loss"):
+            kw[k] = _dec(kw[k])
+        return cls(range=(float(lo), float(hi)), **kw)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -261,7 +319,7 @@ class MLtuner(Tuner):
         self.random_state = random.SystemRandom().randrange(2**32) if seed is None else seed
         self._rng = np.random.default_rng(self.random_state)
         self._next_id = 1
-        self._groups: list[dict[str, Any]] = []
+        self._groups: list[Group] = []
         self._trials: dict[int, dict[str, Any]] = {}
         self._traces: dict[int, list[list[float]]] = {}
 
@@ -286,13 +344,7 @@ class MLtuner(Tuner):
             points = self.space.grid()
         out: list[Decision] = []
         for i, p in enumerate(points):
-            g: dict[str, Any] = {
-                "config": i + 1, "phase": "tune", "checkpoint": None, "base": 0, "L": 1,
-                "step": 1, "cands": [], "waiting": [], "range": [self.lr_min, self.lr_max],
-                "current": None, "window_start": 0, "speed": None, "retunes": 0,
-                "tuning_epochs": 0, "history": [], "output": None, "start_loss": None,
-                "last_loss": None,
-            }
+            g = Group(config=i + 1, range=(self.lr_min, self.lr_max))
             self._groups.append(g)
             main = self._new_trial(g, p.model_id, p.compile_params, p.fit_params, None, {},
                                    "main")
@@ -312,11 +364,11 @@ class MLtuner(Tuner):
         if math.isfinite(loss):
             return []
         g = self._groups[self._trials[tid]["config"] - 1]
-        if g["phase"] != "tune" or tid not in g["waiting"]:
+        if g.phase != "tune" or tid not in g.waiting:
             return []
-        g["waiting"].remove(tid)
+        g.waiting.remove(tid)
         out = [self._drop(g, tid, "diverged")]
-        if not g["waiting"]:
+        if not g.waiting:
             out += self._resolve(g)
         return out
 
@@ -325,16 +377,16 @@ class MLtuner(Tuner):
         if tid not in self._trials or not report.at_target:
             return []
         g = self._groups[self._trials[tid]["config"] - 1]
-        if g["phase"] == "tune" and tid in g["waiting"] and report.epoch == g["L"]:
+        if g.phase == "tune" and tid in g.waiting and report.epoch == g.L:
             self._trials[tid]["reached"] = _enc(report.train_loss)
-            g["waiting"].remove(tid)
-            return self._resolve(g) if not g["waiting"] else []
-        if g["phase"] == "train" and tid == g["current"]:
+            g.waiting.remove(tid)
+            return self._resolve(g) if not g.waiting else []
+        if g.phase == "train" and tid == g.current:
             return self._window_end(g, report.epoch, report.train_loss)
         return []
 
     def done(self) -> bool:
-        return bool(self._groups) and all(g["phase"] == "done" for g in self._groups)
+        return bool(self._groups) and all(g.phase == "done" for g in self._groups)
 
     def info(self, trial_id: int) -> dict[str, Any]:
         t = self._trials.get(trial_id)
@@ -344,7 +396,7 @@ class MLtuner(Tuner):
         s = t["settings"]
         return {"config": t["config"], "role": t["role"], "parent": t["spec"]["parent"],
                 "learning_rate": s["learning_rate"], "momentum": s["momentum"],
-                "batch_size": s["batch_size"], "retunes": g["retunes"], "trial_epochs": g["L"]}
+                "batch_size": s["batch_size"], "retunes": g.retunes, "trial_epochs": g.L}
 
     def info_columns(self) -> list[tuple[str, str]]:
         return [("config", "integer"), ("role", "text"), ("parent", "integer"),
@@ -354,25 +406,25 @@ class MLtuner(Tuner):
     def history(self, config: int) -> list[dict[str, Any]]:
         """The tunings of configuration ``config`` (1-based): lineage epoch where it
         started, trial length, winner and its settings and speed."""
-        return [dict(h) for h in self._groups[config - 1]["history"]]
+        return [dict(h) for h in self._groups[config - 1].history]
 
-    def group(self, config: int) -> dict[str, Any]:
+    def group(self, config: int) -> Group:
         """A copy of the bookkeeping of configuration ``config`` (1-based)."""
-        return json_copy(self._groups[config - 1])
+        return Group.from_json(self._groups[config - 1].to_json())
 
     # -- trials ----------------------------------------------------------------------------
 
-    def _new_trial(self, g: dict[str, Any], model_id: int, c: str, f: str, parent: int | None,
+    def _new_trial(self, g: Group, model_id: int, c: str, f: str, parent: int | None,
                    tunables: Mapping[str, Any], role: str) -> TrialSpec:
         tid = self._next_id
         self._next_id += 1
-        meta = {"config": g["config"], "role": role}
+        meta = {"config": g.config, "role": role}
         spec = TrialSpec(tid, model_id, c, f, parent, dict(tunables), meta)
-        self._trials[tid] = {"config": g["config"], "role": role, "spec": spec.to_json(),
+        self._trials[tid] = {"config": g.config, "role": role, "spec": spec.to_json(),
                              "settings": _settings(c, f)}
         self._traces[tid] = []
-        g["cands"].append(tid)
-        g["waiting"].append(tid)
+        g.cands.append(tid)
+        g.waiting.append(tid)
         return spec
 
     def _sample(self, c: str, f: str, lo: float, hi: float, n: int) -> list[dict[str, Any]]:
@@ -391,15 +443,15 @@ class MLtuner(Tuner):
             out.append(s)
         return out
 
-    def _batch(self, g: dict[str, Any], model_id: int, c: str, f: str, lo: float,
+    def _batch(self, g: Group, model_id: int, c: str, f: str, lo: float,
                hi: float) -> list[Decision]:
-        g["range"] = [lo, hi]
+        g.range = (lo, hi)
         out: list[Decision] = []
         for s in self._sample(c, f, lo, hi, self.num_branches):
             c2, f2 = _rewrite(c, f, s)
-            tun = s if g["checkpoint"] is not None else {}
-            spec = self._new_trial(g, model_id, c2, f2, g["checkpoint"], tun, "branch")
-            out.append(Launch(spec, g["L"]))
+            tun = s if g.checkpoint is not None else {}
+            spec = self._new_trial(g, model_id, c2, f2, g.checkpoint, tun, "branch")
+            out.append(Launch(spec, g.L))
         return out
 
     def _spec(self, tid: int) -> TrialSpec:
@@ -409,17 +461,17 @@ class MLtuner(Tuner):
         tr = self._traces.get(tid) or []
         return int(max((e for _, e, _ in tr), default=0))
 
-    def _drop(self, g: dict[str, Any], tid: int, reason: str, final: bool = False) -> Decision:
+    def _drop(self, g: Group, tid: int, reason: str, final: bool = False) -> Decision:
         """Stop a candidate that lost; unless ``final``, the main trial of a first tuning is
         kept (stopped, not freed) as the configuration's output of last resort."""
-        if not final and g["checkpoint"] is None and self._trials[tid]["role"] == "main":
-            g["output"] = tid
+        if not final and g.checkpoint is None and self._trials[tid]["role"] == "main":
+            g.output = tid
             return Stop(tid, reason)
-        g["tuning_epochs"] += self._epochs(tid)
+        g.tuning_epochs += self._epochs(tid)
         self._traces.pop(tid, None)
         self._trials[tid]["freed"] = True
-        if g["output"] == tid:
-            g["output"] = None
+        if g.output == tid:
+            g.output = None
         return Stop(tid, reason, free=True)
 
     def _window(self, tid: int, since_epoch: int) -> tuple[list[tuple[float, float]], float]:
@@ -430,11 +482,11 @@ class MLtuner(Tuner):
         t0 = before[-1] if before else 0.0
         return after, (after[-1][0] - t0 if after else 0.0)
 
-    def _rank(self, g: dict[str, Any], cands: Sequence[int]) -> dict[int, Convergence]:
+    def _rank(self, g: Group, cands: Sequence[int]) -> dict[int, Convergence]:
         """Convergence of the candidates of a tuning round, all measured from the common
         start to the loss each reached after ``L`` epochs, per second of a typical epoch of
         their batch size (see the module docstring)."""
-        start = _dec(g.get("start_loss"))
+        start = g.start_loss
         if start is None or not math.isfinite(start):
             seen = [y for c in cands for _, _, y in self._traces.get(c) or []]
             seen += [r for c in cands if (r := _dec(self._trials[c].get("reached")))
@@ -455,18 +507,18 @@ class MLtuner(Tuner):
                 last = max(e for _, e, _ in self._traces[c])
                 reached = float(np.mean([y for _, e, y in self._traces[c] if e == last]))
             times = per_epoch.get(self._trials[c]["settings"]["batch_size"])
-            secs = g["L"] * float(np.median(times)) if times else None
+            secs = g.L * float(np.median(times)) if times else None
             out[c] = convergence(trace, self.noise_penalty, start=start, reached=reached,
                                  seconds=secs)
         return out
 
     # -- tuning ------------------------------------------------------------------------------
 
-    def _resolve(self, g: dict[str, Any]) -> list[Decision]:
+    def _resolve(self, g: Group) -> list[Decision]:
         """Every candidate of the current batch has reported: double, search on, or pick."""
         out: list[Decision] = []
-        alive = [c for c in g["cands"] if not self._trials[c].get("freed")
-                 and c != g["output"]]
+        alive = [c for c in g.cands if not self._trials[c].get("freed")
+                 and c != g.output]
         res: dict[int, Convergence] = {}
         for c, m in self._rank(g, alive).items():
             if m.diverged or m.increasing:
@@ -474,96 +526,96 @@ class MLtuner(Tuner):
             else:
                 res[c] = m
         stable = [c for c in res if res[c].stable]
-        lineage = g["base"] + g["L"]
-        if not stable and res and g["step"] == 1 and 2 * g["L"] <= self.max_trial_epochs \
-                and g["base"] + 2 * g["L"] <= self.num_iterations \
-                and (g["checkpoint"] is None
-                     or self._share_ok(g["tuning_epochs"] + (len(res) - 1) * 2 * g["L"])):
-            g["L"] *= 2
-            g["waiting"] = sorted(res)
-            return out + [Extend(c, g["L"]) for c in sorted(res)]
+        lineage = g.base + g.L
+        if not stable and res and g.step == 1 and 2 * g.L <= self.max_trial_epochs \
+                and g.base + 2 * g.L <= self.num_iterations \
+                and (g.checkpoint is None
+                     or self._share_ok(g.tuning_epochs + (len(res) - 1) * 2 * g.L)):
+            g.L *= 2
+            g.waiting = sorted(res)
+            return out + [Extend(c, g.L) for c in sorted(res)]
         pool = stable or list(res)
         best = max(pool, key=lambda c: (res[c].speed, -c)) if pool else None
-        if best is not None and stable and g["step"] < self.search_steps:
-            g["step"] += 1
-            lo, hi = g["range"]
+        if best is not None and stable and g.step < self.search_steps:
+            g.step += 1
+            lo, hi = g.range
             width = (math.log10(hi) - math.log10(lo)) / self.num_branches
             lr = self._trials[best]["settings"]["learning_rate"]
             spec = self._spec(best)
-            src = self._spec(g["checkpoint"]) if g["checkpoint"] is not None else spec
+            src = self._spec(g.checkpoint) if g.checkpoint is not None else spec
             batch = self._batch(g, src.model_id, src.compile_params, src.fit_params,
                                 lr / 10**width, lr * 10**width)
             return out + batch
         if best is None:
-            g["phase"] = "done"
-            keep = g["checkpoint"] if g["checkpoint"] is not None else g["output"]
-            g["output"] = keep
-            for c in g["cands"]:
+            g.phase = "done"
+            keep = g.checkpoint if g.checkpoint is not None else g.output
+            g.output = keep
+            for c in g.cands:
                 if c != keep and not self._trials[c].get("freed"):
                     out.append(self._drop(g, c, "diverged", final=True))
-            if keep is not None and g["checkpoint"] is not None:
+            if keep is not None and g.checkpoint is not None:
                 out.append(Stop(keep, "every branch diverged"))
             return out
-        for c in g["cands"]:
+        for c in g.cands:
             if c != best and not self._trials[c].get("freed"):
                 out.append(self._drop(g, c, "lost tuning", final=True))
-        if g["checkpoint"] is not None:
-            cp = g["checkpoint"]
+        if g.checkpoint is not None:
+            cp = g.checkpoint
             self._trials[cp]["freed"] = True
             self._traces.pop(cp, None)
             out.append(Stop(cp, f"replaced by branch {best}", free=True))
         s = self._trials[best]["settings"]
-        g["history"].append({"at_epoch": g["base"], "trial_epochs": g["L"], "winner": best,
+        g.history.append({"at_epoch": g.base, "trial_epochs": g.L, "winner": best,
                              "learning_rate": s["learning_rate"], "momentum": s["momentum"],
                              "batch_size": s["batch_size"], "speed": _enc(res[best].speed),
-                             "stable": res[best].stable, "candidates": len(g["cands"])})
-        g.update(phase="train", checkpoint=None, current=best, output=best, cands=[],
-                 waiting=[], step=1, speed=_enc(res[best].speed), window_start=g["L"],
-                 last_loss=self._trials[best].get("reached"))
+                             "stable": res[best].stable, "candidates": len(g.cands)})
+        g.phase, g.checkpoint, g.current, g.output = "train", None, best, best
+        g.cands, g.waiting, g.step = [], [], 1
+        g.speed, g.window_start = res[best].speed, g.L
+        g.last_loss = _dec(self._trials[best].get("reached"))
         remaining = self.num_iterations - lineage
         if remaining <= 0:
-            g["phase"] = "done"
+            g.phase = "done"
             return out + [Stop(best, "completed")]
-        return out + [Extend(best, g["L"] + min(g["L"], remaining))]
+        return out + [Extend(best, g.L + min(g.L, remaining))]
 
     def _share_ok(self, tuning_epochs: int) -> bool:
         """Whether ``tuning_epochs`` on losing branches stay within ``max_tuning_share`` of
         all the epochs of the configuration (those plus ``num_iterations``)."""
         return tuning_epochs <= self.max_tuning_share * (tuning_epochs + self.num_iterations)
 
-    def _window_end(self, g: dict[str, Any], epoch: int, loss: float) -> list[Decision]:
-        cur = g["current"]
-        lineage = g["base"] + epoch
+    def _window_end(self, g: Group, epoch: int, loss: float) -> list[Decision]:
+        cur = g.current
+        lineage = g.base + epoch
         remaining = self.num_iterations - lineage
-        trace, secs = self._window(cur, g["window_start"])
-        m = convergence(trace, self.noise_penalty, start=_dec(g.get("last_loss")),
+        trace, secs = self._window(cur, g.window_start)
+        m = convergence(trace, self.noise_penalty, start=g.last_loss,
                         reached=loss if math.isfinite(loss) else math.nan,
                         seconds=secs, min_points=1)
-        g["last_loss"] = _enc(loss)
+        g.last_loss = loss
         if m.diverged:
-            g["phase"] = "done"
+            g.phase = "done"
             return [Stop(cur, "diverged")]
         if remaining <= 0:
-            g["phase"] = "done"
+            g.phase = "done"
             return [Stop(cur, "completed")]
-        speed = _dec(g["speed"])
-        speed = speed if speed is not None and math.isfinite(speed) else 0.0
+        speed = g.speed if g.speed is not None and math.isfinite(g.speed) else 0.0
         stalled = m.increasing or not (m.speed >= self.stall_fraction * speed)
-        L = min(g["L"], remaining)
-        within = self._share_ok(g["tuning_epochs"] + self.num_branches * self.search_steps * L)
-        if stalled and g["retunes"] < self.max_retunes and within:
-            g["retunes"] += 1
+        L = min(g.L, remaining)
+        within = self._share_ok(g.tuning_epochs + self.num_branches * self.search_steps * L)
+        if stalled and g.retunes < self.max_retunes and within:
+            g.retunes += 1
             spec = self._spec(cur)
-            g.update(phase="tune", checkpoint=cur, base=lineage, L=L, step=1, cands=[],
-                     waiting=[], current=None, start_loss=_enc(loss))
+            g.phase, g.checkpoint, g.base, g.L, g.step = "tune", cur, lineage, L, 1
+            g.cands, g.waiting, g.current, g.start_loss = [], [], None, loss
             keep = self._new_trial(g, spec.model_id, spec.compile_params, spec.fit_params, cur,
                                    {}, "keep")
             lr = self._trials[cur]["settings"]["learning_rate"]
             sp = 10**self.retune_spread
             return [Launch(keep, L)] + self._batch(g, spec.model_id, spec.compile_params,
                                                    spec.fit_params, lr / sp, lr * sp)
-        g["window_start"] = epoch
-        return [Extend(cur, epoch + min(g["L"], remaining))]
+        g.window_start = epoch
+        return [Extend(cur, epoch + min(g.L, remaining))]
 
     # -- state -----------------------------------------------------------------------------
 
@@ -571,7 +623,7 @@ class MLtuner(Tuner):
         return json_copy({
             "rng": self._rng.bit_generator.state,
             "next_id": self._next_id,
-            "groups": self._groups,
+            "groups": [g.to_json() for g in self._groups],
             "trials": [[k, v] for k, v in sorted(self._trials.items())],
             "traces": [[k, [[t, e, _enc(y)] for t, e, y in v]]
                        for k, v in sorted(self._traces.items())],
@@ -582,7 +634,7 @@ class MLtuner(Tuner):
             return
         self._rng.bit_generator.state = state["rng"]
         self._next_id = int(state["next_id"])
-        self._groups = json_copy(state["groups"])
+        self._groups = [Group.from_json(g) for g in state["groups"]]
         self._trials = {int(k): json_copy(v) for k, v in state["trials"]}
         self._traces = {int(k): [[float(t), float(e), float(_dec(y))]  # type: ignore[arg-type]
                                  for t, e, y in v] for k, v in state["traces"]}

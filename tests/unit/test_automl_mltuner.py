@@ -2,6 +2,7 @@
 diverged branches, doubles the trial length, re-tunes on a stall within its bounds, state."""
 from __future__ import annotations
 
+import json
 import math
 from collections import defaultdict
 from typing import Any
@@ -9,7 +10,7 @@ from typing import Any
 import pytest
 
 from cerebro_db.automl.base import EpochReport, Extend, Launch, Stop, TrialSpec, Tuner
-from cerebro_db.automl.mltuner import MLtuner, _rewrite, _settings, convergence
+from cerebro_db.automl.mltuner import Group, MLtuner, _rewrite, _settings, convergence
 from cerebro_db.automl.registry import get_tuner, tuner_from_state_json
 from cerebro_db.automl.simulate import SimResult, SyntheticLoss, simulate_tuner
 from cerebro_db.errors import CerebroError
@@ -49,8 +50,8 @@ def check_outputs(r: SimResult, t: MLtuner, n_configs: int) -> None:
     assert t.done()
     for c in range(1, n_configs + 1):
         g = t.group(c)
-        assert g["retunes"] <= t.max_retunes
-        assert g["phase"] == "done"
+        assert g.retunes <= t.max_retunes
+        assert g.phase == "done"
 
 
 class Fixed(Tuner):
@@ -229,27 +230,27 @@ def test_retunes_on_a_stall_within_bounds() -> None:
     check_outputs(r, t, 1)
     hist = t.history(1)
     g = t.group(1)
-    assert g["retunes"] == len(hist) - 1 >= 1
-    assert g["retunes"] <= 2
+    assert g.retunes == len(hist) - 1 >= 1
+    assert g.retunes <= 2
     # a higher learning rate stalls higher here: the re-tunings lower it
     assert hist[-1]["learning_rate"] < hist[0]["learning_rate"]
     # each re-tuning forked from the trial that stalled, with a keep branch
     keeps = [d.decision for d in r.decisions
              if isinstance(d.decision, Launch) and d.decision.spec.meta["role"] == "keep"]
-    assert len(keeps) == g["retunes"]
+    assert len(keeps) == g.retunes
     assert all(k.spec.parent is not None and not k.spec.tunables for k in keeps)
     # the tuning share bound held: losers' epochs vs all epochs
-    total = g["tuning_epochs"] + 24
-    assert g["tuning_epochs"] <= t.max_tuning_share * total
+    total = g.tuning_epochs + 24
+    assert g.tuning_epochs <= t.max_tuning_share * total
     out = r.outputs[0]
-    assert hist[-1]["winner"] == out and r.info[out]["retunes"] == g["retunes"]
+    assert hist[-1]["winner"] == out and r.info[out]["retunes"] == g.retunes
 
     none = mltuner(grid(0.03), "num_iterations=24, max_retunes=0", seed=1)
     simulate_tuner(none, num_partitions=3, num_workers=4, loss_model=model)
-    assert none.group(1)["retunes"] == 0 and len(none.history(1)) == 1
+    assert none.group(1).retunes == 0 and len(none.history(1)) == 1
     share = mltuner(grid(0.03), "num_iterations=24, max_tuning_share=0.0", seed=1)
     simulate_tuner(share, num_partitions=3, num_workers=4, loss_model=model)
-    assert share.group(1)["retunes"] == 0
+    assert share.group(1).retunes == 0
 
 
 def test_parallel_configs_momentum_and_batch_size() -> None:
@@ -370,3 +371,16 @@ def test_a_steep_drop_to_a_worse_plateau_loses() -> None:
         out = r.outputs[0]
         final = [e.train_loss for e in r.epoch_reports if e.trial_id == out][-1]
         assert final < 0.7 < model._floor(0.03 / 0.003)
+
+
+def test_group_state_is_typed_and_round_trips_as_json():
+    g = Group(config=2, range=(1e-4, 0.5), phase="train", checkpoint=None, current=7,
+              speed=math.inf, start_loss=-math.inf, last_loss=0.25, cands=[7, 8],
+              history=[{"winner": 7}])
+    d = g.to_json()
+    assert json.loads(json.dumps(d)) == d
+    assert d["range"] == [1e-4, 0.5] and d["speed"] == "inf" and d["start_loss"] == "-inf"
+    back = Group.from_json(d)
+    assert back == g and isinstance(back.range, tuple)
+    back.cands.append(9)
+    assert g.cands == [7, 8]
