@@ -2,7 +2,7 @@
 
 The coordinator (or the simulator) keeps the bookkeeping (:class:`~.progress.Progress`) and
 hands a policy a frozen :class:`Snapshot`; the policy answers with :class:`Assignment` s for
-some idle workers. A policy never touches the database or an executor, and its state is JSON.
+some idle workers. A policy never touches the database or an executor, and its options are JSON.
 
 Vocabulary. A *training unit* is (config, epoch, partition): one pass of the config over one
 partition. An *evaluation unit* is (config, epoch, partition, ``'eval'``): metrics of the
