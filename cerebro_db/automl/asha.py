@@ -25,7 +25,6 @@ space (grid choices and distributions), so a small grid ends the search early.
 from __future__ import annotations
 
 import math
-import random
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -48,7 +47,7 @@ from .options import (
     MAX_TRIALS,
     int_option,
     num_workers_option,
-    random_state_option,
+    seed_option,
 )
 from .space import SearchSpace
 
@@ -109,8 +108,7 @@ class ASHA(Tuner):
                 hint="use fewer brackets or a larger max_r")
         self.space = SearchSpace(model_ids, compile_grid, fit_grid)
         self.num_workers = num_workers_option(num_workers)
-        seed = random_state_option(random_state)
-        self.random_state = random.SystemRandom().randrange(2**32) if seed is None else seed
+        self.random_state = seed_option(random_state)
         self.resources = [rung_resources(self.min_r, self.max_r, self.eta, b)
                           for b in range(self.brackets)]
         self._rng = np.random.default_rng(self.random_state)

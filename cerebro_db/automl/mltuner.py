@@ -59,7 +59,6 @@ from __future__ import annotations
 
 import functools
 import math
-import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar
@@ -84,7 +83,7 @@ from .options import (
     int_option,
     num_workers_option,
     number_option,
-    random_state_option,
+    seed_option,
 )
 from .space import SearchSpace
 
@@ -315,8 +314,7 @@ class MLtuner(Tuner):
         self.tunables = tuple(t for t in TUNABLES if t in names)
         self.space = SearchSpace(model_ids, compile_grid, fit_grid)
         self.num_workers = num_workers_option(num_workers)
-        seed = random_state_option(random_state)
-        self.random_state = random.SystemRandom().randrange(2**32) if seed is None else seed
+        self.random_state = seed_option(random_state)
         self._rng = np.random.default_rng(self.random_state)
         self._next_id = 1
         self._groups: list[Group] = []

@@ -7,6 +7,7 @@ names the parameter and the bad value the same way in every procedure.
 from __future__ import annotations
 
 import math
+import random
 from typing import Any
 
 from ..errors import invalid
@@ -18,6 +19,7 @@ __all__ = [
     "num_workers_option",
     "number_option",
     "random_state_option",
+    "seed_option",
 ]
 
 MAX_EPOCHS = 100_000
@@ -62,6 +64,13 @@ def random_state_option(value: Any) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise invalid(f"random_state must be a non-negative integer, got {value!r}")
     return value
+
+
+def seed_option(value: Any) -> int:
+    """:func:`random_state_option`, with ``None`` replaced by a seed drawn from the system
+    (a tuner that reports it in its options can be replayed)."""
+    seed = random_state_option(value)
+    return random.SystemRandom().randrange(2**32) if seed is None else seed
 
 
 def num_workers_option(value: Any) -> int:
