@@ -7,6 +7,7 @@ entry point wrapper runs some of them before a catalog object exists.
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import quote, urlencode
 
 
 def ping(db: Any) -> None:
@@ -63,9 +64,7 @@ def socket_login(cat: Any) -> dict[str, Any]:
 
 
 def conninfo(**params: str) -> str:
-    """A libpq connection string: each value single-quoted, with backslash and quote
-    escaped (libpq's rule for keyword/value strings)."""
-    def q(v: str) -> str:
-        return "'" + str(v).replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-    return " ".join(f"{k}={q(v)}" for k, v in params.items())
+    """A libpq connection URI with these parameters (``dbname``, ``user``, ``port``,
+    ``host``: a socket directory or a host name), every value percent-encoded, so no value
+    can add a parameter."""
+    return "postgresql://?" + urlencode(params, quote_via=quote, safe="")

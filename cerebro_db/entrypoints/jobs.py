@@ -64,7 +64,8 @@ def _fn_args(cat: Catalog, fn: str) -> dict[str, str]:
 
 
 def _as_text(v: Any, what: str) -> str | None:
-    """A JSON value as the text of an SQL literal (arrays as '{...}')."""
+    """A JSON value in PostgreSQL's text input form (arrays as '{...}'), bound as a text
+    parameter and cast by the server to the argument's type."""
     if v is None:
         return None
     if isinstance(v, bool):
