@@ -23,18 +23,35 @@ def function_args(cat: Any, fn: str) -> dict[str, str]:
     return dict(zip(rows[0]["n"], rows[0]["t"]))
 
 
-def cast(cat: Any, text: str | None, sql_type: str) -> None:
-    """Cast a text to ``sql_type`` (a type name from :func:`function_args`, as the server
-    formats it); raises the server's error when it does not cast."""
-    cat.query(f"SELECT $1::{sql_type} AS v", [text], ["text"])
+def json_as(n: int, sql_type: str) -> str:
+    """The expression of parameter ``$n``, a JSON scalar or flat array (jsonb text), as
+    ``sql_type`` (a type name from :func:`function_args`, as the server formats it): the
+    server turns the JSON into the type's text form and casts it, so no literal is written
+    here. Operators are qualified: :func:`call_function` runs under the caller's
+    search_path."""
+    p = f"${n}::jsonb"
+    if sql_type.endswith("[]"):
+        return (f"(CASE WHEN pg_catalog.jsonb_typeof({p}) OPERATOR(pg_catalog.=) 'null' "
+                f"THEN NULL ELSE "
+                f"ARRAY(SELECT pg_catalog.jsonb_array_elements_text({p})) END)::{sql_type}")
+    return f"({p} OPERATOR(pg_catalog.#>>) '{{}}')::{sql_type}"
+
+
+def cast_json(cat: Any, value: str, sql_type: str) -> None:
+    """Cast a JSON value (:func:`json_as`); raises the server's error when it does not
+    cast."""
+    cat.query(f"SELECT {json_as(1, sql_type)} AS v", [value], ["text"])
 
 
 def call_function(cat: Any, fn: str, args: Sequence[tuple[str, Any, str, str]]) -> None:
     """``SELECT fn(name => $n::type, ...)`` of the extension's function ``fn``; ``args`` are
-    (name, value, parameter type, argument type from :func:`function_args`)."""
-    named = ", ".join(f"{quote_ident(n)} => ${i + 1}::{t}"
-                      for i, (n, _, _, t) in enumerate(args))
-    cat.query(f"SELECT {cat.ext(fn)}({named})", [a[1] for a in args], [a[2] for a in args])
+    (name, value, parameter type, argument type from :func:`function_args`); a value of
+    parameter type ``'json'`` is JSON text cast by :func:`json_as`."""
+    named = ", ".join(f"{quote_ident(n)} => " +
+                      (json_as(i + 1, t) if pt == "json" else f"${i + 1}::{t}")
+                      for i, (n, _, pt, t) in enumerate(args))
+    cat.query(f"SELECT {cat.ext(fn)}({named})", [a[1] for a in args],
+              ["text" if a[2] == "json" else a[2] for a in args])
 
 
 def job(cat: Any, job_name: str) -> dict[str, Any] | None:

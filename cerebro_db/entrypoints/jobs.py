@@ -63,24 +63,15 @@ def _fn_args(cat: Catalog, fn: str) -> dict[str, str]:
     return stmts.function_args(cat, fn)
 
 
-def _as_text(v: Any, what: str) -> str | None:
-    """A JSON value in PostgreSQL's text input form (arrays as '{...}'), bound as a text
-    parameter and cast by the server to the argument's type."""
-    if v is None:
-        return None
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float, str)):
-        return str(v)
+def _check_value(v: Any, what: str) -> None:
+    """A job option is a JSON scalar or a flat array (the server casts it to the argument's
+    type: :func:`cerebro_db.catalog.jobs.json_as`)."""
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return
     if isinstance(v, list):
-        items = []
-        for x in v:
-            if isinstance(x, (list, dict)):
-                raise invalid(f"{what}: nested arrays are not supported, got {json.dumps(v)}")
-            s = _as_text(x, what)
-            items.append("NULL" if s is None else
-                         '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"')
-        return "{" + ",".join(items) + "}"
+        if any(isinstance(x, (list, dict)) for x in v):
+            raise invalid(f"{what}: nested arrays are not supported, got {json.dumps(v)}")
+        return
     raise invalid(f"{what}: expected a JSON scalar or array, got {json.dumps(v)}")
 
 
@@ -104,10 +95,10 @@ def _options(cat: Catalog, raw: Any, fn: str, reserved: set[str], what: str
         if k not in types:
             allowed = ", ".join(sorted(set(types) - reserved))
             raise invalid(f"{what}: {fn} has no argument {k!r}", hint=f"Arguments: {allowed}.")
-        text = _as_text(v, f"{what}.{k}")
+        _check_value(v, f"{what}.{k}")
         try:
             with cat.db.subtransaction():
-                stmts.cast(cat, text, types[k])
+                stmts.cast_json(cat, json.dumps(v), types[k])
         except Exception as e:  # noqa: BLE001 - the server's cast error, reported as ours
             msg = str(getattr(e, "args", [e])[0]).splitlines()[0]
             raise invalid(f"{what}: {k} = {json.dumps(v)} is not a valid {types[k]}: {msg}"
@@ -119,7 +110,7 @@ def _call(cat: Catalog, fn: str, fixed: list[tuple[str, Any, str]], opts: dict[s
           types: dict[str, str]) -> None:
     """Call the extension's function ``fn`` by named arguments, the values bound."""
     args = [(n, v, t, types[n]) for n, v, t in fixed]
-    args += [(k, _as_text(v, k), "text", types[k]) for k, v in opts.items()]
+    args += [(k, json.dumps(v), "json", types[k]) for k, v in opts.items()]
     # the entry point's wrapper resolves the names under the job's search_path: set it for
     # this one statement (a qualified call with bound values), then pin again
     pinned = None
