@@ -23,7 +23,7 @@ from ..errors import (
     UNDEFINED_TABLE,
     CerebroError,
 )
-from ..names import TableName, quote_ident, quote_literal
+from ..names import TableName, quote_ident
 
 
 @dataclass(frozen=True)
@@ -52,9 +52,6 @@ class DblinkMixin:
                                    "CASCADE).")
             self._dblink = rows[0]["s"]
         return f"{self._dblink}.{fn}"
-
-    def literal(self, value: str) -> str:
-        return quote_literal(value)
 
     def format_sql(self: Any, template: str, args: Sequence[Any] = (),
                    types: Sequence[str] = ()) -> str:
