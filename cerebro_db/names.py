@@ -25,13 +25,6 @@ def quote_ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def quote_literal(value: str) -> str:
-    """Quote a text literal (used only in DDL such as COMMENT, where binding is impossible)."""
-    if "\x00" in value:
-        raise CerebroError("text contains a NUL character", INVALID_NAME)
-    return "'" + value.replace("'", "''") + "'"
-
-
 def split_identifier(text: str, what: str) -> list[str]:
     """Split a possibly qualified name into its parts, applying SQL's case folding.
 

@@ -55,9 +55,9 @@ from typing import Any
 import numpy as np
 
 from . import state as state_mod
-from .catalog import Catalog
+from .catalog import Catalog, units
 from .errors import OUT_OF_MEMORY, CerebroError, out_of_memory
-from .names import TableName, quote_ident
+from .names import TableName
 
 MAX_CACHED_PARTITIONS = 4
 DEFAULT_CHUNK_SIZE = 256 * 1024 * 1024
@@ -109,8 +109,7 @@ def _hook(cat: Catalog, point: str, mst_key: int, epoch: int, partition: int,
             continue
         want = {"attempt": 0, **{k: v for k, v in h.items() if k != "seconds"}}
         if all(here.get(k) == v for k, v in want.items()):
-            cat.query("SELECT pg_catalog.pg_sleep($1)", [float(h.get("seconds", 1))],
-                      ["float8"])
+            units.sleep(cat, float(h.get("seconds", 1)))
 
 
 def unit_seed(random_state: int, mst_key: int, epoch: int, partition: int, salt: int = 0) -> int:
@@ -123,10 +122,10 @@ def unit_seed(random_state: int, mst_key: int, epoch: int, partition: int, salt:
 def _fit_row(cat: Catalog, fit_id: int) -> dict[str, Any]:
     row = _fits.get(fit_id)
     if row is None:
-        rows = cat.query(f"SELECT * FROM {cat.ext('fits')} WHERE fit_id = $1", [fit_id], ["int8"])
-        if not rows:
+        found = units.fit(cat, fit_id)
+        if found is None:
             raise CerebroError(f"fit {fit_id} does not exist", "42704")
-        row = dict(rows[0])
+        row = dict(found)
         row["options"] = json.loads(row["options"]) if isinstance(row["options"], str) \
             else row["options"]
         _fits[fit_id] = row
@@ -137,11 +136,10 @@ def _config_row(cat: Catalog, fit_id: int, mst_key: int) -> dict[str, Any]:
     key = (fit_id, mst_key)
     row = _configs.get(key)
     if row is None:
-        rows = cat.query(f"SELECT * FROM {cat.ext('fit_configs')} WHERE fit_id = $1 AND "
-                         "mst_key = $2", [fit_id, mst_key], ["int8", "int4"])
-        if not rows:
+        found = units.fit_config(cat, fit_id, mst_key)
+        if found is None:
             raise CerebroError(f"configuration {mst_key} of fit {fit_id} does not exist", "42704")
-        row = dict(rows[0])
+        row = dict(found)
         _configs[key] = row
     return row
 
@@ -187,12 +185,6 @@ def fit_params_of(cat: Catalog, fit: dict[str, Any], cfg: dict[str, Any]) -> Any
     return fp
 
 
-def dist_expr(partition_mod: int | None) -> str:
-    """The SQL expression of a packed row's partition: ``__dist_key__`` for our tables,
-    ``buffer_id % p`` for a table packed by MADlib's preprocessor (no partitions of ours)."""
-    return "__dist_key__" if partition_mod is None else f"(buffer_id % {int(partition_mod)})"
-
-
 READ_SLICE = 1 << 20
 """Bytes of a packed feature buffer read per query (``substring`` of the stored value)."""
 
@@ -203,15 +195,7 @@ def _buffers(cat: Catalog, t: TableName, xcol: str, ycol: str, partition: int,
     """The partition's buffers (or one), in buffer_id order: id, shapes, labels, the feature
     bytes' length and whether they are stored compressed; the features themselves are not
     read here (:func:`_read_features`)."""
-    x = quote_ident(xcol)
-    one = "" if buffer_id is None else " AND buffer_id = $2"
-    rows = cat.query(
-        f"SELECT buffer_id AS id, {quote_ident(xcol + '_shape')} AS xs, {quote_ident(ycol)} AS y, "
-        f"{quote_ident(ycol + '_shape')} AS ys, pg_catalog.octet_length({x}) AS xn, "
-        f"pg_catalog.pg_column_compression({x}) IS NOT NULL AS packed "
-        f"FROM {t.sql} WHERE {dist_expr(partition_mod)} = $1{one} ORDER BY buffer_id",
-        [partition] if buffer_id is None else [partition, buffer_id],
-        ["int4"] if buffer_id is None else ["int4", "int4"])
+    rows = units.buffers(cat, t, xcol, ycol, partition, buffer_id, partition_mod)
     return [dict(r) for r in rows]
 
 
@@ -229,13 +213,10 @@ def _read_features(cat: Catalog, t: TableName, xcol: str, partition: int, meta: 
         raise CerebroError(
             f"x buffer has {n} bytes but shape {list(meta['xs'])} of float32 needs {dst.size}",
             "22000", hint="the packed table may be corrupt; run the preprocessor again")
-    sql = (f"SELECT pg_catalog.substr({quote_ident(xcol)}, $3, $4) AS s FROM {t.sql} "
-           f"WHERE {dist_expr(partition_mod)} = $1 AND buffer_id = $2")
     step = n if meta["packed"] or n <= READ_SLICE else READ_SLICE
     for off in range(0, n, step):
         k = min(step, n - off)
-        part = cat.query(sql, [partition, meta["id"], off + 1, k],
-                         ["int4", "int4", "int4", "int4"])[0]["s"]
+        part = units.feature_slice(cat, t, xcol, partition, meta["id"], off, k, partition_mod)
         if len(part) != k:
             raise CerebroError(f"x buffer changed while it was read ({len(part)} of {k} bytes)",
                                "22000", hint="do not change a packed table during a fit")
@@ -352,19 +333,13 @@ def partition_data(cat: Catalog, table: str, xcol: str, ycol: str, partition: in
     is not read at all: None is returned and the caller streams it
     (:func:`partition_buffers`). Dropped partitions' tensors are released
     (:func:`cerebro_db.training.release`). A partition that holds no buffer (fewer buffers
-    than partitions) gives empty arrays. ``partition_mod``: see :func:`dist_expr`."""
-    dist = dist_expr(partition_mod)
+    than partitions) gives empty arrays. ``partition_mod``: see
+    :func:`cerebro_db.catalog.units.dist_expr`."""
     t = TableName.parse(table, "table")
     oid = cat.relation_oid(t)
     if oid is None:
         raise CerebroError(f'table "{table}" does not exist', "42P01")
-    fp = cat.query(
-        f"SELECT pg_catalog.pg_relation_filenode($1::oid::regclass) AS f, count(*) AS n, "
-        f"max(xmin::text::bigint) AS x, "
-        f"sum(pg_catalog.octet_length({quote_ident(xcol)}))::int8 AS xb, "
-        f"sum(pg_catalog.octet_length({quote_ident(ycol)}))::int8 AS yb "
-        f"FROM {t.sql} WHERE {dist} = $2",
-        [oid, partition], ["oid", "int4"])[0]
+    fp = units.partition_fingerprint(cat, t, oid, xcol, ycol, partition, partition_mod)
     key = (oid, fp["f"], fp["n"], fp["x"], xcol, ycol, partition, partition_mod)
     hit = _partitions.get(key)
     if hit is not None:
@@ -439,9 +414,7 @@ def partition_buffers(cat: Catalog, table: str, xcol: str, ycol: str, partition:
     from .training import BufferSource
 
     t = TableName.parse(table, "table")
-    shape = quote_ident(xcol + "_shape")
-    ids = cat.query(f"SELECT buffer_id, ({shape})[1] AS n FROM {t.sql} WHERE "
-                    f"{dist_expr(partition_mod)} = $1 ORDER BY buffer_id", [partition], ["int4"])
+    ids = units.buffer_rows(cat, t, xcol, partition, partition_mod)
     keys = [r["buffer_id"] for r in ids]
 
     def load(i: int) -> tuple[np.ndarray, np.ndarray]:
@@ -465,10 +438,7 @@ def partition_multi(cat: Catalog, table: str, xcols: list[str], ycols: list[str]
 
     t = TableName.parse(table, "table")
     cols = xcols + ycols
-    sel = ", ".join(f"{quote_ident(c)} AS b{i}, {quote_ident(c + '_shape')} AS s{i}"
-                    for i, c in enumerate(cols))
-    rows = cat.query(f"SELECT {sel} FROM {t.sql} WHERE {dist_expr(partition_mod)} = $1 "
-                     "ORDER BY buffer_id", [partition], ["int4"])
+    rows = units.buffers_with_shapes(cat, t, cols, partition, partition_mod)
     parts: list[list[np.ndarray]] = [[] for _ in cols]
     for r in rows:
         for i in range(len(cols)):
@@ -495,12 +465,9 @@ def labels_for(compile_params: str, y: np.ndarray) -> np.ndarray:
 
 
 def load_state(cat: Catalog, fit_id: int, mst_key: int, version: str) -> bytes | None:
-    rows = cat.query(f"SELECT data FROM {cat.ext('model_states')} WHERE fit_id = $1 AND "
-                     "mst_key = $2 AND version = $3 ORDER BY chunk",
-                     [fit_id, mst_key, version], ["int8", "int4", "text"])
-    if not rows:
+    chunks = units.state_chunks(cat, fit_id, mst_key, version)
+    if not chunks:
         return None
-    chunks = [bytes(r["data"]) for r in rows]
     return chunks[0] if len(chunks) == 1 and state_mod.is_state(chunks[0]) \
         else state_mod.join_chunks(chunks)
 
@@ -508,27 +475,17 @@ def load_state(cat: Catalog, fit_id: int, mst_key: int, version: str) -> bytes |
 def save_state(cat: Catalog, fit_id: int, mst_key: int, version: str, data: bytes,
                chunk_size: int) -> None:
     chunks = [data] if len(data) <= chunk_size else state_mod.split_chunks(data, chunk_size)
-    cat.query(f"DELETE FROM {cat.ext('model_states')} WHERE fit_id = $1 AND mst_key = $2 "
-              "AND version = $3", [fit_id, mst_key, version], ["int8", "int4", "text"])
-    for i, c in enumerate(chunks):
-        cat.query(f"INSERT INTO {cat.ext('model_states')} (fit_id, mst_key, version, chunk, "
-                  "data) VALUES ($1, $2, $3, $4, $5)", [fit_id, mst_key, version, i, c],
-                  ["int8", "int4", "text", "int4", "bytea"])
+    units.replace_state(cat, fit_id, mst_key, version, chunks)
 
 
 def _log_unit(cat: Catalog, fit_id: int, mst_key: int, epoch: int, partition: int,
               worker: int, kind: str, started: float, ended: float, rows: int,
               loss: float, metrics: list[float], t_load: float, t_run: float, t_save: float,
               state_bytes: int | None) -> None:
-    cat.query(
-        f"INSERT INTO {cat.ext('units')} (fit_id, mst_key, epoch, partition, worker, kind, "
-        "started_at, ended_at, rows, loss, metrics, seconds_load, seconds_run, seconds_save, "
-        "state_bytes, worker_pid) VALUES ($1, $2, $3, $4, $5, $6, to_timestamp($7), "
-        "to_timestamp($8), $9, $10, $11, $12, $13, $14, $15, pg_backend_pid())",
-        [fit_id, mst_key, epoch, partition, worker, kind, started, ended, rows, loss, metrics,
-         t_load, t_run, t_save, state_bytes],
-        ["int8", "int4", "int4", "int4", "int4", "text", "float8", "float8", "int8", "float8",
-         "float8[]", "float8", "float8", "float8", "int8"])
+    units.log_unit(cat, fit_id=fit_id, mst_key=mst_key, epoch=epoch, partition=partition,
+                   worker=worker, kind=kind, started=started, ended=ended, rows=rows, loss=loss,
+                   metrics=metrics, t_load=t_load, t_run=t_run, t_save=t_save,
+                   state_bytes=state_bytes)
 
 
 def run_unit(cat: Catalog, fit_id: int, mst_key: int, epoch: int, partition: int,

@@ -1,9 +1,16 @@
-"""The only place that writes SQL.
+"""The only place that writes SQL: this package.
 
-Every statement the project runs is built here: identifiers are quoted by
-:func:`cerebro_db.names.quote_ident`, values are bound parameters. The module talks to the
-database through a ``plpy``-like object handed in by the caller (PL/Python's ``plpy``
-inside the server); it imports no driver itself.
+Every statement the project runs is written in ``cerebro_db/catalog/``: this module holds
+:class:`Catalog` (the plumbing: bound-parameter queries, cursors, dblink calls, looking up
+and creating the tables a user names) and one submodule per area holds that area's named
+statements as functions taking the catalog (``jobs``, ``models``, ``inference``,
+``packing``, ``units`` for the worker side, ``session``, and ``client`` for the SQLAlchemy
+client's statement texts). Identifiers are quoted by :func:`cerebro_db.names.quote_ident`
+(or :attr:`TableName.sql`), values are bound parameters, or, for statements that travel as
+text over dblink or take no parameters (DDL), quoted by PostgreSQL's ``format()``
+(:meth:`Catalog.format_sql`). ``tests/unit/test_sql_in_catalog.py`` fails on SQL written
+anywhere else. The package talks to the database through a ``plpy``-like object handed in
+by the caller (PL/Python's ``plpy`` inside the server); it imports no driver itself.
 """
 from __future__ import annotations
 
@@ -16,7 +23,7 @@ from ..errors import (
     UNDEFINED_TABLE,
     CerebroError,
 )
-from ..names import TableName, quote_ident, quote_literal
+from ..names import TableName, quote_ident
 
 
 @dataclass(frozen=True)
@@ -45,9 +52,6 @@ class DblinkMixin:
                                    "CASCADE).")
             self._dblink = rows[0]["s"]
         return f"{self._dblink}.{fn}"
-
-    def literal(self, value: str) -> str:
-        return quote_literal(value)
 
     def format_sql(self: Any, template: str, args: Sequence[Any] = (),
                    types: Sequence[str] = ()) -> str:
@@ -291,7 +295,9 @@ class Catalog(DblinkMixin):
         self.db.execute(f"DROP TABLE {table.sql}")
 
     def comment_on_table(self, table: TableName, text: str) -> None:
-        self.db.execute(f"COMMENT ON TABLE {table.sql} IS {quote_literal(text)}")
+        """COMMENT takes no parameters: the text is quoted by PostgreSQL (:meth:`format_sql`)."""
+        self.db.execute(self.format_sql("COMMENT ON TABLE %s IS %L", [table.sql, text],
+                                        ["text", "text"]))
 
     def select(self, table: TableName, names: Sequence[str], where: str = "",
                args: Sequence[Any] = (), types: Sequence[str] = (),

@@ -104,8 +104,9 @@ def _print(df: Any, fmt: str) -> None:
 
 
 def _exists(client: Any, fit_id: int) -> bool:
-    return not client.df(f"SELECT 1 FROM {client._sql('fit_progress')} WHERE fit_id = :f",
-                         f=fit_id).empty
+    from ..catalog import client as stmts
+
+    return not client.df(stmts.fit_exists(client._sql("fit_progress")), f=fit_id).empty
 
 
 def _run(args: argparse.Namespace) -> int:

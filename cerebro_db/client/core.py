@@ -14,6 +14,7 @@ import pandas as pd
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
+from ..catalog import client as stmts
 from ..names import TableName, quote_ident
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -116,10 +117,10 @@ class Client:
         """``SELECT schema.function(name => value, ...)`` with bound values; returns the
         scalar result (None for VOID)."""
         params = {f"p{i}": v for i, v in enumerate(args.values())}
-        named = ", ".join(f"{_ident(k, 'argument name')} => :p{i}" for i, k in enumerate(args))
+        names = [_ident(k, "argument name") for k in args]
         with self.connection() as c:
             try:
-                r = c.execute(sa.text(f"SELECT {self._sql(function)}({named})"), params)
+                r = c.execute(sa.text(stmts.call(self._sql(function), names)), params)
                 return r.scalar()
             except sa.exc.DBAPIError as e:
                 raise _error(e) from None
@@ -127,10 +128,10 @@ class Client:
     def call_procedure(self, procedure: str, /, **args: Any) -> None:
         """``CALL schema.procedure(name => value, ...)`` (autocommit: it commits itself)."""
         params = {f"p{i}": v for i, v in enumerate(args.values())}
-        named = ", ".join(f"{_ident(k, 'argument name')} => :p{i}" for i, k in enumerate(args))
+        names = [_ident(k, "argument name") for k in args]
         with self.connection() as c:
             try:
-                c.execute(sa.text(f"CALL {self._sql(procedure)}({named})"), params)
+                c.execute(sa.text(stmts.call_procedure(self._sql(procedure), names)), params)
             except sa.exc.DBAPIError as e:
                 raise _error(e) from None
 
@@ -138,65 +139,51 @@ class Client:
     def fits(self, status: str | None = None, limit: int | None = None) -> pd.DataFrame:
         """Every fit with its progress (``fit_progress`` plus the fit's kind, tables and
         times), newest first; ``status`` filters (as fit_progress shows it)."""
-        sql = (f"SELECT p.fit_id, f.kind, p.status, p.model_output_table, f.source_table, "
-               f"f.validation_table, p.policy, p.num_partitions, f.num_iterations, "
-               f"p.units_done, p.total_units, p.percent, p.best_loss, p.best_mst_key, "
-               f"f.started_at, f.ended_at, p.elapsed, p.eta, f.message "
-               f"FROM {self._sql('fit_progress')} p JOIN {self._sql('fits')} f USING (fit_id) "
-               "WHERE (CAST(:status AS text) IS NULL OR p.status = :status) "
-               "ORDER BY p.fit_id DESC LIMIT :limit")
-        return self.df(sql, status=status, limit=limit)
+        return self.df(stmts.fits(self._sql("fit_progress"), self._sql("fits")),
+                       status=status, limit=limit)
 
     def progress(self, fit_id: int) -> dict[str, Any]:
         """One fit's row of ``fit_progress``."""
-        d = self.df(f"SELECT * FROM {self._sql('fit_progress')} WHERE fit_id = :f", f=fit_id)
+        d = self.df(stmts.fit_rows(self._sql("fit_progress")), f=fit_id)
         if d.empty:
             raise ClientError(f"fit {fit_id} does not exist (or is not yours)", "42704")
         return d.iloc[0].to_dict()
 
     def units(self, fit_id: int) -> pd.DataFrame:
         """Every unit of a fit (training and evaluation), in the order they started."""
-        return self.df(f"SELECT * FROM {self._sql('units')} WHERE fit_id = :f "
-                       "ORDER BY started_at, unit_id", f=fit_id)
+        return self.df(stmts.units(self._sql("units")), f=fit_id)
 
     def configs(self, fit_id: int) -> pd.DataFrame:
         """Per configuration: ``fit_config_progress``."""
-        return self.df(f"SELECT * FROM {self._sql('fit_config_progress')} WHERE fit_id = :f "
-                       "ORDER BY mst_key", f=fit_id)
+        return self.df(stmts.by_config(self._sql("fit_config_progress")), f=fit_id)
 
     def info(self, model_output_table: str) -> pd.DataFrame:
         """The ``<model_output_table>_info`` table."""
         t = TableName.parse(model_output_table, "model_output_table")
-        return self.df(f"SELECT * FROM {t.with_suffix('_info', 'model_output_table').sql} "
-                       "ORDER BY mst_key")
+        return self.df(stmts.info(t.with_suffix("_info", "model_output_table").sql))
 
     def summary(self, model_output_table: str) -> dict[str, Any]:
         t = TableName.parse(model_output_table, "model_output_table")
-        d = self.df(f"SELECT * FROM {t.with_suffix('_summary', 'model_output_table').sql}")
+        d = self.df(stmts.summary(t.with_suffix("_summary", "model_output_table").sql))
         return d.iloc[0].to_dict() if not d.empty else {}
 
     def automl_trials(self, fit_id: int) -> pd.DataFrame:
-        return self.df(f"SELECT * FROM {self._sql('automl_trials')} WHERE fit_id = :f "
-                       "ORDER BY mst_key", f=fit_id)
+        return self.df(stmts.by_config(self._sql("automl_trials")), f=fit_id)
 
     def automl_decisions(self, fit_id: int) -> pd.DataFrame:
-        return self.df(f"SELECT * FROM {self._sql('automl_decisions')} WHERE fit_id = :f "
-                       "ORDER BY seq, decision_id", f=fit_id)
+        return self.df(stmts.automl_decisions(self._sql("automl_decisions")), f=fit_id)
 
     def workers(self, fit_id: int) -> pd.DataFrame:
         """The availability map of a fit's worker sessions (``fit_workers``)."""
-        return self.df(f"SELECT * FROM {self._sql('fit_workers')} WHERE fit_id = :f "
-                       "ORDER BY worker", f=fit_id)
+        return self.df(stmts.workers(self._sql("fit_workers")), f=fit_id)
 
     def jobs(self) -> pd.DataFrame:
         """Scheduled model selection jobs with their last run (``model_selection_jobs``)."""
-        return self.df(f"SELECT * FROM {self._sql('model_selection_jobs')} ORDER BY job_id")
+        return self.df(stmts.jobs(self._sql("model_selection_jobs")))
 
     def job_runs(self, job_name: str | None = None) -> pd.DataFrame:
         """Run history of the jobs (``job_runs``), newest first."""
-        return self.df(f"SELECT * FROM {self._sql('job_runs')} WHERE "
-                       "(CAST(:j AS text) IS NULL OR job_name = :j) ORDER BY run_id DESC",
-                       j=job_name)
+        return self.df(stmts.job_runs(self._sql("job_runs")), j=job_name)
 
     # -- acting on fits and jobs --------------------------------------------------------
     def cancel(self, fit_id: int) -> bool:
@@ -245,8 +232,8 @@ class Client:
         while True:
             with self._fresh() as c:
                 try:
-                    d = pd.read_sql(sa.text(f"SELECT * FROM {self._sql('fit_progress')} "
-                                            "WHERE fit_id = :f"), c, params={"f": fit_id})
+                    d = pd.read_sql(sa.text(stmts.fit_rows(self._sql("fit_progress"))), c,
+                                    params={"f": fit_id})
                 except sa.exc.DBAPIError as e:
                     raise _error(e) from None
             if d.empty:

@@ -13,7 +13,7 @@ import traceback
 from typing import Any, Callable
 
 from .. import interrupts
-from ..catalog import Catalog
+from ..catalog import Catalog, session
 from ..errors import (
     INSUFFICIENT_PRIVILEGE,
     INTERNAL_ERROR,
@@ -33,7 +33,7 @@ def entrypoint(fn: Callable[..., Any]) -> Callable[..., Any]:
             e for e in (getattr(plpy, "SPIError", None), getattr(plpy, "Error", None)) if e
         )
         try:
-            with interrupts.installed(lambda: plpy.execute("SELECT 1")):
+            with interrupts.installed(lambda: session.ping(plpy)):
                 return fn(Catalog(plpy, schema, caller_search_path(plpy)), **kwargs)
         except CerebroError as e:
             extra = {k: v for k, v in (("detail", e.detail), ("hint", e.hint)) if v}
@@ -60,9 +60,7 @@ def caller_search_path(plpy: Any) -> str | None:
     """The search_path of the statement that called the entry point: its SQL wrapper (see
     scripts/build_sql.py) records it here before calling the implementation, which runs
     with search_path pinned to pg_catalog, pg_temp."""
-    rows = plpy.execute(f"SELECT pg_catalog.current_setting('{CALLER_PATH_SETTING}', true) AS p")
-    v = rows[0]["p"] if rows else None
-    return v if v else None
+    return session.custom_setting(plpy, CALLER_PATH_SETTING)
 
 
 def require_output_schema(cat: Catalog, table: TableName, what: str) -> None:
@@ -74,24 +72,20 @@ def require_output_schema(cat: Catalog, table: TableName, what: str) -> None:
     are written by the calling session, so temporary outputs work (worker sessions only
     read the packed tables)."""
     if table.schema == "pg_temp":
-        ok = cat.query("SELECT pg_catalog.has_database_privilege(pg_catalog.current_database(), "
-                       "'TEMPORARY') AS ok")[0]["ok"]
-        if not ok:
+        if not session.may_create_temporary(cat):
             raise CerebroError(f'{what} "{table}": permission denied to create temporary '
                                "tables in this database", INSUFFICIENT_PRIVILEGE)
         return
-    rows = cat.query("SELECT n.nspname::text AS s, "
-                     "pg_catalog.has_schema_privilege(n.oid, 'CREATE') AS ok "
-                     "FROM pg_catalog.pg_namespace n WHERE n.nspname = $1",
-                     [table.schema], ["text"]) if table.schema is not None else []
-    if not rows:
+    row = (session.schema_create_privilege(cat, table.schema)
+           if table.schema is not None else None)
+    if row is None:
         if table.schema is None:
             raise CerebroError(f'{what} "{table}": no schema has been selected to create in',
                                "3F000", hint="Qualify the name or set search_path.")
         raise CerebroError(f'{what} "{table}": schema "{table.schema}" does not exist',
                            "3F000")
-    if not rows[0]["ok"]:
-        raise CerebroError(f'{what} "{table}": permission denied for schema {rows[0]["s"]}',
+    if not row["ok"]:
+        raise CerebroError(f'{what} "{table}": permission denied for schema {row["s"]}',
                            INSUFFICIENT_PRIVILEGE)
 
 

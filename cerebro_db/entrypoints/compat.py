@@ -9,6 +9,7 @@ from typing import Any, Sequence
 from .. import custom_functions as cf
 from .. import params
 from ..catalog import Catalog
+from ..catalog import models as stmts
 from ..errors import (
     FEATURE_NOT_SUPPORTED,
     NULL_VALUE_NOT_ALLOWED,
@@ -157,9 +158,7 @@ def custom_references(cat: Catalog, object_table: str | None,
         return None, {}
     cols = _require_object_table(cat, table, "object_table")
     names = sorted({n for cp in cps for n in ([cp] if isinstance(cp, str) else cp.names())})
-    ref_col = "reference" if "reference" in cols else "NULL::text"
-    rows = cat.query(f"SELECT name, {ref_col} AS reference, object IS NOT NULL AS pickled "
-                     f"FROM {table.sql} WHERE name = ANY($1)", [names], ["text[]"])
+    rows = stmts.custom_functions(cat, table, names, "reference" in cols)
     out: dict[str, str] = {}
     for r in rows:
         if r["reference"] is None:
@@ -176,16 +175,16 @@ def _add_function(cat: Catalog, table: TableName, name: str, description: str | 
     if cat.relation_oid(table) is None:
         require_output_schema(cat, table, "object_table")
         cat.create_table(table, cf.OBJECT_TABLE_COLUMNS)
-        cat.db.execute(f"GRANT SELECT ON {table.sql} TO PUBLIC")
+        stmts.grant_read_to_public(cat, table)
         cat.notice(f"{CUSTOM_FN}: Created new custom function table {table}.")
     elif "reference" not in _require_object_table(cat, table, "object_table"):
-        cat.db.execute(f"ALTER TABLE {table.sql} ADD COLUMN reference text")
-    if cat.query(f"SELECT 1 AS x FROM {table.sql} WHERE name = $1", [name], ["text"]):
+        stmts.add_reference_column(cat, table)
+    if stmts.custom_function_exists(cat, table, name):
         raise CerebroError(f"Function '{name}' already exists in {table}", DUPLICATE_OBJECT,
                            hint="Delete it first with delete_custom_function, or use another "
                            "name.")
-    cat.query(f"INSERT INTO {table.sql} (name, description, reference) VALUES ($1, $2, $3)",
-              [name, description, reference], ["text", "text", "text"])
+    stmts.insert_custom_function(cat, table, name=name, description=description,
+                                 reference=reference)
     cat.notice(f"{CUSTOM_FN}: Added function {name} to {table} table")
 
 
@@ -243,15 +242,11 @@ def delete_custom_function(cat: Catalog, *, object_table: str, id: int | None = 
         raise CerebroError(f"{CUSTOM_FN}: function id/name cannot be NULL!",
                            NULL_VALUE_NOT_ALLOWED)
     _require_object_table(cat, table, "object_table")
-    if id is not None:
-        gone = cat.query(f"DELETE FROM {table.sql} WHERE id = $1 RETURNING id", [id], ["int4"])
-    else:
-        gone = cat.query(f"DELETE FROM {table.sql} WHERE name = $1 RETURNING id", [name],
-                         ["text"])
-    if not gone:
+    gone = stmts.delete_custom_function(cat, table, id=id, name=name)
+    if gone is None:
         raise CerebroError(f"{CUSTOM_FN}: Object id {id if id is not None else name} not "
                            "found", UNDEFINED_OBJECT)
-    cat.notice(f"{CUSTOM_FN}: Object id {gone[0]['id']} has been deleted from {table}.")
-    if not cat.query(f"SELECT 1 AS x FROM {table.sql} LIMIT 1"):
+    cat.notice(f"{CUSTOM_FN}: Object id {gone} has been deleted from {table}.")
+    if not stmts.has_rows(cat, table):
         cat.drop_table(table)
         cat.notice(f"{CUSTOM_FN}: Dropping empty custom keras function table {table}")

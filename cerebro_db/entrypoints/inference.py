@@ -15,6 +15,8 @@ import numpy as np
 
 from .. import keras_arch
 from ..catalog import Catalog
+from ..catalog import inference as stmts
+from ..catalog import models as model_stmts
 from ..errors import (
     DATATYPE_MISMATCH,
     NULL_VALUE_NOT_ALLOWED,
@@ -22,7 +24,7 @@ from ..errors import (
     CerebroError,
     invalid,
 )
-from ..names import TableName, quote_ident, split_column_list
+from ..names import TableName, split_column_list
 from ..preprocess import check_finite, decode_arrays
 from . import entrypoint, require_output_schema
 from .models import require_arch_table
@@ -72,23 +74,22 @@ def _model_row(cat: Catalog, model_table: str, mst_key: int | None
                       "madlib_keras_fit_multiple_model.")
     summ = t.with_suffix("_summary", "model_table")
     cat.require_table(summ, "model summary table")
-    srow = cat.query(f"SELECT * FROM {summ.sql}")
+    srow = stmts.one_row(cat, summ)
     if len(srow) != 1:
         raise invalid(f'"{summ}" must hold exactly one row')
     if "mst_key" in cols:
         if mst_key is None:
-            keys = [r["mst_key"] for r in cat.query(f"SELECT mst_key FROM {t.sql} ORDER BY 1")]
+            keys = stmts.mst_keys(cat, t)
             if len(keys) != 1:
                 raise CerebroError("mst_key must be given for a table of several models",
                                    NULL_VALUE_NOT_ALLOWED,
                                    hint=f"mst_key values in {t}: {keys[:20]}")
             mst_key = keys[0]
-        rows = cat.query(f"SELECT model_weights, model_arch::text AS model_arch FROM {t.sql} "
-                         "WHERE mst_key = $1", [mst_key], ["int4"])
+        rows = stmts.model_of(cat, t, mst_key)
         if not rows:
             raise CerebroError(f'mst_key {mst_key} does not exist in "{t}"', UNDEFINED_OBJECT)
     else:
-        rows = cat.query(f"SELECT model_weights, model_arch::text AS model_arch FROM {t.sql}")
+        rows = stmts.model_of(cat, t, None)
         if len(rows) != 1:
             raise invalid(f'model_table "{t}" must hold exactly one model')
     row = dict(rows[0])
@@ -148,16 +149,14 @@ def _predict_into(cat: Catalog, *, arch: str, weights: bytes, test: TableName, i
 
     cache = ModelCache(max_models=1)
     with_rank = pt.kind != "response" and not regression
-    sql, types = _long_output(cat, output, id_name, id_type, with_rank)
+    long_out = stmts.create_long_output(cat, output, id_name, id_type, with_rank)
     scale = np.float32(normalizing_const or 1.0)
     total = 0
-    q = (f"SELECT {quote_ident(id_name)} AS id, pg_catalog.array_send({quote_ident(x_name)}"
-         f"::real[]) AS x FROM {test.sql}")
-    for rows in cat.stream(q, batch=BATCH_ROWS):
+    for rows in stmts.stream_features(cat, test, id_name, [x_name], BATCH_ROWS):
         ids = [r["id"] for r in rows]
         if any(i is None for i in ids):
             raise CerebroError(f'id_col "{id_name}" is NULL in some rows', NULL_VALUE_NOT_ALLOWED)
-        x, _ = decode_arrays([r["x"] for r in rows], "float4", f'"{x_name}"')
+        x, _ = decode_arrays([r["x0"] for r in rows], "float4", f'"{x_name}"')
         check_finite(x, f'independent variable "{x_name}"', total)
         out = predict(cache, arch, weights, x / scale if scale != 1 else x)
         out = out.reshape(len(ids), -1)
@@ -173,7 +172,7 @@ def _predict_into(cat: Catalog, *, arch: str, weights: bytes, test: TableName, i
             cols_out = _rows_for(pt, ids, out, class_name, cv)
             if not with_rank:
                 cols_out = cols_out[:4]
-        cat.query(sql, list(cols_out), types)
+        long_out.insert(cat, cols_out)
         total += len(ids)
     return total
 
@@ -241,13 +240,10 @@ def _predict_multi_into(cat: Catalog, *, arch: str, weights: bytes, test: TableN
             hint="List one independent_varname column per model input, in order.")
     cache = ModelCache(max_models=1)
     with_rank = pt.kind != "response" and not all(regression)
-    sql, types = _long_output(cat, output, id_name, id_type, with_rank)
+    long_out = stmts.create_long_output(cat, output, id_name, id_type, with_rank)
     scale = np.float32(normalizing_const or 1.0)
-    xsel = ", ".join(f"pg_catalog.array_send({quote_ident(x)}::real[]) AS x{i}"
-                     for i, x in enumerate(x_names))
-    q = f"SELECT {quote_ident(id_name)} AS id, {xsel} FROM {test.sql}"
     total = 0
-    for rows in cat.stream(q, batch=BATCH_ROWS):
+    for rows in stmts.stream_features(cat, test, id_name, x_names, BATCH_ROWS):
         ids = [r["id"] for r in rows]
         if any(i is None for i in ids):
             raise CerebroError(f'id_col "{id_name}" is NULL in some rows', NULL_VALUE_NOT_ALLOWED)
@@ -275,7 +271,7 @@ def _predict_multi_into(cat: Catalog, *, arch: str, weights: bytes, test: TableN
                 part = _rows_for(pt, ids, out, name, vals)
             for a, b in zip(acc, part):
                 a.extend(b)
-        cat.query(sql, acc, types)
+        long_out.insert(cat, acc)
         total += len(ids)
     return total
 
@@ -322,28 +318,27 @@ def madlib_keras_predict_byom(cat: Catalog, *, model_arch_table: str, model_id: 
         raise invalid(f"normalizing_const must be a positive number, got {normalizing_const}")
     cvs = _byom_class_values(class_values, dependent_count)
     require_arch_table(cat, arch_t, "model_arch_table")
-    rows = cat.query(f"SELECT model_arch::text AS a, model_weights AS w FROM {arch_t.sql} "
-                     "WHERE model_id = $1", [model_id], ["int4"])
-    if not rows:
+    found = model_stmts.arch_and_weights(cat, arch_t, model_id)
+    if found is None:
         raise CerebroError(f'model_id {model_id} does not exist in "{arch_t}"', UNDEFINED_OBJECT)
-    if rows[0]["w"] is None:
+    if found["w"] is None:
         raise invalid(f"model_id {model_id} has no weights",
                       hint="Load weights with load_keras_model(..., model_weights => ...).")
     test, idn, idt, xn = _test_source(cat, test_table, id_col, independent_varname)
     cat.require_absent(out, "output_table")
     require_output_schema(cat, out, "output_table")
-    model = keras_arch.build_from_json(rows[0]["a"], shared=True)
-    keras_arch.check_weights(model, rows[0]["w"])
+    model = keras_arch.build_from_json(found["a"], shared=True)
+    keras_arch.check_weights(model, found["w"])
     if len(cvs) > 1 or isinstance(xn, list):
         names = ["dependent_var"] if len(cvs) == 1 else \
             [f"dependent_var_{i}" for i in range(len(cvs))]
         n = _predict_multi_into(
-            cat, arch=rows[0]["a"], weights=bytes(rows[0]["w"]), test=test, id_name=idn,
+            cat, arch=found["a"], weights=bytes(found["w"]), test=test, id_name=idn,
             id_type=idt, x_names=xn if isinstance(xn, list) else [xn], output=out, pt=pt,
             class_names=names, class_values=cvs, normalizing_const=normalizing_const or 1.0,
             regression=[False] * len(cvs))
     else:
-        n = _predict_into(cat, arch=rows[0]["a"], weights=bytes(rows[0]["w"]), test=test,
+        n = _predict_into(cat, arch=found["a"], weights=bytes(found["w"]), test=test,
                           id_name=idn, id_type=idt, x_name=xn, output=out, pt=pt,
                           class_name="dependent_var", class_values=cvs[0],
                           normalizing_const=normalizing_const or 1.0, regression=False)
@@ -366,8 +361,7 @@ def madlib_keras_evaluate(cat: Catalog, *, model_table: str, test_table: str, ou
     require_output_schema(cat, out, "output_table")
     info_t = t.with_suffix("_info", "model_table")
     if row["mst_key"] is not None and cat.relation_oid(info_t) is not None:
-        cfg = cat.query(f"SELECT compile_params FROM {info_t.sql} WHERE mst_key = $1",
-                        [row["mst_key"]], ["int4"])[0]
+        cfg = stmts.compile_params_of(cat, info_t, row["mst_key"])
     elif "compile_params" in summ:
         cfg = {"compile_params": summ["compile_params"]}
     else:
@@ -410,19 +404,3 @@ def madlib_keras_evaluate(cat: Catalog, *, model_table: str, test_table: str, ou
                [[res.loss, metrics[0] if metrics else None, cp.metric_names() or None,
                  loss_type, metrics or None]])
 
-
-def _long_output(cat: Catalog, output: TableName, id_name: str, id_type: str,
-                 with_rank: bool) -> tuple[str, list[str]]:
-    """Create MADlib's long prediction table (id, class_name, class_value, prob[, rank]) and
-    return the INSERT of one batch (arrays bound as parameters) with its parameter types."""
-    cols = [(id_name, id_type), ("class_name", "text"), ("class_value", "text"),
-            ("prob", "double precision")] + ([("rank", "integer")] if with_rank else [])
-    cat.create_table(output, cols)
-    names = ", ".join(quote_ident(c) for c, _ in cols)
-    arrays = ["$1::text[]", "$2::text[]", "$3::text[]", "$4::float8[]"] + \
-        (["$5::int[]"] if with_rank else [])
-    sel = f"u.c0::{id_type}, u.c1, u.c2, u.c3" + (", u.c4" if with_rank else "")
-    sql = (f"INSERT INTO {output.sql} ({names}) SELECT {sel} FROM unnest({', '.join(arrays)}) "
-           f"AS u({', '.join(f'c{i}' for i in range(len(arrays)))})")
-    types = ["text[]", "text[]", "text[]", "float8[]"] + (["int4[]"] if with_rank else [])
-    return sql, types

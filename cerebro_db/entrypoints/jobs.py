@@ -23,7 +23,8 @@ import json
 import traceback
 from typing import Any
 
-from ..catalog import Catalog
+from ..catalog import Catalog, session
+from ..catalog import jobs as stmts
 from ..errors import (
     DATA_EXCEPTION,
     DUPLICATE_TABLE,
@@ -35,7 +36,7 @@ from ..errors import (
     CerebroError,
     invalid,
 )
-from ..names import NAMEDATALEN, TableName, quote_ident, quote_literal, split_column_list
+from ..names import NAMEDATALEN, TableName, quote_ident, split_column_list
 from . import entrypoint, require_output_schema
 
 DUPLICATE_OBJECT = "42710"
@@ -48,7 +49,6 @@ REQUIRED = {"fit": {"num_iterations"},
                        "fit_params_grid"}}
 PREPROCESS = {"buffer_size", "normalizing_const", "num_classes", "distribution_rules",
               "num_partitions", "random_state"}
-LOCK_CLASS = 1128416836  # the first int4 key of a job's advisory lock (the second: job_id)
 MAX_JOB_NAME = 48
 
 
@@ -60,32 +60,18 @@ def _stage(t: TableName, job_id: int, what: str) -> TableName:
 
 def _fn_args(cat: Catalog, fn: str) -> dict[str, str]:
     """Argument name -> SQL type of the extension's function ``fn`` (the MADlib signature)."""
-    rows = cat.query(
-        "SELECT p.proargnames::text[] AS n, array(SELECT pg_catalog.format_type(t, NULL) "
-        "FROM unnest(p.proargtypes::oid[]) WITH ORDINALITY u(t, i) ORDER BY i) AS t "
-        "FROM pg_catalog.pg_proc p WHERE p.pronamespace = $1::regnamespace "
-        "AND p.proname = $2 AND p.pronargs > 1", [quote_ident(cat.schema), fn],
-        ["text", "text"])
-    return dict(zip(rows[0]["n"], rows[0]["t"]))
+    return stmts.function_args(cat, fn)
 
 
-def _as_text(v: Any, what: str) -> str | None:
-    """A JSON value as the text of an SQL literal (arrays as '{...}')."""
-    if v is None:
-        return None
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float, str)):
-        return str(v)
+def _check_value(v: Any, what: str) -> None:
+    """A job option is a JSON scalar or a flat array (the server casts it to the argument's
+    type: :func:`cerebro_db.catalog.jobs.json_as`)."""
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return
     if isinstance(v, list):
-        items = []
-        for x in v:
-            if isinstance(x, (list, dict)):
-                raise invalid(f"{what}: nested arrays are not supported, got {json.dumps(v)}")
-            s = _as_text(x, what)
-            items.append("NULL" if s is None else
-                         '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"')
-        return "{" + ",".join(items) + "}"
+        if any(isinstance(x, (list, dict)) for x in v):
+            raise invalid(f"{what}: nested arrays are not supported, got {json.dumps(v)}")
+        return
     raise invalid(f"{what}: expected a JSON scalar or array, got {json.dumps(v)}")
 
 
@@ -109,10 +95,10 @@ def _options(cat: Catalog, raw: Any, fn: str, reserved: set[str], what: str
         if k not in types:
             allowed = ", ".join(sorted(set(types) - reserved))
             raise invalid(f"{what}: {fn} has no argument {k!r}", hint=f"Arguments: {allowed}.")
-        text = _as_text(v, f"{what}.{k}")
+        _check_value(v, f"{what}.{k}")
         try:
             with cat.db.subtransaction():
-                cat.query(f"SELECT $1::{types[k]} AS v", [text], ["text"])
+                stmts.cast_json(cat, json.dumps(v), types[k])
         except Exception as e:  # noqa: BLE001 - the server's cast error, reported as ours
             msg = str(getattr(e, "args", [e])[0]).splitlines()[0]
             raise invalid(f"{what}: {k} = {json.dumps(v)} is not a valid {types[k]}: {msg}"
@@ -122,37 +108,28 @@ def _options(cat: Catalog, raw: Any, fn: str, reserved: set[str], what: str
 
 def _call(cat: Catalog, fn: str, fixed: list[tuple[str, Any, str]], opts: dict[str, Any],
           types: dict[str, str]) -> None:
-    """SELECT fn(name => $n::type, ...) with bound values."""
-    names, vals, tys = [], [], []
-    for n, v, t in fixed:
-        names.append(n)
-        vals.append(v)
-        tys.append(t)
-    for k, v in opts.items():
-        names.append(k)
-        vals.append(_as_text(v, k))
-        tys.append("text")
-    args = ", ".join(f"{quote_ident(n)} => ${i + 1}::{types[n]}" for i, n in enumerate(names))
+    """Call the extension's function ``fn`` by named arguments, the values bound."""
+    args = [(n, v, t, types[n]) for n, v, t in fixed]
+    args += [(k, json.dumps(v), "json", types[k]) for k, v in opts.items()]
     # the entry point's wrapper resolves the names under the job's search_path: set it for
     # this one statement (a qualified call with bound values), then pin again
     pinned = None
     if cat.caller_path is not None:
-        pinned = cat.query("SELECT pg_catalog.current_setting('search_path') AS p")[0]["p"]
+        pinned = session.search_path(cat)
         cat.set_local("search_path", cat.caller_path)
     try:
-        cat.query(f"SELECT {cat.ext(fn)}({args})", vals, tys)
+        stmts.call_function(cat, fn, args)
     finally:
         if pinned is not None:
             cat.set_local("search_path", pinned)
 
 
 def _job(cat: Catalog, job_name: str) -> dict[str, Any]:
-    rows = cat.query(f"SELECT * FROM {cat.ext('jobs')} WHERE job_name = $1", [job_name],
-                     ["text"])
-    if not rows:
+    row = stmts.job(cat, job_name)
+    if row is None:
         raise CerebroError(f'model selection job "{job_name}" does not exist', UNDEFINED_OBJECT,
                            hint="The jobs are listed in model_selection_jobs.")
-    return rows[0]
+    return row
 
 
 # -- pg_cron ------------------------------------------------------------------------------
@@ -169,7 +146,7 @@ def _cron_database(cat: Catalog) -> str | None:
         return UNREADABLE
 
 
-def _cron(cat: Catalog, sql: str, args: list[Any], types: list[str]) -> tuple[Any, str]:
+def _cron(cat: Catalog, stmt: stmts.CronStatement) -> tuple[Any, str]:
     """Run one statement on pg_cron's database: here when it is this database, else over a
     dblink session (superusers only: pg_cron lives in another database). Returns the
     statement's value and pg_cron's database."""
@@ -181,21 +158,18 @@ def _cron(cat: Catalog, sql: str, args: list[Any], types: list[str]) -> tuple[An
             hint="Add pg_cron to shared_preload_libraries and set cron.database_name (see the "
             "README), or pass schedule => NULL and CALL run_model_selection_job from your own "
             "scheduler.")
-    here = cat.query("SELECT current_database()::text AS d")[0]["d"]
-    check = "SELECT count(*) AS n FROM pg_catalog.pg_extension WHERE extname = 'pg_cron'"
+    here = session.current_database(cat)
     if db == UNREADABLE:  # pg_cron here, or somewhere this role cannot reach
-        db = here if int(cat.query(check)[0]["n"]) else "(cron.database_name)"
+        db = here if stmts.pg_cron_installed(cat) else "(cron.database_name)"
     missing = CerebroError(
         f'pg_cron is loaded but its extension is not created in database "{db}"',
         OBJECT_NOT_IN_PREREQUISITE_STATE,
         hint=f'Run CREATE EXTENSION pg_cron in database "{db}" (cron.database_name).')
     if db == here:
-        if int(cat.query(check)[0]["n"]) == 0:
+        if not stmts.pg_cron_installed(cat):
             raise missing
-        return cat.query(sql, args, types)[0]["r"], db
-    su = cat.query("SELECT rolsuper AS s FROM pg_catalog.pg_roles "
-                   "WHERE rolname = current_user")[0]["s"]
-    if not su:
+        return stmt.run(cat), db
+    if not session.is_superuser(cat):
         raise CerebroError(
             f'pg_cron runs in database "{db}"; only a superuser can schedule from "{here}"'
             if not db.startswith("(") else
@@ -204,32 +178,21 @@ def _cron(cat: Catalog, sql: str, args: list[Any], types: list[str]) -> tuple[An
             hint=f'Pass schedule => NULL, then have a superuser run in {db}: SELECT '
             f"cron.schedule_in_database(<name>, <schedule>, 'CALL "
             f"{quote_ident(cat.schema)}.run_model_selection_job(<job_name>)', '{here}').")
-    row = cat.query("SELECT current_user::text AS u, current_setting('port') AS p, "
-                    "split_part(current_setting('unix_socket_directories'), ',', 1) AS s")[0]
-
-    def q(v: str) -> str:
-        return "'" + str(v).replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-    info = (f"dbname={q(db)} user={q(row['u'])} port={q(row['p'])} "
-            f"host={q(row['s'].strip() or 'localhost')}")
+    row = session.socket_login(cat)
+    info = session.conninfo(dbname=db, user=row["u"], port=row["p"],
+                            host=row["s"].strip() or "localhost")
     name = "cerebro_db_cron"
     cat.dblink_connect(name, info)
     try:
-        if int(cat.dblink_query(name, check)[0][0]) == 0:
+        if not stmts.pg_cron_installed(cat, name):
             raise missing
-        stmt = sql
-        for i, (a, t) in reversed(list(enumerate(zip(args, types)))):
-            lit = "NULL" if a is None else quote_literal(str(a))
-            stmt = stmt.replace(f"${i + 1}", f"{lit}::{t}")
-        res = cat.dblink_query(name, stmt)
-        return (res[0][0] if res else None), db
+        return stmt.run_over(cat, name), db
     finally:
         cat.dblink_disconnect(name)
 
 
 def _cron_job_name(cat: Catalog, job_name: str) -> str:
-    return "cerebro_db:" + cat.query("SELECT current_database()::text AS d")[0]["d"] + ":" \
-        + job_name
+    return "cerebro_db:" + session.current_database(cat) + ":" + job_name
 
 
 # -- schedule / unschedule ----------------------------------------------------------------
@@ -252,7 +215,7 @@ def schedule_model_selection(
             or any(ord(ch) < 32 for ch in job_name):
         raise invalid(f"job_name must be 1 to {MAX_JOB_NAME} bytes without control "
                       f"characters, got {job_name!r}")
-    if cat.query(f"SELECT 1 FROM {cat.ext('jobs')} WHERE job_name = $1", [job_name], ["text"]):
+    if stmts.job(cat, job_name) is not None:
         raise CerebroError(f'model selection job "{job_name}" already exists', DUPLICATE_OBJECT,
                            hint="Unschedule it first or choose another name.")
     m = (method or "fit").strip().lower()
@@ -269,7 +232,7 @@ def schedule_model_selection(
     if retries < 0 or retries > 100:
         raise invalid(f"retries must be between 0 and 100, got {retries}")
     delay = retry_delay if retry_delay is not None else "0"
-    if cat.query("SELECT $1::interval < '0' AS neg", [delay], ["text"])[0]["neg"]:
+    if stmts.interval_is_negative(cat, delay):
         raise invalid(f"retry_delay must not be negative, got {retry_delay!r}")
     src = cat.table(source_table, "source_table")
     oid = cat.require_table(src, "source_table")
@@ -291,9 +254,7 @@ def schedule_model_selection(
         for s in ("", "_summary") + (("_info",) if t is out else ()):
             tt = t.with_suffix(s, what)
             cat.require_absent(tt, what, hint="The job creates and owns it: choose a new name.")
-    if cat.query(f"SELECT 1 FROM {cat.ext('jobs')} WHERE packed_table = $1 OR "
-                 "model_output_table = $2", [packed_table, model_output_table],
-                 ["text", "text"]):
+    if stmts.job_writes(cat, packed_table, model_output_table):
         raise CerebroError("another job already writes this packed_table or "
                            "model_output_table", DUPLICATE_TABLE)
     if m == "fit":
@@ -320,39 +281,28 @@ def schedule_model_selection(
     popts, _ = _options(cat, preprocess_options, "training_preprocessor_dl",
                         {"source_table", "output_table", "dependent_varname",
                          "independent_varname"}, "preprocess_options")
-    row = cat.query(
-        f"INSERT INTO {cat.ext('jobs')} (job_name, schedule, method, source_table, key_column, "
-        "packed_table, dependent_varname, independent_varname, preprocess_options, "
-        "model_output_table, model_selection_table, fit_options, warm_start, retries, "
-        "retry_delay, search_path) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::jsonb, $10, "
-        "$11, $12::jsonb, $13, $14, $15::interval, $16) RETURNING job_id",
-        [job_name, schedule, m, source_table, key_column, packed_table, dependent_varname,
-         independent_varname, json.dumps(popts), model_output_table, model_selection_table,
-         json.dumps(fopts), warm, retries, delay, _caller_path(cat)],
-        ["text", "text", "text", "text", "text", "text", "text", "text", "text", "text",
-         "text", "text", "bool", "int4", "text", "text"])
-    job_id = int(row[0]["job_id"])
+    job_id = stmts.insert_job(
+        cat, job_name=job_name, schedule=schedule, method=m, source_table=source_table,
+        key_column=key_column, packed_table=packed_table, dependent_varname=dependent_varname,
+        independent_varname=independent_varname, preprocess_options=json.dumps(popts),
+        model_output_table=model_output_table, model_selection_table=model_selection_table,
+        fit_options=json.dumps(fopts), warm_start=warm, retries=retries, retry_delay=delay,
+        search_path=_caller_path(cat))
     for s in ("out", "mst", "packed", "new"):
         if len(_stage(out, job_id, s).name.encode()) + len("_summary") >= NAMEDATALEN:
             raise invalid("job id too large for staging names")  # pragma: no cover
     if schedule is not None:
         if not schedule.strip():
             raise invalid("schedule must not be empty", hint="Pass NULL for no schedule.")
-        command = f"CALL {cat.ext('run_model_selection_job')}({quote_literal(job_name)})"
-        db = cat.query("SELECT current_database()::text AS d")[0]["d"]
-        cron_id, cron_db = _cron(
-            cat, "SELECT cron.schedule_in_database($1, $2, $3, $4, $5) AS r",
-            [_cron_job_name(cat, job_name), schedule, command, db,
-             cat.query("SELECT current_user::text AS u")[0]["u"]],
-            ["text", "text", "text", "text", "text"])
-        cat.query(f"UPDATE {cat.ext('jobs')} SET cron_jobid = $1, cron_database = $2 "
-                  "WHERE job_id = $3", [int(cron_id), cron_db, job_id],
-                  ["int8", "text", "int8"])
+        cron_id, cron_db = _cron(cat, stmts.cron_schedule(
+            _cron_job_name(cat, job_name), schedule, stmts.run_job_command(cat, job_name),
+            session.current_database(cat), session.current_user(cat)))
+        stmts.set_cron_job(cat, job_id, int(cron_id), cron_db)
         cat.notice(f'schedule_model_selection: job "{job_name}" runs on "{schedule}" '
                    f"(pg_cron job {cron_id} in database {cron_db})")
     else:
         cat.notice(f'schedule_model_selection: job "{job_name}" has no schedule; run it '
-                   f"with CALL run_model_selection_job({quote_literal(job_name)})")
+                   f"with {stmts.run_job_command(cat, job_name, qualified=False)}")
     return job_id
 
 
@@ -366,9 +316,8 @@ def unschedule_model_selection(cat: Catalog, *, job_name: str) -> bool:
         cat.notice(f'unschedule_model_selection: pg_cron is not loaded; its job '
                    f'{job["cron_jobid"]} was not removed')
     elif job["cron_jobid"] is not None:
-        _cron(cat, "SELECT CASE WHEN EXISTS (SELECT 1 FROM cron.job WHERE jobid = $1) "
-              "THEN cron.unschedule($1) END AS r", [job["cron_jobid"]], ["int8"])
-    cat.query(f"DELETE FROM {cat.ext('jobs')} WHERE job_id = $1", [job["job_id"]], ["int8"])
+        _cron(cat, stmts.cron_unschedule(int(job["cron_jobid"])))
+    stmts.delete_job(cat, job["job_id"])
     return True
 
 
@@ -377,7 +326,7 @@ def _caller_path(cat: Catalog) -> str:
     """The search_path the job's tables are named under (the scheduling call's)."""
     if cat.caller_path is not None:
         return cat.caller_path
-    return str(cat.query("SELECT pg_catalog.current_setting('search_path') AS p")[0]["p"])
+    return session.search_path(cat)
 
 
 def job_step(plpy: Any, schema: str, *, job_name: str, run_id: int | None, step: str) -> Any:
@@ -392,8 +341,7 @@ def job_step(plpy: Any, schema: str, *, job_name: str, run_id: int | None, step:
     if step == "end":
         _end(cat, job, run_id)
         return "ok"
-    cat.query(f"UPDATE {cat.ext('job_runs')} SET attempts = attempts + (($2 = 'pack')::int) "
-              "WHERE run_id = $1", [run_id, step], ["int8", "text"])
+    stmts.count_attempt(cat, run_id, step)
     errors = tuple(e for e in (getattr(plpy, "SPIError", None), getattr(plpy, "Error", None),
                                CerebroError, Exception) if e)
     fit_id = None
@@ -401,8 +349,7 @@ def job_step(plpy: Any, schema: str, *, job_name: str, run_id: int | None, step:
         with plpy.subtransaction():
             if step == "pack":
                 new, total = _pack(cat, job)
-                cat.query(f"UPDATE {cat.ext('job_runs')} SET new_rows = $2, rows_trained = $3 "
-                          "WHERE run_id = $1", [run_id, new, total], ["int8", "int8", "int8"])
+                stmts.record_rows(cat, run_id, new, total)
             elif step == "train":
                 _train_and_publish(cat, job, run_id)
             else:
@@ -415,41 +362,27 @@ def job_step(plpy: Any, schema: str, *, job_name: str, run_id: int | None, step:
 
 
 def _begin(cat: Catalog, job: dict[str, Any]) -> str | None:
-    runs = cat.ext("job_runs")
-    got = cat.query("SELECT pg_catalog.pg_try_advisory_lock($1, $2) AS g",
-                    [LOCK_CLASS, int(job["job_id"])], ["int4", "int4"])[0]["g"]
-    nxt = cat.query(f"SELECT coalesce(max(run), 0) + 1 AS n FROM {runs} WHERE job_id = $1",
-                    [job["job_id"]], ["int8"])[0]["n"]
+    jid = int(job["job_id"])
+    got = stmts.try_lock(cat, jid)
+    nxt = stmts.next_run(cat, jid)
     if not got:
-        prev = cat.query(f"SELECT run, backend_pid FROM {runs} WHERE job_id = $1 AND "
-                         "status = 'running' ORDER BY run DESC LIMIT 1", [job["job_id"]],
-                         ["int8"])
-        what = (f"run {prev[0]['run']} (backend pid {prev[0]['backend_pid']})" if prev
+        prev = stmts.running_run(cat, jid)
+        what = (f"run {prev['run']} (backend pid {prev['backend_pid']})" if prev
                 else "another run")
-        cat.query(f"INSERT INTO {runs} (job_id, job_name, run, status, ended_at, message) "
-                  "VALUES ($1, $2, $3, 'skipped', clock_timestamp(), $4)",
-                  [job["job_id"], job["job_name"], nxt,
-                   f"{what} of this job is still going; this run did nothing"],
-                  ["int8", "text", "int4", "text"])
+        stmts.insert_skipped_run(cat, jid, job["job_name"], nxt,
+                                 f"{what} of this job is still going; this run did nothing")
         cat.notice(f'run_model_selection_job: job "{job["job_name"]}": {what} is still going; '
                    "skipped")
         return None
     # rows left 'running' by a run whose session died (we hold the lock, so none is going)
-    cat.query(f"UPDATE {runs} SET status = 'failed', ended_at = clock_timestamp(), "
-              "message = coalesce(message || '; ', '') || 'interrupted: its session ended' "
-              "WHERE job_id = $1 AND status = 'running'", [job["job_id"]], ["int8"])
-    return str(cat.query(f"INSERT INTO {runs} (job_id, job_name, run) VALUES ($1, $2, $3) "
-                         "RETURNING run_id", [job["job_id"], job["job_name"], nxt],
-                         ["int8", "text", "int4"])[0]["run_id"])
+    stmts.fail_interrupted_runs(cat, jid)
+    return str(stmts.insert_run(cat, jid, job["job_name"], nxt))
 
 
 def _end(cat: Catalog, job: dict[str, Any], run_id: int | None) -> None:
     if run_id is not None:
-        cat.query(f"UPDATE {cat.ext('job_runs')} SET status = 'failed', ended_at = "
-                  "clock_timestamp(), message = coalesce(message, 'ended without a result') "
-                  "WHERE run_id = $1 AND status = 'running'", [run_id], ["int8"])
-    cat.query("SELECT pg_catalog.pg_advisory_unlock($1, $2)", [LOCK_CLASS, int(job["job_id"])],
-              ["int4", "int4"])
+        stmts.fail_unfinished_run(cat, run_id)
+    stmts.unlock(cat, int(job["job_id"]))
 
 
 def _error_text(e: BaseException) -> str:
@@ -461,19 +394,14 @@ def _error_text(e: BaseException) -> str:
 def _failed(cat: Catalog, job: dict[str, Any], run_id: int, step: str, e: BaseException,
             fit_id: int | None) -> str:
     """Record a failed attempt; 'retry' while the job has retries left, else 'failed'."""
-    attempts = cat.query(f"SELECT attempts FROM {cat.ext('job_runs')} WHERE run_id = $1",
-                         [run_id], ["int8"])[0]["attempts"]
+    attempts = stmts.attempts(cat, run_id)
     cancelled = getattr(e, "sqlstate", None) == QUERY_CANCELED  # by a person: not retried
     again = attempts <= int(job["retries"]) and not cancelled
     text = f"attempt {attempts}, {step}: {_error_text(e)}" + (" (not retried)" if cancelled
                                                                  else "")
     if not isinstance(e, CerebroError) and not hasattr(e, "sqlstate"):
         text += "\n" + traceback.format_exc(limit=5)
-    cat.query(
-        f"UPDATE {cat.ext('job_runs')} SET message = coalesce(message || E'\\n', '') || $2, "
-        "fit_id = coalesce($3, fit_id), status = CASE WHEN $4 THEN status ELSE 'failed' END, "
-        "ended_at = CASE WHEN $4 THEN NULL ELSE clock_timestamp() END WHERE run_id = $1",
-        [run_id, text, fit_id, again], ["int8", "text", "int8", "bool"])
+    stmts.record_failure(cat, run_id, text, fit_id, again)
     cat.notice(f'run_model_selection_job: job "{job["job_name"]}" {text.splitlines()[0]}'
                + ("; retrying" if again else ""))
     return "retry" if again else "failed"
@@ -481,21 +409,12 @@ def _failed(cat: Catalog, job: dict[str, Any], run_id: int, step: str, e: BaseEx
 
 def _last_fit(cat: Catalog, job: dict[str, Any], run_id: int) -> int | None:
     out = cat.table(job["model_output_table"], "model_output_table")
-    rows = cat.query(
-        f"SELECT max(f.fit_id) AS f FROM {cat.ext('fits')} f, {cat.ext('job_runs')} r "
-        "WHERE r.run_id = $1 AND f.started_at >= r.started_at AND f.model_output_table = $2",
-        [run_id, str(_stage(out, int(job["job_id"]), "out"))], ["int8", "text"])
-    return rows[0]["f"]
+    return stmts.last_fit(cat, run_id, str(_stage(out, int(job["job_id"]), "out")))
 
 
 def _key_type(cat: Catalog, src: TableName, key: str) -> str:
     cols = cat.columns(cat.require_table(src, "source_table"))
     return cat.require_column(src, cols, key, "key_column").type_name
-
-
-def _temp_view(cat: Catalog, name: str, src: TableName, where: str) -> TableName:
-    cat.query(f"CREATE TEMP VIEW {quote_ident(name)} AS SELECT * FROM {src.sql} WHERE {where}")
-    return TableName("pg_temp", name, f"pg_temp.{name}")
 
 
 def _pack(cat: Catalog, job: dict[str, Any]) -> tuple[int, int]:
@@ -511,20 +430,16 @@ def _pack(cat: Catalog, job: dict[str, Any]) -> tuple[int, int]:
     source, hwm = src, None
     if key is not None:
         ktype = _key_type(cat, src, key)
-        k = quote_ident(key)
-        hwm = cat.query(f"SELECT max({k})::text AS m FROM {src.sql}")[0]["m"]
+        hwm = stmts.max_key(cat, src, key)
         if hwm is None:
             raise CerebroError(f'source_table "{src}" has no rows with a key', DATA_EXCEPTION)
         have = job["packed_through"]
         exists = cat.relation_oid(packed) is not None and cat.relation_oid(psumm) is not None
         if have is not None and exists:
-            newer = cat.query(f"SELECT $1::{ktype} > $2::{ktype} AS g", [hwm, have],
-                              ["text", "text"])[0]["g"]
-            if not newer:
+            if not stmts.key_greater(cat, hwm, have, ktype):
                 return 0, int(job["packed_rows"] or 0)
-            view = _temp_view(cat, f"__cerebro_job_{jid}_src", src,
-                              f"{k} > {quote_literal(have)}::{ktype} AND "
-                              f"{k} <= {quote_literal(hwm)}::{ktype}")
+            view = stmts.create_key_view(cat, f"__cerebro_job_{jid}_src", src, key, ktype,
+                                         have, hwm)
             try:
                 with cat.db.subtransaction():
                     n = _append(cat, job, view, packed, psumm, popts)
@@ -534,33 +449,31 @@ def _pack(cat: Catalog, job: dict[str, Any]) -> tuple[int, int]:
                 cat.notice(f'run_model_selection_job: job "{job["job_name"]}": the new rows '
                            f"cannot be appended ({_error_text(e)}); packing all rows again")
             else:
-                cat.query(f"DROP VIEW {view.sql}")
+                stmts.drop_view(cat, view)
                 total = int(job["packed_rows"] or 0) + n
-                cat.query(f"UPDATE {cat.ext('jobs')} SET packed_through = $2, packed_rows = $3 "
-                          "WHERE job_id = $1", [jid, hwm, total], ["int8", "text", "int8"])
+                stmts.set_packed_through(cat, jid, hwm, total)
                 return n, total
-            cat.query(f"DROP VIEW {view.sql}")
-        source = _temp_view(cat, f"__cerebro_job_{jid}_src", src,
-                            f"{k} <= {quote_literal(hwm)}::{ktype}")
+            stmts.drop_view(cat, view)
+        source = stmts.create_key_view(cat, f"__cerebro_job_{jid}_src", src, key, ktype,
+                                       None, hwm)
     stage = _stage(packed, jid, "packed")
     _call(cat, "training_preprocessor_dl",
           [("source_table", str(source), "text"), ("output_table", stage.sql, "text"),
            ("dependent_varname", job["dependent_varname"], "text"),
            ("independent_varname", job["independent_varname"], "text")], popts, ptypes)
     if source is not src:
-        cat.query(f"DROP VIEW {source.sql}")
+        stmts.drop_view(cat, source)
     for t in (packed, psumm):
         if cat.relation_oid(t) is not None:
             cat.drop_table(t)
     ssumm = stage.with_suffix("_summary", "packed_table")
-    cat.query(f"UPDATE {ssumm.sql} SET source_table = $1, output_table = $2",
-              [str(src), str(packed)], ["text", "text"])
-    cat.query(f"ALTER TABLE {stage.sql} RENAME TO {quote_ident(packed.name)}")
+    stmts.set_summary_column(cat, ssumm, "source_table", str(src))
+    stmts.set_summary_column(cat, ssumm, "output_table", str(packed))
+    stmts.rename_table(cat, stage, packed.name)
     _rename_indexes(cat, packed, stage.name)
-    cat.query(f"ALTER TABLE {ssumm.sql} RENAME TO {quote_ident(psumm.name)}")
-    total = int(cat.query(f"SELECT num_rows AS n FROM {psumm.sql}")[0]["n"])
-    cat.query(f"UPDATE {cat.ext('jobs')} SET packed_through = $2, packed_rows = $3 "
-              "WHERE job_id = $1", [jid, hwm, total], ["int8", "text", "int8"])
+    stmts.rename_table(cat, ssumm, psumm.name)
+    total = stmts.summary_num_rows(cat, psumm)
+    stmts.set_packed_through(cat, jid, hwm, total)
     return total, total
 
 
@@ -570,7 +483,7 @@ def _append(cat: Catalog, job: dict[str, Any], view: TableName, packed: TableNam
     partitions (validation_preprocessor_dl does exactly that) and append their buffers."""
     stage = _stage(packed, int(job["job_id"]), "new")
     n_new = cat.count_rows(view)
-    p = int(cat.query(f"SELECT num_partitions AS p FROM {psumm.sql}")[0]["p"])
+    p = stmts.summary_num_partitions(cat, psumm)
     vtypes = _fn_args(cat, "validation_preprocessor_dl")
     fixed = [("source_table", str(view), "text"), ("output_table", stage.sql, "text"),
              ("dependent_varname", job["dependent_varname"], "text"),
@@ -581,10 +494,8 @@ def _append(cat: Catalog, job: dict[str, Any], view: TableName, packed: TableNam
     _call(cat, "validation_preprocessor_dl", fixed, opts, vtypes)
     cols = [c for c in cat.columns(cat.require_table(stage, "staging table"))
             if c != "buffer_id"]
-    names = ", ".join(quote_ident(c) for c in cols)
-    cat.query(f"INSERT INTO {packed.sql} ({names}, buffer_id) SELECT {names}, buffer_id + "
-              f"(SELECT coalesce(max(buffer_id) + 1, 0) FROM {packed.sql}) FROM {stage.sql}")
-    cat.query(f"UPDATE {psumm.sql} SET num_rows = num_rows + $1", [n_new], ["int8"])
+    stmts.append_buffers(cat, packed, stage, cols)
+    stmts.add_summary_rows(cat, psumm, n_new)
     cat.drop_table(stage.with_suffix("_summary", "packed_table"))
     cat.drop_table(stage)
     return n_new
@@ -592,15 +503,10 @@ def _append(cat: Catalog, job: dict[str, Any], view: TableName, packed: TableNam
 
 def _rename_indexes(cat: Catalog, table: TableName, old_prefix: str) -> None:
     """Indexes named after a staging table (``<stage>_pkey``) take the table's new name."""
-    rows = cat.query("SELECT c.relname::text AS n, n.nspname::text AS s FROM pg_catalog.pg_index i "
-                     "JOIN pg_catalog.pg_class c ON c.oid = i.indexrelid "
-                     "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
-                     "WHERE i.indrelid = $1", [cat.relation_oid(table)], ["oid"])
-    for r in rows:
+    for r in stmts.indexes(cat, table):
         if r["n"].startswith(old_prefix):
             new = table.name + r["n"][len(old_prefix):]
-            cat.query(f"ALTER INDEX {quote_ident(r['s'])}.{quote_ident(r['n'])} "
-                      f"RENAME TO {quote_ident(new[:NAMEDATALEN - 1])}")
+            stmts.rename_index(cat, r["s"], r["n"], new[:NAMEDATALEN - 1])
 
 
 def _train_and_publish(cat: Catalog, job: dict[str, Any], run_id: int) -> None:
@@ -618,7 +524,7 @@ def _train_and_publish(cat: Catalog, job: dict[str, Any], run_id: int) -> None:
         fixed.append(("model_selection_table", job["model_selection_table"], "text"))
         warm = bool(job["warm_start"]) and cat.relation_oid(out) is not None
         if warm:  # the previous run's weights, into the staging name the fit replaces
-            cat.query(f"CREATE TABLE {stage.sql} AS SELECT * FROM {out.sql}")
+            stmts.copy_table(cat, stage, out)
         fixed.append(("warm_start", warm, "bool"))
     else:
         mst = cat.table(job["model_selection_table"], "model_selection_table")
@@ -637,35 +543,24 @@ def _train_and_publish(cat: Catalog, job: dict[str, Any], run_id: int) -> None:
                      ("model_selection_table", job["model_selection_table"] if m == "automl"
                       else None)):
         if col in scols and val is not None:
-            cat.query(f"UPDATE {summ.sql} SET {quote_ident(col)} = $1", [val], ["text"])
+            stmts.set_summary_column(cat, summ, col, val)
     for new, final in renames:
         if cat.relation_oid(new) is None:
             continue
         if cat.relation_oid(final) is not None:
             cat.drop_table(final)
-        cat.query(f"ALTER TABLE {new.sql} RENAME TO {quote_ident(final.name)}")
+        stmts.rename_table(cat, new, final.name)
         _rename_indexes(cat, final, new.name)
-    cat.query(f"UPDATE {cat.ext('fits')} SET model_output_table = $2, model_selection_table = "
-              "CASE WHEN $3 THEN $4 ELSE model_selection_table END WHERE fit_id = $1",
-              [fit_id, str(out), m == "automl", job["model_selection_table"]],
-              ["int8", "text", "bool", "text"])
-    info = out.with_suffix("_info", "")
-    best = cat.query(
-        f"SELECT mst_key, model_id, compile_params, fit_params, validation_loss_final AS v, "
-        f"training_loss_final AS t FROM {info.sql} ORDER BY coalesce(validation_loss_final, "
-        "training_loss_final) NULLS LAST, mst_key LIMIT 1")
-    b = best[0] if best else None
+    stmts.publish_fit(cat, fit_id, str(out),
+                      job["model_selection_table"] if m == "automl" else None)
+    b = stmts.best_model(cat, out.with_suffix("_info", ""))
     metric_name = metric = config = None
     if b is not None:
         metric_name, metric = (("validation_loss", b["v"]) if b["v"] is not None
                                else ("training_loss", b["t"]))
         config = (f"mst_key={b['mst_key']}, model_id={b['model_id']}, "
                   f"compile_params={b['compile_params']}, fit_params={b['fit_params']}")
-    cat.query(
-        f"UPDATE {cat.ext('job_runs')} SET status = 'succeeded', ended_at = clock_timestamp(), "
-        "fit_id = $2, best_mst_key = $3, best_config = $4, best_metric_name = $5, "
-        "best_metric = $6 WHERE run_id = $1",
-        [run_id, fit_id, b["mst_key"] if b else None, config, metric_name, metric],
-        ["int8", "int8", "int4", "text", "text", "float8"])
+    stmts.record_success(cat, run_id, fit_id=fit_id, best_mst_key=b["mst_key"] if b else None,
+                         best_config=config, best_metric_name=metric_name, best_metric=metric)
     cat.notice(f'run_model_selection_job: job "{job["job_name"]}" published {out} '
                f"(fit {fit_id}; best {config}: {metric_name} {metric})")

@@ -5,6 +5,7 @@ import uuid
 
 from .. import keras_arch
 from ..catalog import Catalog
+from ..catalog import models as stmts
 from ..errors import NULL_VALUE_NOT_ALLOWED, UNDEFINED_OBJECT, CerebroError
 from ..names import TableName
 from . import entrypoint
@@ -47,14 +48,11 @@ def load_keras_model(cat: Catalog, *, keras_model_arch_table: str, model_arch: s
         cat.create_table(table, ARCH_COLUMNS)
     else:
         require_arch_table(cat, table, "keras_model_arch_table")
-    row = cat.query(
-        f"INSERT INTO {table.sql} (model_arch, model_weights, name, description, "
-        "__internal_madlib_id__) VALUES ($1::json, $2, $3, $4, $5) RETURNING model_id",
-        [text, model_weights, name, description, "__cerebro_db_" + uuid.uuid4().hex],
-        ["text", "bytea", "text", "text", "text"],
-    )
+    model_id = stmts.insert_arch(cat, table, arch=text, weights=model_weights, name=name,
+                                 description=description,
+                                 madlib_id="__cerebro_db_" + uuid.uuid4().hex)
     cat.notice(
-        f"load_keras_model: model_id {row[0]['model_id']} in {table}: "
+        f"load_keras_model: model_id {model_id} in {table}: "
         f"{keras_arch.model_type_name(model)}, {keras_arch.count_params(model)} parameters"
         + (", with weights" if model_weights is not None else "")
     )
@@ -67,11 +65,8 @@ def delete_keras_model(cat: Catalog, *, keras_model_arch_table: str, model_id: i
     if model_id is None:
         raise CerebroError("model_id must not be NULL", NULL_VALUE_NOT_ALLOWED)
     require_arch_table(cat, table, "keras_model_arch_table")
-    gone = cat.query(f"DELETE FROM {table.sql} WHERE model_id = $1 RETURNING model_id",
-                     [model_id], ["int4"])
-    if not gone:
+    if not stmts.delete_arch(cat, table, model_id):
         raise CerebroError(f'model_id {model_id} does not exist in "{table}"', UNDEFINED_OBJECT)
-    left = cat.query(f"SELECT EXISTS (SELECT 1 FROM {table.sql}) AS any")[0]["any"]
-    if not left:
+    if stmts.is_empty(cat, table):
         cat.drop_table(table)
         cat.notice(f'delete_keras_model: "{table}" is empty and was dropped')

@@ -11,6 +11,7 @@ import numpy as np
 
 from .. import __version__
 from ..catalog import Catalog, Column
+from ..catalog import packing as stmts
 from ..errors import (
     DATA_EXCEPTION,
     DATATYPE_MISMATCH,
@@ -21,7 +22,7 @@ from ..errors import (
     CerebroError,
     invalid,
 )
-from ..names import NAMEDATALEN, TableName, quote_ident, split_column_list
+from ..names import NAMEDATALEN, TableName, split_column_list
 from ..preprocess import (
     check_finite,
     decode_arrays,
@@ -184,10 +185,7 @@ def _resolve(cat: Catalog, source_table: str, output_table: str, dependent_varna
 def _check_integral(cat: Catalog, source: TableName, col: Column) -> None:
     """A non-integer numeric array taken as one-hot (MADlib casts it to smallint) must hold
     whole numbers; anything else is refused rather than silently rounded."""
-    c = quote_ident(col.name)
-    bad = cat.query(f"SELECT 1 AS b FROM {source.sql} WHERE EXISTS (SELECT 1 FROM "
-                    f"pg_catalog.unnest({c}) v WHERE v <> pg_catalog.trunc(v::numeric)) LIMIT 1")
-    if bad:
+    if stmts.has_fractional(cat, source, col.name):
         raise CerebroError(
             f'dependent variable "{col.name}" is a {col.type_name} array with values that are '
             "not whole numbers, so it cannot be a one-hot label", DATATYPE_MISMATCH,
@@ -195,35 +193,22 @@ def _check_integral(cat: Catalog, source: TableName, col: Column) -> None:
 
 
 def _class_values(cat: Catalog, inp: _Inputs, dep: Dependent) -> list[Any]:
-    col = quote_ident(dep.column.name)
-    rows = cat.query(
-        f"SELECT {col} AS v FROM (SELECT DISTINCT {col} FROM {inp.source.sql}) d "
-        f"ORDER BY 1 NULLS FIRST LIMIT {MAX_CLASSES + 1}"
-    )
-    if len(rows) > MAX_CLASSES:
+    values = stmts.distinct_values(cat, inp.source, dep.column.name, MAX_CLASSES + 1)
+    if len(values) > MAX_CLASSES:
         raise CerebroError(
             f'dependent_varname: column "{dep.column.name}" has more than {MAX_CLASSES} '
             "distinct values",
             DATA_EXCEPTION,
             hint=f"Is it a continuous target? Pass regression_targets => '{dep.column.name}'.",
         )
-    return [r["v"] for r in rows]
+    return values
 
 
-def _select_list(inp: _Inputs) -> str:
-    items = [f"pg_catalog.array_send({quote_ident(c.name)}::real[]) AS x{i}"
-             for i, c in enumerate(inp.indeps)]
-    for i, d in enumerate(inp.deps):
-        c = quote_ident(d.column.name)
-        if d.kind == "class":
-            items.append(f"{c} AS y{i}")
-        elif d.kind == "one_hot":
-            items.append(f"pg_catalog.array_send({c}::smallint[]) AS y{i}")
-        elif d.column.is_array:
-            items.append(f"pg_catalog.array_send({c}::real[]) AS y{i}")
-        else:
-            items.append(f"pg_catalog.array_send(ARRAY[{c}]::real[]) AS y{i}")
-    return ", ".join(items)
+def _label_kind(d: Dependent) -> str:
+    """How :func:`cerebro_db.catalog.packing.stream_source` reads a dependent column."""
+    if d.kind in ("class", "one_hot"):
+        return d.kind
+    return "array" if d.column.is_array else "scalar"
 
 
 class _Grow:
@@ -258,8 +243,9 @@ def _read(cat: Catalog, inp: _Inputs, class_maps: list[dict | None]
     old = cat.setting("synchronize_seqscans") or "on"
     cat.set_local("synchronize_seqscans", "off")  # a deterministic scan order, for the seed
     seen = 0
-    sql = f"SELECT {_select_list(inp)} FROM {inp.source.sql}"
-    for rows in cat.stream(sql, batch=FETCH_ROWS):
+    for rows in stmts.stream_source(cat, inp.source, [c.name for c in inp.indeps],
+                                    [(d.column.name, _label_kind(d)) for d in inp.deps],
+                                    FETCH_ROWS):
         for i, c in enumerate(inp.indeps):
             vals, dims = decode_arrays([r[f"x{i}"] for r in rows], "float4",
                                        f'independent variable "{c.name}"')
@@ -481,7 +467,7 @@ def read_training_summary(cat: Catalog, training_table: str) -> tuple[TableName,
         raise CerebroError(
             f'training_preprocessor_table "{tt}" has no summary table "{summ}"', UNDEFINED_TABLE,
             hint="Pass a table made by training_preprocessor_dl.")
-    rows = cat.query(f"SELECT * FROM {summ.sql}")
+    rows = stmts.summary_rows(cat, summ)
     need = {"dependent_varname", "independent_varname", "normalizing_const", "num_classes",
             "num_partitions", "dependent_kind", "dependent_vartype"}
     if len(rows) == 1 and need <= set(rows[0]):
@@ -549,39 +535,16 @@ def _madlib_summary(cat: Catalog, tt: TableName, summ: TableName, s: dict[str, A
     nc = s["num_classes"]
     out["num_classes"] = None if nc is None else _as_list(nc)
     out["dependent_kind"] = kinds
-    buffers = cat.query(f"SELECT count(*) AS n FROM {tt.sql}")[0]["n"]
-    out["num_buffers"] = int(buffers)
+    buffers = stmts.buffer_count(cat, tt)
+    out["num_buffers"] = buffers
     out["num_partitions"] = max(1, min(int(buffers), default_partitions(cat)))
     return out
 
 
 def summary_source_sql(cat: Catalog, table: TableName, summary: dict[str, Any]) -> str:
-    """SQL for the packed table's summary as a relation with our summary's columns (a
-    MADlib summary is read through a subquery that converts its columns)."""
-    summ = table.with_suffix("_summary", "source_table")
-    if not summary.get("madlib"):
-        return summ.sql
-    scols = cat.columns(cat.require_table(summ, "source summary"))
-
-    def arr(col: str, typ: str) -> str:
-        q = "s0." + quote_ident(col)
-        return f"{q}::{typ}[]" if scols[col].is_array else f"ARRAY[{q}]::{typ}[]"
-
-    items = [f"{arr('dependent_varname', 'text')} AS dependent_varname",
-             f"{arr('independent_varname', 'text')} AS independent_varname",
-             f"{arr('dependent_vartype', 'text')} AS dependent_vartype",
-             f"{arr('num_classes', 'integer')} AS num_classes",
-             "s0.buffer_size", "s0.normalizing_const::real AS normalizing_const",
-             f"{int(summary['num_partitions'])}::integer AS num_partitions",
-             "s0.source_table", "s0.output_table"]
-    for i, d in enumerate(summary["dependent_varname"]):
-        src = d + "_class_values" if d + "_class_values" in scols else \
-            "class_values" if i == 0 and "class_values" in scols else None
-        if src is not None and scols[src].is_array:
-            items.append(f"s0.{quote_ident(src)} AS {quote_ident(d + '_class_values')}")
-        else:
-            items.append(f"NULL::text[] AS {quote_ident(d + '_class_values')}")
-    return f"(SELECT {', '.join(items)} FROM {summ.sql} s0)"
+    """The packed table's summary as a relation with our summary's columns (see
+    :func:`cerebro_db.catalog.packing.summary_relation`)."""
+    return stmts.summary_relation(cat, table, summary)
 
 
 @entrypoint

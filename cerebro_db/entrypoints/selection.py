@@ -7,6 +7,7 @@ import numpy as np
 
 from .. import configs, params
 from ..catalog import Catalog
+from ..catalog import models as stmts
 from ..errors import (
     NULL_VALUE_NOT_ALLOWED,
     UNDEFINED_OBJECT,
@@ -45,8 +46,7 @@ def _check_model_ids(cat: Catalog, arch: TableName, ids: Sequence[int] | None) -
         raise invalid("model_id_list must not be empty")
     if any(i is None for i in ids):
         raise CerebroError("model_id_list must not contain NULL", NULL_VALUE_NOT_ALLOWED)
-    rows = cat.query(f"SELECT model_id FROM {arch.sql} ORDER BY model_id")
-    have = [r["model_id"] for r in rows]
+    have = stmts.model_ids(cat, arch)
     missing = [i for i in ids if i not in set(have)]
     if missing:
         shown = ", ".join(map(str, have[:20])) + (" ..." if len(have) > 20 else "")
@@ -87,7 +87,7 @@ def _key(model_id: int, compile_params: str, fit_params: str) -> tuple[int, str,
 def _create_mst(cat: Catalog, mst: TableName, summary: TableName, arch: TableName,
                 obj: TableName | None) -> None:
     cat.create_table(mst, MST_COLUMNS)
-    cat.db.execute(f"ALTER TABLE {mst.sql} ADD UNIQUE (model_id, compile_params, fit_params)")
+    stmts.add_config_key(cat, mst)
     _create_summary(cat, summary, arch, obj)
 
 

@@ -16,7 +16,7 @@ import pytest
 
 pytestmark = pytest.mark.db
 
-LOCK_CLASS = 1128416836  # cerebro_db.entrypoints.jobs.LOCK_CLASS
+LOCK_CLASS = 1128416836  # cerebro_db.catalog.jobs.LOCK_CLASS
 
 
 def q(conn, sql, args=None):
