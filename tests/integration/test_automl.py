@@ -6,31 +6,20 @@ import json
 import re
 
 import numpy as np
-import psycopg2
 import pytest
 
 from cerebro_db.automl.hyperband import hyperband_schedule
 
+from ..helpers import mlp_json, q
 from .mnist_rows import load_mnist_rows
+
+psycopg2 = pytest.importorskip("psycopg2")
 
 pytestmark = pytest.mark.db
 
 CGRID = ("{'loss': ['categorical_crossentropy'], 'optimizer_params_list': [{'optimizer': "
          "['Adam'], 'lr': [0.0005, 0.05, 'log']}], 'metrics': ['accuracy']}")
 FGRID = "{'batch_size': [32, 64]}"
-
-
-def q(conn, sql, args=None):
-    with conn.cursor() as cur:
-        cur.execute(sql, args)
-        return cur.fetchall() if cur.description else None
-
-
-def mlp_json(hidden):
-    import keras
-
-    return keras.Sequential([keras.Input((784,)), keras.layers.Dense(hidden, activation="relu"),
-                             keras.layers.Dense(10, activation="softmax")]).to_json()
 
 
 @pytest.fixture(scope="module")
@@ -263,9 +252,9 @@ def kill_and_resume(am, dbname, out, method, params, **kw) -> int:
     import threading
     import time
 
-    from ..conftest import _connect
+    from ..helpers import connect
 
-    c2 = _connect(dbname)
+    c2 = connect(dbname)
     c2.autocommit = True
     pid = c2.get_backend_pid()
     # epoch-2 units linger, so the kill lands while a worker is inside one

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ..conftest import server_params
-from .test_jobs import mlp_json, q
+from ..helpers import mlp_json, q, server_params
 
 pytestmark = pytest.mark.db
 CLI = str(Path(sys.executable).with_name("cerebro-db"))
@@ -44,7 +43,7 @@ def fit(session_conn, client):
                 f"FROM generate_series({lo}, {hi - 1}) g")
     q(conn, "SELECT training_preprocessor_dl('csrc', 'cp', 'y', 'x', NULL, 1.0, NULL, NULL, 2, 1)")
     q(conn, "SELECT validation_preprocessor_dl('cval', 'cv', 'y', 'x', 'cp')")
-    q(conn, "SELECT load_keras_model('carch', %s)", (mlp_json(),))
+    q(conn, "SELECT load_keras_model('carch', %s)", (mlp_json(inputs=4, outputs=3),))
     q(conn, "SELECT load_model_selection_table('carch', 'cmst', ARRAY[1], ARRAY["
             "$$loss='categorical_crossentropy', optimizer='Adam(learning_rate=0.01)', "
             "metrics=['accuracy']$$, $$loss='categorical_crossentropy', "

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import uuid
 
-import psycopg2
 import pytest
 
-from ..conftest import server_params
-from .test_jobs import add_rows, mlp_json, q, runs
+from ..helpers import mlp_json, q, server_params
+from .test_jobs import add_rows, runs
+
+psycopg2 = pytest.importorskip("psycopg2")
 
 pytestmark = pytest.mark.db
 
@@ -35,7 +36,7 @@ def test_a_roles_job_runs_with_worker_sessions_of_that_role(role, session_conn):
     name, c = role
     q(c, "CREATE TABLE jsrc (id integer PRIMARY KEY, x real[], y integer)")
     add_rows(c, 0, 120)
-    q(c, "SELECT load_keras_model('jarch', %s)", (mlp_json(),))
+    q(c, "SELECT load_keras_model('jarch', %s)", (mlp_json(inputs=4, outputs=3),))
     q(c, "SELECT load_model_selection_table('jarch', 'jmst', ARRAY[1], ARRAY["
          "$$loss='categorical_crossentropy', optimizer='Adam(learning_rate=0.01)', "
          "metrics=['accuracy']$$], ARRAY['batch_size=16'])")

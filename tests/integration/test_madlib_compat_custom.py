@@ -11,11 +11,12 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-import psycopg2
 import pytest
 
-from ..conftest import ROOT
-from .madlib_compat_common import error_of, madlib_conn, q  # noqa: F401 - fixture
+from ..helpers import ROOT, error_of, q
+from .madlib_compat_common import madlib_conn  # noqa: F401 - fixture
+
+psycopg2 = pytest.importorskip("psycopg2")
 
 pytestmark = pytest.mark.db
 

@@ -11,8 +11,8 @@ import textwrap
 import numpy as np
 import pytest
 
-from ..conftest import ROOT, server_params
-from .madlib_compat_common import madlib_conn, q  # noqa: F401 - fixture
+from ..helpers import ROOT, q, server_params
+from .madlib_compat_common import madlib_conn  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.db
 

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from .madlib_compat_common import error_of, madlib_conn, q  # noqa: F401 - fixture
+from ..helpers import error_of, q
+from .madlib_compat_common import madlib_conn  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.db
 

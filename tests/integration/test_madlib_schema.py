@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from ..conftest import _connect, create_database, drop_database
+from ..helpers import connect, create_database, drop_database
 
 pytestmark = pytest.mark.db
 
@@ -47,7 +47,7 @@ IRIS_ARCH = ('{"class_name": "Sequential", "keras_version": "2.1.6", "config": [
 def test_madlib_prefixed_script_runs_unchanged():
     db = create_database(schema="madlib")
     try:
-        c = _connect(db)
+        c = connect(db)
         c.autocommit = True
         with c.cursor() as cur:
             cur.execute("SET search_path = public")  # only the madlib. prefix finds them

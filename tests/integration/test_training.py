@@ -8,13 +8,14 @@ import sys
 import textwrap
 
 import numpy as np
-import psycopg2
 import pytest
 
 from cerebro_db.scheduling import check_invariants
 
-from ..conftest import ROOT
+from ..helpers import ROOT, mlp_json, q, worker_sessions_gone
 from .mnist_rows import load_mnist_rows
+
+psycopg2 = pytest.importorskip("psycopg2")
 
 pytestmark = pytest.mark.db
 
@@ -24,20 +25,6 @@ COMPILES = [
     "metrics=['accuracy', 'top_k_categorical_accuracy']",
 ]
 FITS = ["batch_size=32", "batch_size=100, epochs=2"]
-
-
-def q(conn, sql, args=None):
-    with conn.cursor() as cur:
-        cur.execute(sql, args)
-        return cur.fetchall() if cur.description else None
-
-
-def mlp_json(hidden=16, inputs=784, outputs=10):
-    import keras
-
-    return keras.Sequential([keras.Input((inputs,)),
-                             keras.layers.Dense(hidden, activation="relu"),
-                             keras.layers.Dense(outputs, activation="softmax")]).to_json()
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +37,7 @@ def mnist(session_conn):
     q(conn, "SELECT training_preprocessor_dl('mn_train', 'mn_p', 'y', 'x', NULL, 255.0, NULL, "
             "NULL, 2, 3)")
     q(conn, "SELECT validation_preprocessor_dl('mn_test', 'mn_v', 'y', 'x', 'mn_p')")
-    q(conn, "SELECT load_keras_model('mn_arch', %s)", (mlp_json(),))
+    q(conn, "SELECT load_keras_model('mn_arch', %s)", (mlp_json(16),))
     q(conn, "SELECT load_model_selection_table('mn_arch', 'mn_mst', ARRAY[1], %s, %s)",
       (COMPILES, FITS))
     return conn
@@ -65,19 +52,6 @@ def fit(conn, out, *extra, seed=5, policy="mop", policy_params=None, validation=
     return q(conn, "SELECT fit_id FROM cerebro_db.fits WHERE model_output_table = %s "
                    "ORDER BY fit_id DESC LIMIT 1", (out,))[0][0]
 
-
-def no_worker_sessions(conn, wait=10.0) -> bool:
-    """True once no cerebro_db worker session is connected (a closed session's backend
-    may take a moment to leave pg_stat_activity)."""
-    import time
-
-    end = time.monotonic() + wait
-    while True:
-        n = q(conn, "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE "
-                    "'cerebro_db %%'")[0][0]
-        if n == 0 or time.monotonic() > end:
-            return n == 0
-        time.sleep(0.1)
 
 
 def unit_log(conn, fit_id):
@@ -123,7 +97,7 @@ def test_outputs_metrics_and_unit_log(mnist):
                   "cerebro_db.fit_config_progress WHERE fit_id = %s ORDER BY 1", (fit_id,))
     assert per == [(k, 2, True) for k in (1, 2, 3, 4)]
     # no worker session is left behind
-    assert no_worker_sessions(conn)
+    assert worker_sessions_gone(conn)
     # the validation loss in _info is the row-weighted mean of the logged eval units
     vl = q(conn, "SELECT sum(loss * rows) / sum(rows) FROM cerebro_db.units WHERE fit_id = %s "
                  "AND mst_key = 1 AND epoch = 2 AND kind = 'eval_valid'", (fit_id,))[0][0]
@@ -270,7 +244,7 @@ def test_bad_arguments_fail_before_any_work(mnist, sql, code, words):
 
 def test_shape_mismatch_is_caught_before_training(mnist, tables):
     tables += ["mn_arch_bad", "mn_mst_bad", "mn_mst_bad_summary"]
-    q(mnist, "SELECT load_keras_model('mn_arch_bad', %s)", (mlp_json(inputs=100),))
+    q(mnist, "SELECT load_keras_model('mn_arch_bad', %s)", (mlp_json(16, inputs=100),))
     q(mnist, "SELECT load_model_selection_table('mn_arch_bad', 'mn_mst_bad', ARRAY[1], %s, %s)",
       ([COMPILES[0]], ["batch_size=32"]))
     with pytest.raises(psycopg2.Error) as e:
@@ -300,7 +274,7 @@ def test_worker_failure_is_a_clear_error_with_traceback(mnist, tables):
     st = q(mnist, "SELECT status, message IS NOT NULL FROM cerebro_db.fits "
                   "WHERE model_output_table = 'fail_o'")
     assert st == [("failed", True)]
-    assert no_worker_sessions(mnist)
+    assert worker_sessions_gone(mnist)
 
 
 def test_fit_single_config_predict_and_evaluate(mnist, tables):
@@ -384,7 +358,7 @@ def test_transfer_learning_starts_from_arch_table_weights(mnist, tables):
     import keras
 
     keras.utils.set_random_seed(123)
-    m = keras.models.model_from_json(mlp_json())
+    m = keras.models.model_from_json(mlp_json(16))
     w = np.concatenate([a.ravel() for a in m.get_weights()]).astype("<f4").tobytes()
     q(mnist, "SELECT load_keras_model('mn_arch_tl', %s, %s)", (m.to_json(), psycopg2.Binary(w)))
     q(mnist, "SELECT load_model_selection_table('mn_arch_tl', 'mn_mst_tl', ARRAY[1], %s, %s)",

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ..conftest import ROOT, create_database, drop_database, server_params
+from ..helpers import ROOT, create_database, drop_database, server_params
 
 HERE = Path(__file__).resolve().parent
 SCRIPTS = sorted(HERE.glob("*.sql"))
