@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-import pandas as pd
 import pytest
 
+pd = pytest.importorskip("pandas")
 pytest.importorskip("matplotlib")
 pytest.importorskip("sqlalchemy")
 
