@@ -54,9 +54,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from .catalog import Catalog
-from .errors import CerebroError
+from .errors import (
+    ADMIN_SHUTDOWN,
+    CANNOT_CONNECT_NOW,
+    CONNECTION_FAILURE,
+    CRASH_SHUTDOWN,
+    DEADLOCK_DETECTED,
+    INTERNAL_ERROR,
+    OBJECT_IN_USE,
+    QUERY_CANCELED,
+    SERIALIZATION_FAILURE,
+    CerebroError,
+)
 
-RETRYABLE = frozenset({"57014", "57P01", "57P02", "57P03", "40001", "40P01"})
+RETRYABLE = frozenset({QUERY_CANCELED, ADMIN_SHUTDOWN, CRASH_SHUTDOWN, CANNOT_CONNECT_NOW,
+                       SERIALIZATION_FAILURE, DEADLOCK_DETECTED})
 """SQLSTATEs of a worker's answer that say the session, not the unit, failed (query
 cancelled, server shutting down, serialization failure, deadlock): the unit is retried."""
 
@@ -94,10 +106,6 @@ def _quiet_disconnect(cat: Catalog, name: str) -> None:
         cat.dblink_disconnect(name)
     except Exception:  # noqa: BLE001, S110 - already gone
         pass
-
-
-QUERY_CANCELED = "57014"
-DEADLOCK_DETECTED = "40P01"
 
 
 class FitCancelled(CerebroError):
@@ -215,7 +223,7 @@ class DblinkExecutor:
     def add(self, worker: int) -> bool:
         """Open a session for a new worker; False (and nothing kept) if that fails."""
         if worker in self.workers:
-            raise CerebroError(f"worker {worker} is already open", "XX000")
+            raise CerebroError(f"worker {worker} is already open", INTERNAL_ERROR)
         try:
             self._connect(worker)
         except Exception as e:  # noqa: BLE001 - the fit goes on without it
@@ -228,7 +236,7 @@ class DblinkExecutor:
     def retire(self, worker: int) -> None:
         """Close an idle worker's session; it gets no more units."""
         if worker in self.busy:
-            raise CerebroError(f"worker {worker} is busy", "XX000")
+            raise CerebroError(f"worker {worker} is busy", INTERNAL_ERROR)
         self._send_failed.pop(worker, None)
         self._drop(worker)
         if worker in self.workers:
@@ -390,7 +398,7 @@ class DblinkExecutor:
         ``key`` (configuration, kind) groups units whose times set each other's stall
         limit (:class:`StallRule`)."""
         if worker in self.busy:
-            raise CerebroError(f"worker {worker} is busy", "XX000")
+            raise CerebroError(f"worker {worker} is busy", INTERNAL_ERROR)
         try:
             self.cat.dblink_send(self.name(worker), sql)
         except Exception as e:  # noqa: BLE001 - a lost session, reported as a lost unit
@@ -507,7 +515,7 @@ class DblinkExecutor:
         self.busy.pop(worker, None)
         self._keys.pop(worker, None)
         return WorkerResult(worker, False, {"lost": True, "message": message,
-                                            "sqlstate": "08006", "worker": worker,
+                                            "sqlstate": CONNECTION_FAILURE, "worker": worker,
                                             "worker_pid": pid or self.pids.get(worker)})
 
     def _timed_out(self, worker: int) -> WorkerResult:
@@ -586,6 +594,6 @@ def end_sessions(cat: Catalog, application_prefix: str, wait: float = 60.0) -> i
     else:
         if pids and alive():
             raise CerebroError(f"sessions of the interrupted fit ({application_prefix}*) did "
-                               f"not end within {wait:g} s", "55006",
+                               f"not end within {wait:g} s", OBJECT_IN_USE,
                                hint="Wait for them to end, or pg_terminate_backend them.")
     return len(pids)

@@ -20,7 +20,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .errors import DATA_EXCEPTION, NULL_VALUE_NOT_ALLOWED, CerebroError
+from .errors import DATA_EXCEPTION, FLOATING_POINT_EXCEPTION, NULL_VALUE_NOT_ALLOWED, CerebroError
 
 MADLIB_BUFFER_BYTES = 75_000_000  # MADlib's rule: about 75M feature values per buffer
 _ELEM = {"float4": (">f4", 4), "int2": (">i2", 2)}
@@ -128,7 +128,7 @@ def check_finite(values: np.ndarray, what: str, row_offset: int = 0) -> None:
         row = int(np.flatnonzero(~finite.reshape(len(values), -1).all(axis=1))[0]) + row_offset
         raise CerebroError(
             f"{what} contains NaN or infinity (first in row {row + 1} of the scan)",
-            "22P01",
+            FLOATING_POINT_EXCEPTION,
             hint="Clean or impute the data before preprocessing.",
         )
 

@@ -14,6 +14,7 @@ import pandas as pd
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
+from ..errors import UNDEFINED_OBJECT
 from ..names import TableName, quote_ident
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -151,7 +152,8 @@ class Client:
         """One fit's row of ``fit_progress``."""
         d = self.df(f"SELECT * FROM {self._sql('fit_progress')} WHERE fit_id = :f", f=fit_id)
         if d.empty:
-            raise ClientError(f"fit {fit_id} does not exist (or is not yours)", "42704")
+            raise ClientError(f"fit {fit_id} does not exist (or is not yours)",
+                              UNDEFINED_OBJECT)
         return d.iloc[0].to_dict()
 
     def units(self, fit_id: int) -> pd.DataFrame:
@@ -250,7 +252,8 @@ class Client:
                 except sa.exc.DBAPIError as e:
                     raise _error(e) from None
             if d.empty:
-                raise ClientError(f"fit {fit_id} does not exist (or is not yours)", "42704")
+                raise ClientError(f"fit {fit_id} does not exist (or is not yours)",
+                              UNDEFINED_OBJECT)
             p = d.iloc[0].to_dict()
             line = progress_line(p, width)
             if tty:

@@ -17,6 +17,7 @@ from ..catalog import Catalog
 from ..errors import (
     INSUFFICIENT_PRIVILEGE,
     INTERNAL_ERROR,
+    INVALID_SCHEMA_NAME,
     OUT_OF_MEMORY,
     CerebroError,
     out_of_memory,
@@ -87,9 +88,9 @@ def require_output_schema(cat: Catalog, table: TableName, what: str) -> None:
     if not rows:
         if table.schema is None:
             raise CerebroError(f'{what} "{table}": no schema has been selected to create in',
-                               "3F000", hint="Qualify the name or set search_path.")
+                               INVALID_SCHEMA_NAME, hint="Qualify the name or set search_path.")
         raise CerebroError(f'{what} "{table}": schema "{table.schema}" does not exist',
-                           "3F000")
+                           INVALID_SCHEMA_NAME)
     if not rows[0]["ok"]:
         raise CerebroError(f'{what} "{table}": permission denied for schema {rows[0]["s"]}',
                            INSUFFICIENT_PRIVILEGE)

@@ -29,7 +29,9 @@ from ..catalog import Catalog
 from ..configs import parse_grid
 from ..coordinator import ConfigResult, FitOutcome
 from ..errors import (
+    DUPLICATE_TABLE,
     FEATURE_NOT_SUPPORTED,
+    INTERNAL_ERROR,
     NULL_VALUE_NOT_ALLOWED,
     UNDEFINED_OBJECT,
     CerebroError,
@@ -294,7 +296,7 @@ def _selection_absent(cat: Catalog, mst: TableName) -> None:
     for sfx in ("", "_summary"):
         t = mst.with_suffix(sfx, "model_selection_table") if sfx else mst
         if cat.relation_oid(t) is not None:
-            raise CerebroError(f'model_selection_table "{t}" already exists', "42P07",
+            raise CerebroError(f'model_selection_table "{t}" already exists', DUPLICATE_TABLE,
                                hint="madlib_keras_automl creates it (holding the best "
                                "configuration); drop it or choose another name.")
 
@@ -516,7 +518,7 @@ def _restore(cat: Catalog, ex: DblinkExecutor, book: TrialBook, hooks: _Hooks,
     missing = sorted(set(targets) - set(sink.configs))
     if missing:
         raise CerebroError(f"fit {fit_id} cannot be resumed: trial {missing[0]} has no "
-                           "configuration row", "XX000")
+                           "configuration row", INTERNAL_ERROR)
     p = book.progress.num_partitions
     rows = cat.query(
         f"SELECT u.mst_key, u.epoch, u.partition, u.kind, u.loss, u.rows, u.seconds_run, "
@@ -569,7 +571,7 @@ def hyperband_schedule(cat: Catalog, *, schedule_table: str, r: int | None, eta:
     rows = schedule(int(r), int(eta), int(skip_last))
     require_output_schema(cat, table, "schedule_table")
     if cat.relation_oid(table) is not None:
-        raise CerebroError(f'schedule_table "{table}" already exists', "42P07",
+        raise CerebroError(f'schedule_table "{table}" already exists', DUPLICATE_TABLE,
                            hint="Drop it or choose another name.")
     cols = [("s", "integer"), ("i", "integer"), ("n_i", "integer"), ("r_i", "integer")]
     cat.create_table(table, cols)

@@ -10,16 +10,16 @@ from .. import custom_functions as cf
 from .. import params
 from ..catalog import Catalog
 from ..errors import (
+    DUPLICATE_OBJECT,
     FEATURE_NOT_SUPPORTED,
     NULL_VALUE_NOT_ALLOWED,
     UNDEFINED_OBJECT,
+    WRONG_OBJECT_TYPE,
     CerebroError,
     invalid,
 )
 from ..names import TableName
 from . import entrypoint, require_output_schema
-
-DUPLICATE_OBJECT = "42710"
 
 GPU_SOURCES = ("tensorflow", "nvidia")
 
@@ -95,7 +95,7 @@ def _require_object_table(cat: Catalog, table: TableName, what: str) -> set[str]
     if missing:
         raise CerebroError(
             f'{CUSTOM_FN}: Invalid custom function table {table}, missing columns: '
-            f'{", ".join(missing)}', "42809",
+            f'{", ".join(missing)}', WRONG_OBJECT_TYPE,
             hint="Object tables are created by load_custom_function or "
             "load_top_k_accuracy_function.")
     return cols

@@ -26,11 +26,14 @@ from typing import Any
 from ..catalog import Catalog
 from ..errors import (
     DATA_EXCEPTION,
+    DATATYPE_MISMATCH,
+    DUPLICATE_OBJECT,
     DUPLICATE_TABLE,
     FEATURE_NOT_SUPPORTED,
     INSUFFICIENT_PRIVILEGE,
     NULL_VALUE_NOT_ALLOWED,
     OBJECT_NOT_IN_PREREQUISITE_STATE,
+    QUERY_CANCELED,
     UNDEFINED_OBJECT,
     CerebroError,
     invalid,
@@ -38,8 +41,6 @@ from ..errors import (
 from ..names import NAMEDATALEN, TableName, quote_ident, quote_literal, split_column_list
 from . import entrypoint, require_output_schema
 
-DUPLICATE_OBJECT = "42710"
-QUERY_CANCELED = "57014"
 METHODS = {"fit": "madlib_keras_fit_multiple_model", "automl": "madlib_keras_automl"}
 # Arguments of the training function the job sets itself.
 JOB_SET = {"source_table", "model_output_table", "model_selection_table", "warm_start"}
@@ -283,7 +284,7 @@ def schedule_model_selection(
         if kc.is_array:
             raise CerebroError(f'key_column: column "{key_column}" has type {kc.type_name}; '
                                "a key is a scalar that grows with new rows",
-                               "42804", hint="Use a serial id or an insertion timestamp.")
+                               DATATYPE_MISMATCH, hint="Use a serial id or an insertion timestamp.")
     packed = cat.table(packed_table, "packed_table")
     out = cat.table(model_output_table, "model_output_table")
     for t, what in ((packed, "packed_table"), (out, "model_output_table")):

@@ -27,11 +27,16 @@ from .. import state as state_mod
 from ..catalog import Catalog
 from ..coordinator import ConfigResult, FitOutcome, combine, run_fit
 from ..errors import (
+    CONNECTION_FAILURE,
+    DATA_EXCEPTION,
     DATATYPE_MISMATCH,
     DUPLICATE_TABLE,
     FEATURE_NOT_SUPPORTED,
+    INTERNAL_ERROR,
     NULL_VALUE_NOT_ALLOWED,
+    OBJECT_IN_USE,
     OBJECT_NOT_IN_PREREQUISITE_STATE,
+    UNDEFINED_OBJECT,
     UNDEFINED_TABLE,
     CerebroError,
     invalid,
@@ -184,7 +189,7 @@ def packed_table(cat: Catalog, name: str, what: str,
     sel = ", ".join(f"{quote_ident(c + '_shape')} AS s{i}" for i, c in enumerate(xcols + ycols))
     shape = cat.query(f"SELECT {sel} FROM {t.sql} LIMIT 1")
     if not shape:
-        raise CerebroError(f'{what} "{t}" is empty', "22000")
+        raise CerebroError(f'{what} "{t}" is empty', DATA_EXCEPTION)
     sizes = [int(np.prod(shape[0][f"s{i}"][1:])) for i in range(len(xcols + ycols))]
     multi = None if len(xcols) == len(ycols) == 1 else {
         "xs": xcols, "ys": ycols, "x_sizes": sizes[:len(xcols)],
@@ -201,7 +206,7 @@ def packed_table(cat: Catalog, name: str, what: str,
     p = int(s["num_partitions"])
     if parts["lo"] < 0 or parts["m"] > p - 1:  # a partition may hold no buffer
         raise CerebroError(f'{what} "{t}" does not hold the {p} partitions its summary '
-                           "records", "22000", hint="Preprocess the data again.")
+                           "records", DATA_EXCEPTION, hint="Preprocess the data again.")
     return PackedTable(t, _qualified(cat, t), s, x, y, int(np.prod(shape[0]["xs"][1:])),
                        int(np.prod(shape[0]["ys"][1:])), p, s["dependent_kind"][0], None, multi)
 
@@ -325,10 +330,10 @@ def worker_checks(ex: DblinkExecutor, spec: dict[str, Any]) -> None:
         d = answers[w]
         if d.get("lost"):
             raise CerebroError(f"worker session {w} failed while checking the fit: "
-                               f"{d.get('message')}", "08006")
+                               f"{d.get('message')}", CONNECTION_FAILURE)
         if not d.get("ok"):
             raise CerebroError(d.get("message") or "the worker's checks failed",
-                               d.get("sqlstate") or "XX000", detail=d.get("detail"),
+                               d.get("sqlstate") or INTERNAL_ERROR, detail=d.get("detail"),
                                hint=d.get("hint"))
 
 
@@ -373,7 +378,7 @@ def _load_configs(cat: Catalog, mst: TableName
                      f"a.model_arch::text AS arch, a.model_weights AS w FROM {mst.sql} m "
                      f"LEFT JOIN {arch.sql} a ON a.model_id = m.model_id ORDER BY m.mst_key")
     if not rows:
-        raise CerebroError(f'model_selection_table "{mst}" is empty', "22000")
+        raise CerebroError(f'model_selection_table "{mst}" is empty', DATA_EXCEPTION)
     keys = [r["mst_key"] for r in rows]
     if None in keys:
         raise CerebroError(f'model_selection_table "{mst}" has a NULL mst_key',
@@ -386,7 +391,7 @@ def _load_configs(cat: Catalog, mst: TableName
     for r in rows:
         if r["arch"] is None:
             raise CerebroError(f"mst_key {r['mst_key']}: model_id {r['model_id']} does not "
-                               f'exist in "{arch}"', "42704")
+                               f'exist in "{arch}"', UNDEFINED_OBJECT)
         cp = params.parse_compile_params(r["compile_params"],
                                          f"compile_params of mst_key {r['mst_key']}")
         fp = check_fit_bounds(params.parse_fit_params(
@@ -837,8 +842,8 @@ def _claim(cat: Catalog, ex: DblinkExecutor, fit_id: int) -> None:
         f"NOT {LIVE_COORDINATOR})) RETURNING f.fit_id")
     if not rows:
         raise CerebroError(f"fit {fit_id} is done or has a live coordinator session",
-                           "55006", hint="Only an interrupted, cancelled or failed fit can be "
-                           "resumed.")
+                           OBJECT_IN_USE,
+                           hint="Only an interrupted, cancelled or failed fit can be resumed.")
     ex.fit_id = fit_id
 
 
@@ -888,7 +893,7 @@ def mark_done(cat: Catalog, ex: DblinkExecutor, fit_id: int) -> None:
                      "AND coordinator_pid IS NULL RETURNING fit_id", [fit_id], ["int8"])
     if not rows:
         raise CerebroError(f"fit {fit_id} was taken over by another session before its "
-                           "outputs were written", "55006")
+                           "outputs were written", OBJECT_IN_USE)
 
 
 def _from_log(cat: Catalog, fit_id: int, targets: dict[int, int], p: int,
@@ -1001,7 +1006,7 @@ def final_weights(cat: Catalog, fit_id: int, mst_key: int) -> bytes:
 
     data = load_state(cat, fit_id, mst_key, "current")
     if data is None:
-        raise CerebroError(f"no final state for mst_key {mst_key}", "XX000")
+        raise CerebroError(f"no final state for mst_key {mst_key}", INTERNAL_ERROR)
     st = state_mod.decode_state(data)
     return b"".join(np.asarray(w, dtype="<f4").tobytes() for w in st.weights)
 
@@ -1328,7 +1333,7 @@ def madlib_keras_fit(
     rows = cat.query(f"SELECT model_arch::text AS a, model_weights AS w FROM {arch_t.sql} "
                      "WHERE model_id = $1", [model_id], ["int4"])
     if not rows:
-        raise CerebroError(f'model_id {model_id} does not exist in "{arch_t}"', "42704")
+        raise CerebroError(f'model_id {model_id} does not exist in "{arch_t}"', UNDEFINED_OBJECT)
     cfg = Config(1, model_id, compile_params, fit_params, rows[0]["a"],
                  bytes(rows[0]["w"]) if rows[0]["w"] is not None else None, cp, fp)
     check_tensorboard(cat, [cfg])
@@ -1370,14 +1375,14 @@ def madlib_keras_fit_resume(cat: Catalog, *, fit_id: int) -> None:
     rows = cat.query(f"SELECT f.*, {LIVE_COORDINATOR} AS live FROM {cat.ext('fits')} f "
                      "WHERE f.fit_id = $1", [fit_id], ["int8"])
     if not rows:
-        raise CerebroError(f"fit {fit_id} does not exist", "42704",
+        raise CerebroError(f"fit {fit_id} does not exist", UNDEFINED_OBJECT,
                            hint=f"SELECT fit_id, status FROM {cat.schema}.fits lists your fits.")
     f = rows[0]
     if f["status"] == "done":
         raise CerebroError(f"fit {fit_id} is already done", OBJECT_NOT_IN_PREREQUISITE_STATE)
     if f["status"] == "running" and f["live"]:
         raise CerebroError(f"fit {fit_id} is still running (coordinator pid "
-                           f"{f['coordinator_pid']})", "55006",
+                           f"{f['coordinator_pid']})", OBJECT_IN_USE,
                            hint="Only an interrupted or failed fit can be resumed.")
     opts = f["options"] if isinstance(f["options"], dict) else json.loads(f["options"])
     if "executor_tag" not in opts:
@@ -1442,7 +1447,7 @@ def cerebro_db_fit_workers(cat: Catalog, *, fit_id: int, num_workers: int) -> No
     rows = cat.query(f"SELECT status FROM {cat.ext('fits')} WHERE fit_id = $1", [fit_id],
                      ["int8"])
     if not rows:
-        raise CerebroError(f"fit {fit_id} does not exist", "42704",
+        raise CerebroError(f"fit {fit_id} does not exist", UNDEFINED_OBJECT,
                            hint=f"SELECT fit_id, status FROM {cat.schema}.fits lists your fits.")
     if rows[0]["status"] != "running":
         raise CerebroError(f"fit {fit_id} is not running (status {rows[0]['status']})",
