@@ -399,7 +399,7 @@ def resolve_seed(random_state: int | None) -> int:
     return int(random_state)
 
 
-def _check_common(buffer_size: int | None, num_partitions: int | None) -> None:
+def _check_packing(buffer_size: int | None, num_partitions: int | None) -> None:
     if buffer_size is not None and buffer_size < 1:
         raise invalid(f"buffer_size must be at least 1, got {buffer_size}",
                       hint="Leave it NULL for MADlib's default rule.")
@@ -420,7 +420,7 @@ def training_preprocessor_dl(cat: Catalog, *, source_table: str, output_table: s
     the dependent variables listed in ``regression_targets`` are kept as float targets,
     the others one-hot encoded (MADlib's behaviour)."""
     t0 = time.monotonic()
-    _check_common(buffer_size, num_partitions)
+    _check_packing(buffer_size, num_partitions)
     if normalizing_const is None:
         normalizing_const = 1.0
     if not math.isfinite(normalizing_const) or normalizing_const <= 0:
@@ -592,7 +592,7 @@ def validation_preprocessor_dl(cat: Catalog, *, source_table: str, output_table:
                                num_partitions: int | None = None) -> None:
     """Pack validation rows with the training table's classes and normalizing constant."""
     t0 = time.monotonic()
-    _check_common(buffer_size, num_partitions)
+    _check_packing(buffer_size, num_partitions)
     rules = _check_distribution_rules(distribution_rules)
     if training_preprocessor_table is None:
         raise CerebroError("training_preprocessor_table must not be NULL", NULL_VALUE_NOT_ALLOWED)
