@@ -98,6 +98,7 @@ __all__ = [
     "UnitResult",
     "aligned_empty",
     "as_tensor",
+    "capture_state",
     "combine_results",
     "configure_runtime",
     "decode_buffer",
@@ -105,11 +106,10 @@ __all__ = [
     "evaluate",
     "fit_input_shape",
     "initial_state",
-    "load_state",
     "predict",
     "release",
     "replay",
-    "save_state",
+    "restore_state",
     "train_unit",
 ]
 
@@ -611,7 +611,7 @@ def _set_learning_rate(entry: CachedModel, lr: float | None) -> None:
         entry.model.optimizer.learning_rate = lr  # assigns the learning-rate variable
 
 
-def load_state(
+def restore_state(
     entry: CachedModel,
     compile_params: CompileInput,
     state_bytes: BytesLike,
@@ -639,7 +639,7 @@ def load_state(
     return state
 
 
-def save_state(entry: CachedModel, meta: Mapping[str, Any] | None = None) -> bytes:
+def capture_state(entry: CachedModel, meta: Mapping[str, Any] | None = None) -> bytes:
     """Encode the cached model's weights and optimizer variables with ``meta`` (counters, info)."""
     weights = [v.numpy() for v in entry.model.weights]
     opt = [v.numpy() for v in _optimizer_vars(entry)] if entry.compiled else []
@@ -1012,11 +1012,11 @@ def train_unit(
     rebuilt = cache.misses != misses
     try:
         rows = _rows(entry.model, x, y)
-        state = load_state(entry, cp, state_bytes, reset_optimizer)
+        state = restore_state(entry, cp, state_bytes, reset_optimizer)
         loss, metrics = _fit_multi(entry, fp, x, seed) if isinstance(x, MultiData) \
             else _fit(entry, fp, x, y, seed)
         meta = _next_meta(state, rows, fp.passes, completes_epoch, info)
-        new_state = save_state(entry, meta)
+        new_state = capture_state(entry, meta)
     except CerebroError:
         raise
     except Exception as exc:  # noqa: BLE001 - Keras/TF raise many types
@@ -1095,13 +1095,13 @@ def replay(
     cp = _compile_params(compile_params)
     fp = _fit_params(fit_params)
     entry = _build_entry(("", None), arch_json, cp)
-    state = load_state(entry, cp, init_state)
+    state = restore_state(entry, cp, init_state)
     meta: dict[str, Any] = state.meta() if state is not None else {"info": {}}
     for x, y, seed in units:
         _fit(entry, fp, x, y, _seed(seed))
         meta["units_done"] = meta.get("units_done", 0) + 1
         meta["samples_seen"] = meta.get("samples_seen", 0) + _rows(entry.model, x, y) * fp.passes
-    return save_state(entry, meta)
+    return capture_state(entry, meta)
 
 
 # --------------------------------------------------------------------------- eval / predict
