@@ -182,7 +182,6 @@ class DblinkExecutor:
         self.settings: dict[str, str] = {}
         self._send_failed: dict[int, str] = {}
         self.keep_idle = 0.0
-        self.reused = 0
         self._pool_key: tuple[Any, ...] | None = None
         self._conn: dict[int | str, str] = {}
         self.fit_id: int | None = None
@@ -300,7 +299,6 @@ class DblinkExecutor:
                 _quiet_disconnect(self.cat, s.name)
                 continue
             self._conn[w] = s.name
-            self.reused += 1
             return True
         return False
 

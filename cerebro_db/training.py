@@ -381,7 +381,6 @@ class CachedModel:
     compiled: bool
     n_params: int
     rng_vars: list[Any] = field(default_factory=list)
-    uses: int = 0
     eval_fns: dict[tuple[int, ...], Any] = field(default_factory=dict, repr=False)
     metric_order: tuple[str, ...] = ()
 
@@ -438,16 +437,6 @@ class ModelCache:
         """Drop every cached model."""
         self._entries.clear()
 
-    def stats(self) -> dict[str, int]:
-        """``{'models', 'hits', 'misses', 'evictions', 'params'}``."""
-        return {
-            "models": len(self._entries),
-            "hits": self.hits,
-            "misses": self.misses,
-            "evictions": self.evictions,
-            "params": sum(e.n_params for e in self._entries.values()),
-        }
-
     def get(self, arch_json: Any, compile_params: CompileInput) -> CachedModel:
         """The compiled model for this architecture and compile parameters (built if new).
 
@@ -460,11 +449,9 @@ class ModelCache:
         if entry is not None:
             self.hits += 1
             self._entries.move_to_end(key)
-            entry.uses += 1
             return entry
         self.misses += 1
         entry = _build_entry(key, arch_json, cp)
-        entry.uses = 1
         self._add(key, entry)
         return entry
 
@@ -475,13 +462,10 @@ class ModelCache:
             if key[0] == arch:
                 self.hits += 1
                 self._entries.move_to_end(key)
-                entry = self._entries[key]
-                entry.uses += 1
-                return entry
+                return self._entries[key]
         self.misses += 1
         key = (arch, None)
         entry = _build_entry(key, arch_json, None)
-        entry.uses = 1
         self._add(key, entry)
         return entry
 
@@ -678,10 +662,6 @@ class EvalResult:
     def loss_sum(self) -> float:
         """``loss * rows``: add these over partitions and divide by the total rows."""
         return self.loss * self.rows
-
-    def metric_sums(self) -> dict[str, float]:
-        """``metric * rows`` for every metric."""
-        return {k: v * self.rows for k, v in self.metrics.items()}
 
 
 def combine_results(results: Sequence[EvalResult]) -> EvalResult:

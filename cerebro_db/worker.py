@@ -98,7 +98,6 @@ def _runtime(threads: int | None) -> None:
 
 
 HOOK_SETTING = "cerebro_db.test_hook"
-HOOK_POINTS = ("before_train", "after_save", "eval")
 
 
 def _hook(cat: Catalog, point: str, mst_key: int, epoch: int, partition: int,

@@ -18,7 +18,6 @@ from ..errors import UNDEFINED_OBJECT
 from ..names import TableName, quote_ident
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-FINAL = ("done", "failed", "interrupted", "cancelled")
 
 
 class ClientError(Exception):

@@ -47,8 +47,6 @@ JOB_SET = {"source_table", "model_output_table", "model_selection_table", "warm_
 REQUIRED = {"fit": {"num_iterations"},
             "automl": {"model_arch_table", "model_id_list", "compile_params_grid",
                        "fit_params_grid"}}
-PREPROCESS = {"buffer_size", "normalizing_const", "num_classes", "distribution_rules",
-              "num_partitions", "random_state"}
 LOCK_CLASS = 1128416836  # the first int4 key of a job's advisory lock (the second: job_id)
 MAX_JOB_NAME = 48
 

@@ -80,8 +80,6 @@ DEFAULT_IDLE_TIMEOUT = 300.0
 DEFAULT_MAX_UNIT_RETRIES = 3
 MAX_WORKERS = 64
 MIN_CHUNK_SIZE = 1024
-WORKER_LIMITS = ("max_workers_per_fit", "max_workers_per_role")
-"""Rows of the DBA's table ``limits``; defaults: :func:`default_worker_limits`."""
 POLL_WORKERS = 0.5
 
 
@@ -113,11 +111,6 @@ class PackedTable:
         """Whether the table is a temporary one (only the calling session sees it; schema
         names starting with ``pg_`` are reserved, so ``pg_temp_N`` is a session's)."""
         return self.qualified.startswith(("pg_temp_", '"pg_temp_'))
-
-    @property
-    def dep_name(self) -> str:
-        """The dependent variable's name (its class values are ``<name>_class_values``)."""
-        return str(self.summary["dependent_varname"][0])
 
 
 def _qualified(cat: Catalog, t: TableName) -> str:
