@@ -557,14 +557,14 @@ class DblinkExecutor:
         for w in list(self.busy):
             try:
                 self.cat.dblink_cancel(self.name(w))
-            except Exception:  # noqa: BLE001 - closing anyway
+            except Exception:  # noqa: BLE001, S110 - closing anyway
                 pass
         self.busy.clear()
         self._keys.clear()
         for name in self.opened:
             try:
                 self.cat.dblink_disconnect(name)
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001, S110 - closing anyway
                 pass
         self.opened.clear()
 

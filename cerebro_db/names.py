@@ -99,7 +99,7 @@ class TableName:
     given: str
 
     @classmethod
-    def parse(cls, text: str, what: str) -> "TableName":
+    def parse(cls, text: str, what: str) -> TableName:
         parts = split_identifier(text, what)
         if len(parts) == 1:
             return cls(None, parts[0], text)
@@ -118,7 +118,7 @@ class TableName:
             return quote_ident(self.name)
         return quote_ident(self.schema) + "." + quote_ident(self.name)
 
-    def with_suffix(self, suffix: str, what: str) -> "TableName":
+    def with_suffix(self, suffix: str, what: str) -> TableName:
         """The companion table ``<name><suffix>`` in the same schema (``_summary``, ``_info``)."""
         new = self.name + suffix
         if len(new.encode("utf-8")) >= NAMEDATALEN:

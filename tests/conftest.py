@@ -6,7 +6,7 @@ server they skip with the reason (CI always starts one through `make test`).
 from __future__ import annotations
 
 import os
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 

@@ -7,8 +7,9 @@ inside the server); it imports no driver itself.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any
 
 from ..errors import (
     CONNECTION_EXCEPTION,

@@ -41,7 +41,7 @@ def entrypoint(fn: Callable[..., Any]) -> Callable[..., Any]:
             plpy.error(e.message, sqlstate=e.sqlstate, **extra)
         except spi_errors:
             raise
-        except Exception as e:  # an unexpected failure: say where, keep the traceback
+        except Exception as e:  # noqa: BLE001 - unexpected: say where, keep the traceback
             if out_of_memory(e):
                 plpy.error(f"{fn.__name__}: out of memory", detail=traceback.format_exc(),
                            sqlstate=OUT_OF_MEMORY)

@@ -4,7 +4,8 @@ custom-function object tables (``load_custom_function``, ``load_top_k_accuracy_f
 from __future__ import annotations
 
 import subprocess
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from .. import custom_functions as cf
 from .. import params

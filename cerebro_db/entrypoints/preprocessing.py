@@ -4,8 +4,9 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -151,7 +152,7 @@ def _resolve(cat: Catalog, source_table: str, output_table: str, dependent_varna
                       hint="List dependent_varname columns to train as regression targets.")
     both = set(dep_names) & set(indep_names)
     if both:
-        raise invalid(f"column {sorted(both)[0]!r} is both a dependent and an independent variable")
+        raise invalid(f"column {min(both)!r} is both a dependent and an independent variable")
     out_cols = ["__dist_key__", "buffer_id"] + dep_names + indep_names
     out_cols += [n + "_shape" for n in dep_names + indep_names]
     for n in out_cols:

@@ -1,7 +1,7 @@
 """``load_model_selection_table`` and ``generate_model_configs``."""
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -82,27 +82,27 @@ def test_schedule_checks_its_arguments_and_leaves_nothing(job):
     base = ("'jsrc', 'jp2', 'y', 'x', 'jo2', 'jmst'")
     cases = [
         (f"SELECT schedule_model_selection(NULL, NULL, {base})", "22004"),
-        (f"SELECT schedule_model_selection('nightly', NULL, {base}, "
-         "fit_options => '{\"num_iterations\": 1}')", "42710"),
-        ("SELECT schedule_model_selection('j2', NULL, 'nosuch', 'jp2', 'y', 'x', 'jo2', 'jmst', "
-         "fit_options => '{\"num_iterations\": 1}')", "42P01"),
-        (f"SELECT schedule_model_selection('j2', NULL, {base}, "
-         "fit_options => '{\"num_iterations\": 1}', key_column => 'nope')", "42703"),
-        (f"SELECT schedule_model_selection('j2', NULL, {base}, method => 'magic', "
-         "fit_options => '{\"num_iterations\": 1}')", "22023"),
+        ((f"SELECT schedule_model_selection('nightly', NULL, {base}, "
+         "fit_options => '{\"num_iterations\": 1}')"), "42710"),
+        (("SELECT schedule_model_selection('j2', NULL, 'nosuch', 'jp2', 'y', 'x', 'jo2', 'jmst', "
+         "fit_options => '{\"num_iterations\": 1}')"), "42P01"),
+        ((f"SELECT schedule_model_selection('j2', NULL, {base}, "
+         "fit_options => '{\"num_iterations\": 1}', key_column => 'nope')"), "42703"),
+        ((f"SELECT schedule_model_selection('j2', NULL, {base}, method => 'magic', "
+         "fit_options => '{\"num_iterations\": 1}')"), "22023"),
         (f"SELECT schedule_model_selection('j2', NULL, {base})", "22023"),  # num_iterations
-        (f"SELECT schedule_model_selection('j2', NULL, {base}, "
-         "fit_options => '{\"num_iterations\": 1, \"bogus\": 2}')", "22023"),
-        (f"SELECT schedule_model_selection('j2', NULL, {base}, "
-         "fit_options => '{\"num_iterations\": \"many\"}')", "22023"),
-        (f"SELECT schedule_model_selection('j2', NULL, {base}, "
-         "fit_options => '{\"num_iterations\": 1, \"source_table\": \"x\"}')", "22023"),
-        ("SELECT schedule_model_selection('j2', NULL, 'jsrc', 'jp2', 'y', 'x', 'jo2', 'jmst2', "
-         "method => 'automl', warm_start => TRUE)", "0A000"),
-        ("SELECT schedule_model_selection('j2', NULL, 'jsrc', 'jp2', 'y', 'x', 'jmst', 'jmst', "
-         "fit_options => '{\"num_iterations\": 1}')", "42P07"),  # output exists
-        (f"SELECT schedule_model_selection('j2', NULL, {base}, "
-         "fit_options => '{\"num_iterations\": 1}', retries => -1)", "22023"),
+        ((f"SELECT schedule_model_selection('j2', NULL, {base}, "
+         "fit_options => '{\"num_iterations\": 1, \"bogus\": 2}')"), "22023"),
+        ((f"SELECT schedule_model_selection('j2', NULL, {base}, "
+         "fit_options => '{\"num_iterations\": \"many\"}')"), "22023"),
+        ((f"SELECT schedule_model_selection('j2', NULL, {base}, "
+         "fit_options => '{\"num_iterations\": 1, \"source_table\": \"x\"}')"), "22023"),
+        (("SELECT schedule_model_selection('j2', NULL, 'jsrc', 'jp2', 'y', 'x', 'jo2', 'jmst2', "
+         "method => 'automl', warm_start => TRUE)"), "0A000"),
+        (("SELECT schedule_model_selection('j2', NULL, 'jsrc', 'jp2', 'y', 'x', 'jmst', 'jmst', "
+         "fit_options => '{\"num_iterations\": 1}')"), "42P07"),  # output exists
+        ((f"SELECT schedule_model_selection('j2', NULL, {base}, "
+         "fit_options => '{\"num_iterations\": 1}', retries => -1)"), "22023"),
     ]
     for sql, state in cases:
         assert error_of(conn, sql).pgcode == state, sql

@@ -47,9 +47,9 @@ def tiny(session_conn):
 
 
 def schedule(conn, name: str, when: str) -> int:
-    return q(conn, f"""SELECT schedule_model_selection(%s, %s, 'jsrc', 'cpacked', 'y', 'x',
-        'cout', 'jmst', fit_options => '{{"num_iterations": 1, "random_state": 5}}',
-        preprocess_options => '{{"num_partitions": 2, "random_state": 3}}',
+    return q(conn, """SELECT schedule_model_selection(%s, %s, 'jsrc', 'cpacked', 'y', 'x',
+        'cout', 'jmst', fit_options => '{"num_iterations": 1, "random_state": 5}',
+        preprocess_options => '{"num_partitions": 2, "random_state": 3}',
         key_column => 'id')""", (name, when))[0][0]
 
 

@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 
 from ..helpers import ROOT, error_of, q
-from .madlib_compat_common import madlib_conn  # noqa: F401 - fixture
 
 psycopg2 = pytest.importorskip("psycopg2")
 

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 from ..helpers import ROOT, q, server_params
-from .madlib_compat_common import madlib_conn  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.db
 

@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from ..helpers import error_of, q
-from .madlib_compat_common import madlib_conn  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.db
 
@@ -66,12 +65,12 @@ def test_predict_with_numeric_pred_type(fitted):
                 "'madlib_keras_predict' AND pronamespace = 'madlib'::regnamespace ORDER BY 1") \
         == [(s,) for s in sorted([
             "madlib.madlib_keras_predict(character varying)",
-            "madlib.madlib_keras_predict(character varying,character varying,character varying,"
-            "character varying,character varying,character varying,boolean,integer)",
-            "madlib.madlib_keras_predict(character varying,character varying,character varying,"
-            "character varying,character varying,double precision,boolean,integer)",
-            "madlib.madlib_keras_predict(character varying,character varying,character varying,"
-            "character varying,character varying,integer,boolean,integer)"])]
+            ("madlib.madlib_keras_predict(character varying,character varying,character varying,"
+            "character varying,character varying,character varying,boolean,integer)"),
+            ("madlib.madlib_keras_predict(character varying,character varying,character varying,"
+            "character varying,character varying,double precision,boolean,integer)"),
+            ("madlib.madlib_keras_predict(character varying,character varying,character varying,"
+            "character varying,character varying,integer,boolean,integer)")])]
     e = error_of(c, "SELECT madlib.madlib_keras_predict('mi_out', 'iris', 'id', 'attributes', "
                     "'pred_bad', pred_type => 1.5, mst_key => 1)")
     assert e.pgcode == "22023" and "pred_type" in e.pgerror

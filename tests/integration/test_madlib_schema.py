@@ -14,8 +14,8 @@ MADLIB_SCRIPT = [
               (ARRAY['Iris-setosa', 'Iris-versicolor', 'Iris-virginica'])[i % 3 + 1]
          FROM generate_series(1, 60) i""",
     "SELECT madlib.training_preprocessor_dl('iris', 'iris_packed', 'class_text', 'attributes')",
-    "SELECT madlib.validation_preprocessor_dl('iris', 'iris_val', 'class_text', 'attributes',"
-    " 'iris_packed')",
+    ("SELECT madlib.validation_preprocessor_dl('iris', 'iris_val', 'class_text', 'attributes',"
+    " 'iris_packed')"),
     """SELECT madlib.load_keras_model('model_arch_library', %(arch)s, NULL, 'Sophie', 'MLP')""",
     """SELECT madlib.load_model_selection_table('model_arch_library', 'mst_table', ARRAY[1],
          ARRAY[$$loss='categorical_crossentropy', optimizer='Adam(lr=0.01)', metrics=['accuracy']$$,

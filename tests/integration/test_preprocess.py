@@ -240,7 +240,7 @@ def test_real_fashion_mnist_subset_round_trips(conn, tables):
                         io.BytesIO(copy_payload(np.arange(2000), y.astype(np.int32), x)))
     q(conn, "SELECT training_preprocessor_dl('fm_small', 'fm_packed', 'y', 'x', NULL, 255.0,"
             " NULL, NULL, 2, 11)")
-    px, py, keys = buffers(conn, "fm_packed")
+    px, py, _keys = buffers(conn, "fm_packed")
     assert px.shape == (2000, 784) and py.shape == (2000, 10)
     flat = x.reshape(2000, -1).astype(np.float32) / np.float32(255.0)
     order = np.lexsort(px.T[::-1])

@@ -3,6 +3,7 @@ equivalence by replay, reproducibility, the ring policy, chunked states and fail
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import textwrap
@@ -21,8 +22,8 @@ pytestmark = pytest.mark.db
 
 COMPILES = [
     "loss='categorical_crossentropy', optimizer='Adam(learning_rate=0.01)', metrics=['accuracy']",
-    "loss='categorical_crossentropy', optimizer='SGD(lr=0.1, momentum=0.9)', "
-    "metrics=['accuracy', 'top_k_categorical_accuracy']",
+    ("loss='categorical_crossentropy', optimizer='SGD(lr=0.1, momentum=0.9)', "
+    "metrics=['accuracy', 'top_k_categorical_accuracy']"),
 ]
 FITS = ["batch_size=32", "batch_size=100, epochs=2"]
 
@@ -59,9 +60,9 @@ def unit_log(conn, fit_id):
                              extract(epoch FROM started_at), extract(epoch FROM ended_at)
                         FROM cerebro_db.units WHERE fit_id = %s AND kind <> 'eval_valid'
                        ORDER BY started_at""", (fit_id,))
-    return [dict(config=r[0], epoch=r[1], partition=r[2], worker=r[3],
-                 kind="train" if r[4] == "train" else "eval", start=float(r[5]),
-                 end=float(r[6]), ok=True) for r in rows]
+    return [{"config": r[0], "epoch": r[1], "partition": r[2], "worker": r[3],
+                 "kind": "train" if r[4] == "train" else "eval", "start": float(r[5]),
+                 "end": float(r[6]), "ok": True} for r in rows]
 
 
 def test_outputs_metrics_and_unit_log(mnist):
@@ -147,7 +148,7 @@ def test_sequential_equivalence_by_replay(mnist, dsn):
                       "'mn_out' AND status = 'done'")[0][0]
     assert fit_id is not None, "run after test_outputs_metrics_and_unit_log"
     r = subprocess.run([sys.executable, "-c", REPLAY, dsn, str(fit_id)], cwd=ROOT,
-                       capture_output=True, text=True, timeout=300)
+                       capture_output=True, text=True, timeout=300, check=False)
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(r.stdout.strip().splitlines()[-1])
     assert {k: v[0] for k, v in res.items()} == {str(k): 4 for k in (1, 2, 3, 4)}
@@ -202,7 +203,7 @@ def test_nan_loss_is_recorded_not_a_crash(mnist, tables):
        ["batch_size=64"]))
     fit(mnist, "mn_nan", mst="mn_mst3", iterations=1, freq=None, validation=None)
     loss = q(mnist, "SELECT training_loss_final FROM mn_nan_info")[0][0]
-    assert loss != loss  # NaN
+    assert math.isnan(loss)
 
 
 BAD = [
@@ -220,14 +221,14 @@ BAD = [
      "22023", "metrics_compute_frequency"),
     ("SELECT madlib_keras_fit_multiple_model('mn_p', 'bad_o', 'mn_mst', 1, TRUE)", "0A000",
      "GPU"),
-    ("SELECT madlib_keras_fit_multiple_model('mn_p', 'bad_o', 'mn_mst', 1, FALSE, NULL, NULL, "
-     "FALSE, NULL, NULL, FALSE, 'fifo')", "22023", "scheduling policy"),
-    ("SELECT madlib_keras_fit_multiple_model('mn_p', 'bad_o', 'mn_mst', 1, FALSE, NULL, NULL, "
-     "FALSE, NULL, NULL, FALSE, 'ring', 'x=__import__(\"os\")')", "22023", "policy_params"),
+    (("SELECT madlib_keras_fit_multiple_model('mn_p', 'bad_o', 'mn_mst', 1, FALSE, NULL, NULL, "
+     "FALSE, NULL, NULL, FALSE, 'fifo')"), "22023", "scheduling policy"),
+    (("SELECT madlib_keras_fit_multiple_model('mn_p', 'bad_o', 'mn_mst', 1, FALSE, NULL, NULL, "
+     "FALSE, NULL, NULL, FALSE, 'ring', 'x=__import__(\"os\")')"), "22023", "policy_params"),
     ("SELECT madlib_keras_fit_multiple_model('mn_p', 'bad_o', 'mn_mst', 1, FALSE, 'mn_p; --')",
      "42602", "validation_table"),
-    ("SELECT madlib_keras_fit_multiple_model('mn_p', 'bad_o', 'mn_mst', 1, FALSE, NULL, NULL, "
-     "TRUE)", "42P01", "warm_start"),
+    (("SELECT madlib_keras_fit_multiple_model('mn_p', 'bad_o', 'mn_mst', 1, FALSE, NULL, NULL, "
+     "TRUE)"), "42P01", "warm_start"),
 ]
 
 

@@ -16,7 +16,6 @@ started on and writes the outputs where the original call would have.
 from __future__ import annotations
 
 import re
-
 import threading
 import time
 

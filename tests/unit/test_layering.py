@@ -25,6 +25,7 @@ def test_every_module_imports_without_tensorflow_or_a_database():
         "assert not bad, bad\n"
         "print(len(sys.modules))\n"
     )
-    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                       check=False)
     assert r.returncode == 0, r.stderr
     assert len(mods) >= 8
