@@ -200,7 +200,8 @@ class DblinkExecutor:
     def open(self, settings: dict[str, str] | None = None) -> None:
         """Open the control session and every worker session; ``settings`` are set in each."""
         self.settings = dict(settings or {})
-        for w in ["ctl", *self.workers]:
+        names: list[int | str] = ["ctl", *self.workers]
+        for w in names:
             self._connect(w)
 
     def _login(self, name: str) -> None:
@@ -432,7 +433,7 @@ class DblinkExecutor:
                 return [self._collect(w) for w in done]
             now = time.monotonic()
             late = [w for w, t in self.busy.items()
-                    if self.limits.get(w) is not None and now - t > self.limits[w]]
+                    if (limit := self.limits.get(w)) is not None and now - t > limit]
             if late:
                 return [self._timed_out(w) for w in late]
             if now - self._last_check >= self.check_interval:

@@ -585,6 +585,8 @@ class OptimizerSpec:
         try:
             if decay:
                 lr = kwargs.get("learning_rate", default_learning_rate(self.name))
+                if lr is None:
+                    raise TypeError(f"{self.name} has no default learning rate")
                 kwargs["learning_rate"] = keras.optimizers.schedules.InverseTimeDecay(
                     initial_learning_rate=float(lr), decay_steps=1, decay_rate=decay)
             return cls(**kwargs)

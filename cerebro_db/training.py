@@ -910,7 +910,8 @@ def release(x: np.ndarray) -> None:
         del _TRAIN_FEEDS[key]
 
 
-def _train_feed(model: keras.Model, x: np.ndarray, y: np.ndarray, batch_size: int) -> _TrainFeed:
+def _train_feed(model: keras.Model, x: np.ndarray, y: np.ndarray | None,
+                batch_size: int) -> _TrainFeed:
     """The cached :class:`_TrainFeed` for (``x``, the model's input, ``y``'s layout, batch
     size), with ``y`` loaded; validates the data against the model as :func:`_fit_xy`."""
     xs, ys = _fit_xy(model, x, y)
@@ -1374,8 +1375,9 @@ def predict_multi(cache: ModelCache, arch_json: Any, state_or_weights: BytesLike
         if len(shapes) != len(data.xs):
             raise CerebroError(f"the model has {len(shapes)} inputs, the test data "
                                f"{len(data.xs)} independent variables", DATATYPE_MISMATCH)
-        inputs = _multi_xy(entry.model, MultiData(data.xs, [None] * len(entry.model.outputs))
-                           )[0] if data.total_rows else []
+        no_labels: list[Any] = [None] * len(entry.model.outputs)
+        inputs = _multi_xy(entry.model, MultiData(data.xs, no_labels))[0] \
+            if data.total_rows else []
         _load_any(entry, state_or_weights)
         if not data.total_rows:
             return [np.zeros((0,), np.float32) for _ in entry.model.outputs]

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import importlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from .. import params
 from ..errors import invalid
@@ -80,5 +80,6 @@ def get_tuner(name: str, automl_params: str | None, *, model_ids: Sequence[int],
     opts = params.parse_automl_params(automl_params, key,
                                       None if builtin else getattr(klass, "defaults", {}))
     check_limits(opts)
-    return klass(model_ids=list(model_ids), compile_grid=compile_grid, fit_grid=fit_grid,
-                 num_workers=num_workers, random_state=random_state, **opts)
+    make: Callable[..., Tuner] = klass  # each tuner's own keyword parameters
+    return make(model_ids=list(model_ids), compile_grid=compile_grid, fit_grid=fit_grid,
+                num_workers=num_workers, random_state=random_state, **opts)

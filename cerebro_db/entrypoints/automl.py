@@ -342,6 +342,7 @@ def madlib_keras_automl(
     seed = resolve_seed(random_state)
     src = packed_table(cat, source_table, "source_table")
     val = _validation(cat, validation_table, src)
+    assert compile_params_grid is not None and fit_params_grid is not None  # checked above
     space = SearchSpace(ids, compile_params_grid, fit_params_grid)
     obj, refs = custom_references(cat, object_table,
                                   grid_names(parse_grid(compile_params_grid, "compile")),
@@ -458,9 +459,11 @@ def resume_automl(cat: Catalog, f: Mapping[str, Any], opts: Mapping[str, Any],
                            FEATURE_NOT_SUPPORTED)
     method, automl_params = str(pp["automl_method"]), pp.get("automl_params")
     mst = stored_table(cat, opts, "mst", f["model_selection_table"], "model_selection_table")
+    assert mst is not None  # an AutoML fit records its model selection table
     _outputs_absent(cat, out, ("", "_summary", "_info"), False)
     _selection_absent(cat, mst)
     arch = stored_table(cat, opts, "arch", opts["arch_table"], "model_arch_table")
+    assert arch is not None  # every fit records its arch_table
     require_arch_table(cat, arch, "model_arch_table")
     ids = [int(m) for m in pp["model_id_list"]]
     archs = _arch_rows(cat, arch, ids)
@@ -568,6 +571,7 @@ def hyperband_schedule(cat: Catalog, *, schedule_table: str, r: int | None, eta:
     for label, v in (("r", r), ("eta", eta), ("skip_last", skip_last)):
         if v is None:
             raise CerebroError(f"{label} must not be NULL", NULL_VALUE_NOT_ALLOWED)
+    assert r is not None and eta is not None and skip_last is not None  # checked above
     rows = schedule(int(r), int(eta), int(skip_last))
     require_output_schema(cat, table, "schedule_table")
     if cat.relation_oid(table) is not None:

@@ -391,6 +391,8 @@ def job_step(plpy: Any, schema: str, *, job_name: str, run_id: int | None, step:
     if step == "end":
         _end(cat, job, run_id)
         return "ok"
+    if run_id is None:
+        raise CerebroError(f"job step {step!r} needs a run_id", NULL_VALUE_NOT_ALLOWED)
     cat.query(f"UPDATE {cat.ext('job_runs')} SET attempts = attempts + (($2 = 'pack')::int) "
               "WHERE run_id = $1", [run_id, step], ["int8", "text"])
     errors = tuple(e for e in (getattr(plpy, "SPIError", None), getattr(plpy, "Error", None),

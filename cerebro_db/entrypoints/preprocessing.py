@@ -231,16 +231,19 @@ class _Grow:
     """A preallocated [n, width] array that grows if the table gained rows meanwhile."""
 
     def __init__(self, n: int, dtype: Any) -> None:
-        self.n, self.dtype, self.arr = 0, dtype, None
+        self.n, self.dtype = 0, dtype
+        self.arr: np.ndarray | None = None
         self.cap = n
 
     def add(self, block: np.ndarray) -> None:
-        if self.arr is None:
-            self.arr = np.empty((self.cap,) + block.shape[1:], dtype=self.dtype)
+        arr = self.arr
+        if arr is None:
+            arr = np.empty((self.cap,) + block.shape[1:], dtype=self.dtype)
         need = self.n + len(block)
-        if need > len(self.arr):
-            self.arr = np.resize(self.arr, (max(need, 2 * len(self.arr)),) + self.arr.shape[1:])
-        self.arr[self.n:need] = block
+        if need > len(arr):
+            arr = np.resize(arr, (max(need, 2 * len(arr)),) + arr.shape[1:])
+        arr[self.n:need] = block
+        self.arr = arr
         self.n = need
 
     def value(self) -> np.ndarray:
@@ -608,7 +611,9 @@ def validation_preprocessor_dl(cat: Catalog, *, source_table: str, output_table:
             f"the validation data has {len(inp.deps)} dependent and {len(inp.indeps)} "
             f"independent variables, the training data {len(tdeps)} and {len(tindeps)}")
     p = _check_partitions(num_partitions or int(ts["num_partitions"]))
-    class_values, counts, maps = [], [], []
+    class_values: list[list[Any] | None] = []
+    counts: list[int | None] = []
+    maps: list[dict | None] = []
     for i, (d, tname) in enumerate(zip(inp.deps, tdeps)):
         tkind = ts["dependent_kind"][i]
         if d.kind != tkind:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -484,7 +484,7 @@ def _table_records(cat: Catalog, req: FitRequest) -> dict[str, Any]:
             "validation_oid": cat.relation_oid(req.validation.table) if req.validation else None}
 
 
-def stored_table(cat: Catalog, opts: dict[str, Any], key: str, text: str | None,
+def stored_table(cat: Catalog, opts: Mapping[str, Any], key: str, text: str | None,
                  what: str) -> TableName | None:
     """A table of a fit as its original call resolved it, else (a fit recorded without it)
     ``text`` as this session's search_path finds it."""
@@ -891,7 +891,8 @@ def mark_done(cat: Catalog, ex: DblinkExecutor, fit_id: int) -> None:
 
 
 def _from_log(cat: Catalog, fit_id: int, targets: dict[int, int], p: int,
-              workers: dict[int, set[int]], eval_epochs: frozenset[int]
+              workers: Mapping[int, Iterable[int]],
+              eval_epochs: Collection[int] | Mapping[int, Collection[int]]
               ) -> tuple[Progress, dict[int, ConfigResult], int, float]:
     """Progress, per-config results, training units done and seconds spent, from the units
     committed so far (in commit order; units in flight when the fit stopped are absent)."""
@@ -1006,7 +1007,8 @@ def final_weights(cat: Catalog, fit_id: int, mst_key: int) -> bytes:
 
 
 def _series(r: ConfigResult, epochs: list[int], kind: str) -> tuple[list[float], list[list[float]]]:
-    losses, metrics = [], []
+    losses: list[float] = []
+    metrics: list[list[float]] = []
     for e in epochs:
         parts = r.evals.get((e, kind))
         if not parts:
@@ -1391,6 +1393,7 @@ def madlib_keras_fit_resume(cat: Catalog, *, fit_id: int) -> None:
                            f"fit {fit_id} was started on {f['num_partitions']}",
                            OBJECT_NOT_IN_PREREQUISITE_STATE)
     out = stored_table(cat, opts, "output", f["model_output_table"], "model_output_table")
+    assert out is not None  # fits.model_output_table is NOT NULL
     if f["kind"] == "automl":
         from .automl import resume_automl
 
@@ -1407,12 +1410,12 @@ def madlib_keras_fit_resume(cat: Catalog, *, fit_id: int) -> None:
         _outputs_absent(cat, out, suffixes, False)
     configs = stored_configs(cat, fit_id)
     mst = stored_table(cat, opts, "mst", f["model_selection_table"], "model_selection_table")
+    arch = stored_table(cat, opts, "arch", opts["arch_table"], "model_arch_table")
+    assert arch is not None  # every fit records its arch_table
     req = FitRequest(f["kind"], src, val, out, configs, f["num_iterations"],
                      opts.get("frequency"), f["policy"], dict(opts.get("policy_params") or {}),
                      int(f["random_state"]), int(opts["num_workers"]),
-                     opts.get("use_caching"), mst,
-                     stored_table(cat, opts, "arch", opts["arch_table"], "model_arch_table"),
-                     warm,
+                     opts.get("use_caching"), mst, arch, warm,
                      opts.get("name"), opts.get("description"),
                      int(opts.get("replicas") or 1), object_table=opts.get("object_table"),
                      custom_functions=dict(opts.get("custom_functions") or {}))
