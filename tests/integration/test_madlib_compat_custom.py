@@ -1,4 +1,4 @@
-"""Custom loss and metric functions the MADlib way, without unpickling (issue 15, item 7):
+"""Custom loss and metric functions the MADlib way, without unpickling:
 ``load_top_k_accuracy_function`` natively, ``load_custom_function`` with a reference to a
 function in a module installed in the server's environment (allowed by a superuser), used
 by name in compile_params by fit, fit_multiple, evaluate and AutoML. Pickled bytes and

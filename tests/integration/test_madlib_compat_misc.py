@@ -1,4 +1,4 @@
-"""MADlib's smaller behaviours (issue 15, item 8): numeric pred_type overloads,
+"""MADlib's smaller behaviours: numeric pred_type overloads,
 gpu_configuration, generate_model_configs re-creating a dropped summary, NULL metrics
 without metrics, MADlib's AutoML _summary columns and the TensorBoard callback confined to
 the DBA's directory."""

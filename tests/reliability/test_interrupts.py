@@ -1,4 +1,4 @@
-"""Interrupts and concurrency of fits against the real server (issue 16, items 5-9).
+"""Interrupts and concurrency of fits against the real server.
 
 * a query cancel of the coordinator (pg_cancel_backend, statement_timeout) and
   cerebro_db_cancel_fit stop the fit promptly: 57014, the fit 'cancelled', no worker session

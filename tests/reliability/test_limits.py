@@ -1,4 +1,4 @@
-"""Work is bounded before it starts, and inputs that used to fail after the fit row was
+"""Work is bounded before it starts, and inputs that would fail only after the fit row is
 written are refused up front (no fit row, no output, no worker session left).
 
 Also: the worker limits the DBA sets in cerebro_db.limits, which a role cannot raise.
