@@ -80,6 +80,20 @@ def drop_database(name: str) -> None:
     admin.close()
 
 
+def cerebro_error(fn, *args: Any, **kwargs: Any):
+    """The CerebroError ``fn(*args, **kwargs)`` raises (fails the test when it raises none),
+    checked for PostgreSQL's message style: lower case, no trailing period, a SQLSTATE."""
+    from cerebro_db.errors import CerebroError
+
+    with pytest.raises(CerebroError) as info:
+        fn(*args, **kwargs)
+    e = info.value
+    assert e.message == e.message.rstrip("."), e.message
+    assert e.message[:1] == e.message[:1].lower(), e.message
+    assert len(e.sqlstate) == 5, e.sqlstate
+    return e
+
+
 def q(conn, sql: str, args: Any = None) -> list[tuple] | None:
     """Execute one statement; its rows, or None for a statement that returns none."""
     with conn.cursor() as cur:
@@ -113,6 +127,27 @@ def worker_sessions_gone(conn, wait: float = 10.0) -> bool:
         if time.monotonic() > end:
             return False
         time.sleep(0.1)
+
+
+def load_mnist_rows(conn, *tables: tuple[str, int, int], replace: bool = True) -> None:
+    """Create each ``(name, lo, hi)`` as ``(id integer, y integer, x real[])`` holding the
+    Fashion-MNIST training rows ``lo .. hi-1`` (Debian's dataset-fashion-mnist), by binary
+    COPY; with ``replace`` a table of that name is dropped first."""
+    import io
+
+    import numpy as np
+
+    from tooling.datasets import copy_payload, find_dataset_dir, load_split
+
+    x, y = load_split(find_dataset_dir("fashion-mnist"), "train")
+    with conn.cursor() as cur:
+        for name, lo, hi in tables:
+            if replace:
+                cur.execute(f"DROP TABLE IF EXISTS {name}")
+            cur.execute(f"CREATE TABLE {name} (id integer, y integer, x real[])")
+            cur.copy_expert(f"COPY {name} FROM STDIN (FORMAT binary)",
+                            io.BytesIO(copy_payload(np.arange(lo, hi),
+                                                    y[lo:hi].astype(np.int32), x[lo:hi])))
 
 
 def mlp_json(hidden: int = 8, inputs: int = 784, outputs: int = 10) -> str:

@@ -10,8 +10,7 @@ import pytest
 
 from cerebro_db.automl.hyperband import hyperband_schedule
 
-from ..helpers import mlp_json, q
-from .mnist_rows import load_mnist_rows
+from ..helpers import load_mnist_rows, mlp_json, q
 
 psycopg2 = pytest.importorskip("psycopg2")
 

@@ -8,8 +8,7 @@ import time
 
 import pytest
 
-from ..helpers import connect, mlp_json, q
-from .mnist_rows import load_mnist_rows
+from ..helpers import connect, load_mnist_rows, mlp_json, q
 
 psycopg2 = pytest.importorskip("psycopg2")
 

@@ -22,8 +22,7 @@ import pytest
 
 from cerebro_db.scheduling import check_invariants
 
-from ..helpers import ROOT, connect, mlp_json, q, worker_sessions_gone
-from .mnist_rows import load_mnist_rows
+from ..helpers import ROOT, connect, load_mnist_rows, mlp_json, q, worker_sessions_gone
 from .test_training import COMPILES, REPLAY, unit_log
 
 psycopg2 = pytest.importorskip("psycopg2")

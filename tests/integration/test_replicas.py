@@ -20,8 +20,7 @@ import pytest
 
 from cerebro_db.scheduling import check_invariants
 
-from ..helpers import connect, mlp_json, q, worker_sessions_gone
-from .mnist_rows import load_mnist_rows
+from ..helpers import connect, load_mnist_rows, mlp_json, q, worker_sessions_gone
 from .test_faults import Killer
 from .test_training import COMPILES, unit_log
 

@@ -3,8 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from ..helpers import q
-from .mnist_rows import load_mnist_rows
+from ..helpers import load_mnist_rows, q
 
 pytestmark = pytest.mark.db
 

@@ -13,8 +13,7 @@ import pytest
 
 from cerebro_db.scheduling import check_invariants
 
-from ..helpers import ROOT, mlp_json, q, worker_sessions_gone
-from .mnist_rows import load_mnist_rows
+from ..helpers import ROOT, load_mnist_rows, mlp_json, q, worker_sessions_gone
 
 psycopg2 = pytest.importorskip("psycopg2")
 

@@ -6,8 +6,7 @@ import time
 
 import pytest
 
-from ..helpers import mlp_json, q
-from .mnist_rows import load_mnist_rows
+from ..helpers import load_mnist_rows, mlp_json, q
 
 psycopg2 = pytest.importorskip("psycopg2")
 

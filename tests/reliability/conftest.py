@@ -3,17 +3,13 @@ roles made for the test (dropped afterwards), and snapshots that show what a cal
 behind."""
 from __future__ import annotations
 
-import io
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
 import pytest
 
-from tooling.datasets import copy_payload, find_dataset_dir, load_split
-
-from ..helpers import connect, create_database, drop_database, q
+from ..helpers import connect, create_database, drop_database, load_mnist_rows, q
 
 CATALOG_TABLES = ("fits", "fit_configs", "units", "model_states")
 
@@ -37,13 +33,8 @@ def catalog_counts(conn) -> dict[str, int]:
 
 
 def load_mnist(conn, table: str, lo: int, hi: int) -> None:
-    """Rows lo..hi of the Fashion-MNIST training split as (id integer, y integer, x real[])."""
-    x, y = load_split(find_dataset_dir("fashion-mnist"), "train")
-    q(conn, f"CREATE TABLE {table} (id integer, y integer, x real[])")
-    with conn.cursor() as cur:
-        cur.copy_expert(f"COPY {table} FROM STDIN (FORMAT binary)",
-                        io.BytesIO(copy_payload(np.arange(lo, hi), y[lo:hi].astype(np.int32),
-                                                x[lo:hi])))
+    """Rows lo..hi of the Fashion-MNIST training split as a new table (id, y, x real[])."""
+    load_mnist_rows(conn, (table, lo, hi), replace=False)
 
 
 @pytest.fixture(scope="package")

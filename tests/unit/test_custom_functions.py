@@ -2,19 +2,11 @@
 resolved only when allowed (no database)."""
 from __future__ import annotations
 
-import pytest
-
 from cerebro_db import custom_functions as cf
-from cerebro_db.errors import CerebroError
 from cerebro_db.params import parse_compile_params
 
+from ..helpers import cerebro_error as err
 from ..helpers import requires_keras
-
-
-def err(fn, *args):
-    with pytest.raises(CerebroError) as info:
-        fn(*args)
-    return info.value
 
 
 def test_parse_reference():

@@ -30,19 +30,10 @@ from cerebro_db.params import (
 )
 from cerebro_db.scheduling.registry import policy_names
 
+from ..helpers import cerebro_error as err
 from ..helpers import requires_keras
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-
-
-def err(fn, *args, **kwargs) -> CerebroError:
-    with pytest.raises(CerebroError) as info:
-        fn(*args, **kwargs)
-    e = info.value
-    assert e.message == e.message.rstrip(".")
-    assert e.message[:1] == e.message[:1].lower()
-    assert len(e.sqlstate) == 5
-    return e
 
 
 @pytest.fixture()
