@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from ..helpers import mlp_json, q, server_params
+from ..helpers import connect, mlp_json, q
 from .test_jobs import add_rows, runs
 
 psycopg2 = pytest.importorskip("psycopg2")
@@ -21,9 +21,7 @@ def role(session_conn, dbname):
     q(session_conn, f'CREATE ROLE "{name}" LOGIN')
     q(session_conn, f'GRANT USAGE ON SCHEMA cerebro_db TO "{name}"')
     q(session_conn, f'GRANT CREATE ON SCHEMA public TO "{name}"')
-    p = server_params()
-    c = psycopg2.connect(dbname=dbname, host=p["host"], port=p["port"], user=name)
-    c.autocommit = True
+    c = connect(dbname, name, autocommit=True)
     yield name, c
     c.close()
     q(session_conn, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "

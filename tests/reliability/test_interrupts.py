@@ -267,8 +267,7 @@ def test_cerebro_db_cancel_fit(it, rel_db, admin):
     q(admin, f'GRANT USAGE ON SCHEMA cerebro_db TO "{role}"')
     try:
         fit_id = started(it, out, n0, units=PARTITIONS)
-        other = psycopg2.connect(**{**other_params(rel_db), "user": role})
-        other.autocommit = True
+        other = connect(rel_db, role, autocommit=True)
         try:
             with pytest.raises(psycopg2.Error) as e:
                 q(other, "SELECT cerebro_db.cerebro_db_cancel_fit(%s)", (fit_id,))
@@ -290,13 +289,6 @@ def test_cerebro_db_cancel_fit(it, rel_db, admin):
     cancelled_then_resumed(it, fit_id, out)
     assert q(it, "SELECT cancel_requested FROM cerebro_db.fits WHERE fit_id = %s",
              (fit_id,)) == [(None,)]
-
-
-def other_params(dbname):
-    from ..helpers import server_params
-
-    p = server_params()
-    return {"dbname": dbname, "host": p["host"], "port": p["port"]}
 
 
 @pytest.mark.parametrize("ddl", ["DROP TABLE {t}", "TRUNCATE {t}",
