@@ -76,8 +76,10 @@ bench-fit: start
 	@$(PY) bench/fit_bench.py
 
 
+# ruff on the code and tests, mypy on the package (settings in pyproject.toml).
 lint:
 	@$(VENV)/bin/ruff check cerebro_db tests scripts bench demo
+	@$(PY) -m mypy
 
 clean: stop
 	rm -rf $(PGDIR) build $(VENV) .pytest_cache

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
-from .errors import CerebroError
+from .errors import CONNECTION_FAILURE, INTERNAL_ERROR, CerebroError
 from .scheduling import TRAIN, Assignment, Policy, Progress, RunningUnit, cover
 
 
@@ -144,7 +144,7 @@ def run_fit(policy: Policy, progress: Progress, executor: Executor, *,
             if hooks is not None:
                 hooks.stalled()
             raise CerebroError("the scheduling policy has nothing to run but the fit is not "
-                               "done", "XX000")
+                               "done", INTERNAL_ERROR)
         finished = executor.wait(pool.poll_interval) if pool is not None else executor.wait()
         for worker, ok, data in finished:
             unit = progress.running[worker]
@@ -159,7 +159,7 @@ def run_fit(policy: Policy, progress: Progress, executor: Executor, *,
                 if attempts[key] > max_unit_retries:
                     raise WorkerFailed(
                         f"{where} lost its worker session {attempts[key]} times; last: "
-                        f"{data.get('message')}", data.get("sqlstate") or "08006",
+                        f"{data.get('message')}", data.get("sqlstate") or CONNECTION_FAILURE,
                         hint="Raise cerebro_db.max_unit_retries, or look for what ends the "
                         "worker sessions (server log).")
                 if worker in elastic.retiring:
@@ -177,7 +177,7 @@ def run_fit(policy: Policy, progress: Progress, executor: Executor, *,
                 raise WorkerFailed(
                     f"worker {worker} failed on configuration {unit.config} "
                     f"(epoch {unit.epoch}, partition {unit.partition}): {data.get('message')}",
-                    data.get("sqlstate") or "XX000",
+                    data.get("sqlstate") or INTERNAL_ERROR,
                     hint=data.get("hint"), detail=data.get("detail"))
             epoch_before = progress.completed[unit.config]
             progress.finish(worker, True)

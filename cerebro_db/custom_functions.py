@@ -28,8 +28,9 @@ import ast
 import functools
 import importlib
 import inspect
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from .errors import INSUFFICIENT_PRIVILEGE, CerebroError, invalid
 

@@ -6,7 +6,8 @@ hint. Entry points turn a :class:`CerebroError` into ``plpy.error(...)``.
 """
 from __future__ import annotations
 
-# SQLSTATE codes used by the project (PostgreSQL Appendix A).
+# SQLSTATE codes used by the project, named as PostgreSQL's condition names (Appendix A).
+# The package writes SQLSTATEs only through these names (tests/unit/test_errors.py).
 INVALID_PARAMETER_VALUE = "22023"
 NULL_VALUE_NOT_ALLOWED = "22004"
 INVALID_TEXT_REPRESENTATION = "22P02"
@@ -26,6 +27,18 @@ OBJECT_NOT_IN_PREREQUISITE_STATE = "55000"
 INTERNAL_ERROR = "XX000"
 OUT_OF_MEMORY = "53200"
 PROGRAM_LIMIT_EXCEEDED = "54000"
+CONNECTION_EXCEPTION = "08000"
+CONNECTION_FAILURE = "08006"
+INVALID_SCHEMA_NAME = "3F000"
+WRONG_OBJECT_TYPE = "42809"
+DUPLICATE_OBJECT = "42710"
+OBJECT_IN_USE = "55006"
+QUERY_CANCELED = "57014"
+ADMIN_SHUTDOWN = "57P01"
+CRASH_SHUTDOWN = "57P02"
+CANNOT_CONNECT_NOW = "57P03"
+SERIALIZATION_FAILURE = "40001"
+DEADLOCK_DETECTED = "40P01"
 
 
 class CerebroError(Exception):

@@ -54,9 +54,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from .catalog import Catalog
-from .errors import CerebroError
+from .errors import (
+    ADMIN_SHUTDOWN,
+    CANNOT_CONNECT_NOW,
+    CONNECTION_FAILURE,
+    CRASH_SHUTDOWN,
+    DEADLOCK_DETECTED,
+    INTERNAL_ERROR,
+    OBJECT_IN_USE,
+    QUERY_CANCELED,
+    SERIALIZATION_FAILURE,
+    CerebroError,
+)
 
-RETRYABLE = frozenset({"57014", "57P01", "57P02", "57P03", "40001", "40P01"})
+RETRYABLE = frozenset({QUERY_CANCELED, ADMIN_SHUTDOWN, CRASH_SHUTDOWN, CANNOT_CONNECT_NOW,
+                       SERIALIZATION_FAILURE, DEADLOCK_DETECTED})
 """SQLSTATEs of a worker's answer that say the session, not the unit, failed (query
 cancelled, server shutting down, serialization failure, deadlock): the unit is retried."""
 
@@ -94,10 +106,6 @@ def _quiet_disconnect(cat: Catalog, name: str) -> None:
         cat.dblink_disconnect(name)
     except Exception:  # noqa: BLE001, S110 - already gone
         pass
-
-
-QUERY_CANCELED = "57014"
-DEADLOCK_DETECTED = "40P01"
 
 
 class FitCancelled(CerebroError):
@@ -174,7 +182,6 @@ class DblinkExecutor:
         self.settings: dict[str, str] = {}
         self._send_failed: dict[int, str] = {}
         self.keep_idle = 0.0
-        self.reused = 0
         self._pool_key: tuple[Any, ...] | None = None
         self._conn: dict[int | str, str] = {}
         self.fit_id: int | None = None
@@ -193,7 +200,8 @@ class DblinkExecutor:
     def open(self, settings: dict[str, str] | None = None) -> None:
         """Open the control session and every worker session; ``settings`` are set in each."""
         self.settings = dict(settings or {})
-        for w in ["ctl", *self.workers]:
+        names: list[int | str] = ["ctl", *self.workers]
+        for w in names:
             self._connect(w)
 
     def _login(self, name: str) -> None:
@@ -215,7 +223,7 @@ class DblinkExecutor:
     def add(self, worker: int) -> bool:
         """Open a session for a new worker; False (and nothing kept) if that fails."""
         if worker in self.workers:
-            raise CerebroError(f"worker {worker} is already open", "XX000")
+            raise CerebroError(f"worker {worker} is already open", INTERNAL_ERROR)
         try:
             self._connect(worker)
         except Exception as e:  # noqa: BLE001 - the fit goes on without it
@@ -228,7 +236,7 @@ class DblinkExecutor:
     def retire(self, worker: int) -> None:
         """Close an idle worker's session; it gets no more units."""
         if worker in self.busy:
-            raise CerebroError(f"worker {worker} is busy", "XX000")
+            raise CerebroError(f"worker {worker} is busy", INTERNAL_ERROR)
         self._send_failed.pop(worker, None)
         self._drop(worker)
         if worker in self.workers:
@@ -292,7 +300,6 @@ class DblinkExecutor:
                 _quiet_disconnect(self.cat, s.name)
                 continue
             self._conn[w] = s.name
-            self.reused += 1
             return True
         return False
 
@@ -390,7 +397,7 @@ class DblinkExecutor:
         ``key`` (configuration, kind) groups units whose times set each other's stall
         limit (:class:`StallRule`)."""
         if worker in self.busy:
-            raise CerebroError(f"worker {worker} is busy", "XX000")
+            raise CerebroError(f"worker {worker} is busy", INTERNAL_ERROR)
         try:
             self.cat.dblink_send(self.name(worker), sql)
         except Exception as e:  # noqa: BLE001 - a lost session, reported as a lost unit
@@ -426,7 +433,7 @@ class DblinkExecutor:
                 return [self._collect(w) for w in done]
             now = time.monotonic()
             late = [w for w, t in self.busy.items()
-                    if self.limits.get(w) is not None and now - t > self.limits[w]]
+                    if (limit := self.limits.get(w)) is not None and now - t > limit]
             if late:
                 return [self._timed_out(w) for w in late]
             if now - self._last_check >= self.check_interval:
@@ -507,7 +514,7 @@ class DblinkExecutor:
         self.busy.pop(worker, None)
         self._keys.pop(worker, None)
         return WorkerResult(worker, False, {"lost": True, "message": message,
-                                            "sqlstate": "08006", "worker": worker,
+                                            "sqlstate": CONNECTION_FAILURE, "worker": worker,
                                             "worker_pid": pid or self.pids.get(worker)})
 
     def _timed_out(self, worker: int) -> WorkerResult:
@@ -551,14 +558,14 @@ class DblinkExecutor:
         for w in list(self.busy):
             try:
                 self.cat.dblink_cancel(self.name(w))
-            except Exception:  # noqa: BLE001 - closing anyway
+            except Exception:  # noqa: BLE001, S110 - closing anyway
                 pass
         self.busy.clear()
         self._keys.clear()
         for name in self.opened:
             try:
                 self.cat.dblink_disconnect(name)
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001, S110 - closing anyway
                 pass
         self.opened.clear()
 
@@ -586,6 +593,6 @@ def end_sessions(cat: Catalog, application_prefix: str, wait: float = 60.0) -> i
     else:
         if pids and alive():
             raise CerebroError(f"sessions of the interrupted fit ({application_prefix}*) did "
-                               f"not end within {wait:g} s", "55006",
+                               f"not end within {wait:g} s", OBJECT_IN_USE,
                                hint="Wait for them to end, or pg_terminate_backend them.")
     return len(pids)

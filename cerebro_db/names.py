@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .errors import INVALID_NAME, CerebroError
+from .errors import INVALID_NAME, NULL_VALUE_NOT_ALLOWED, CerebroError
 
 NAMEDATALEN = 64  # PostgreSQL's default: identifiers are at most 63 bytes
 _UNQUOTED = re.compile(r"[A-Za-z_\u0080-\uffff][A-Za-z0-9_$\u0080-\uffff]*")
@@ -31,7 +31,7 @@ def split_identifier(text: str, what: str) -> list[str]:
     ``what`` names the parameter for error messages (``source_table``).
     """
     if text is None:
-        raise CerebroError(f"{what} must not be NULL", "22004")
+        raise CerebroError(f"{what} must not be NULL", NULL_VALUE_NOT_ALLOWED)
     s = text.strip()
     parts: list[str] = []
     i, n = 0, len(s)
@@ -92,7 +92,7 @@ class TableName:
     given: str
 
     @classmethod
-    def parse(cls, text: str, what: str) -> "TableName":
+    def parse(cls, text: str, what: str) -> TableName:
         parts = split_identifier(text, what)
         if len(parts) == 1:
             return cls(None, parts[0], text)
@@ -111,7 +111,7 @@ class TableName:
             return quote_ident(self.name)
         return quote_ident(self.schema) + "." + quote_ident(self.name)
 
-    def with_suffix(self, suffix: str, what: str) -> "TableName":
+    def with_suffix(self, suffix: str, what: str) -> TableName:
         """The companion table ``<name><suffix>`` in the same schema (``_summary``, ``_info``)."""
         new = self.name + suffix
         if len(new.encode("utf-8")) >= NAMEDATALEN:
@@ -130,7 +130,7 @@ class TableName:
 def split_column_list(text: str, what: str) -> list[str]:
     """Split a comma-separated list of column names (``'x1, "X 2"'``) into folded names."""
     if text is None:
-        raise CerebroError(f"{what} must not be NULL", "22004")
+        raise CerebroError(f"{what} must not be NULL", NULL_VALUE_NOT_ALLOWED)
     items: list[str] = []
     cur: list[str] = []
     quoted = False

@@ -25,6 +25,7 @@ from typing import Any, Callable, Union
 
 from .errors import (
     FEATURE_NOT_SUPPORTED,
+    INSUFFICIENT_PRIVILEGE,
     NULL_VALUE_NOT_ALLOWED,
     SYNTAX_ERROR,
     CerebroError,
@@ -582,6 +583,8 @@ class OptimizerSpec:
         try:
             if decay:
                 lr = kwargs.get("learning_rate", default_learning_rate(self.name))
+                if lr is None:
+                    raise TypeError(f"{self.name} has no default learning rate")
                 kwargs["learning_rate"] = keras.optimizers.schedules.InverseTimeDecay(
                     initial_learning_rate=float(lr), decay_steps=1, decay_rate=decay)
             return cls(**kwargs)
@@ -1048,7 +1051,8 @@ def confine_log_dir(log_dir: str, base: str | None, what: str = "fit_params") ->
     if not base or not os.path.isabs(base):
         raise CerebroError(
             f"{what}: the TensorBoard callback needs a log directory configured by the DBA",
-            "42501", hint=f"A superuser sets {TENSORBOARD_SETTING} = '/absolute/dir' in "
+            INSUFFICIENT_PRIVILEGE,
+            hint=f"A superuser sets {TENSORBOARD_SETTING} = '/absolute/dir' in "
             "postgresql.conf (or with ALTER SYSTEM) and reloads; log_dir is then a directory "
             "inside it.")
     root = os.path.realpath(base)
@@ -1056,7 +1060,7 @@ def confine_log_dir(log_dir: str, base: str | None, what: str = "fit_params") ->
     if os.path.commonpath([root, path]) != root:
         raise CerebroError(
             f"{what}: TensorBoard log_dir {log_dir!r} is outside the configured log "
-            f"directory {base!r}", "42501",
+            f"directory {base!r}", INSUFFICIENT_PRIVILEGE,
             hint=f"Give a directory inside {base} (relative paths are taken from there).")
     return path
 

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import math
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
+from typing import cast
 
 import numpy as np
 
-from .errors import DATA_EXCEPTION, NULL_VALUE_NOT_ALLOWED, CerebroError
+from .errors import DATA_EXCEPTION, FLOATING_POINT_EXCEPTION, NULL_VALUE_NOT_ALLOWED, CerebroError
 
 MADLIB_BUFFER_BYTES = 75_000_000  # MADlib's rule: about 75M feature values per buffer
 _ELEM = {"float4": (">f4", 4), "int2": (">i2", 2)}
@@ -93,7 +94,8 @@ def decode_arrays(blobs: Sequence[bytes | None], elem: str, what: str
     if any(b is None for b in blobs):
         raise CerebroError(f"{what} is NULL in some rows", NULL_VALUE_NOT_ALLOWED,
                            hint="Filter or impute NULL rows before preprocessing.")
-    first = bytes(blobs[0])
+    rows = cast("Sequence[bytes]", blobs)  # no NULL: checked above
+    first = bytes(rows[0])
     ndim, flags = struct.unpack_from(">ii", first)
     if ndim == 0:
         raise CerebroError(f"{what} holds an empty array", DATA_EXCEPTION)
@@ -101,23 +103,23 @@ def decode_arrays(blobs: Sequence[bytes | None], elem: str, what: str
     hdr = 12 + 8 * ndim
     size = int(np.prod(dims))
     row_len = hdr + (4 + width) * size
-    lens = np.fromiter((len(b) for b in blobs), dtype=np.int64, count=len(blobs))
+    lens = np.fromiter((len(b) for b in rows), dtype=np.int64, count=len(rows))
     if flags & 1 or (lens != row_len).any():
         bad = 0 if flags & 1 else int(np.flatnonzero(lens != row_len)[0])
-        bndim, bflags = struct.unpack_from(">ii", bytes(blobs[bad]))
+        bndim, bflags = struct.unpack_from(">ii", bytes(rows[bad]))
         if bflags & 1:
             raise CerebroError(f"{what} has NULL elements", NULL_VALUE_NOT_ALLOWED,
                                hint="Replace NULL array elements before preprocessing.")
-        bdims = struct.unpack_from(f">{2 * bndim}i", bytes(blobs[bad]), 12)[0::2] if bndim else ()
+        bdims = struct.unpack_from(f">{2 * bndim}i", bytes(rows[bad]), 12)[0::2] if bndim else ()
         raise CerebroError(
             f"{what} must have the same shape in every row, found {list(dims)} and {list(bdims)}",
             DATA_EXCEPTION,
         )
-    raw = np.frombuffer(b"".join(blobs), dtype=np.uint8).reshape(len(blobs), row_len)
+    raw = np.frombuffer(b"".join(rows), dtype=np.uint8).reshape(len(rows), row_len)
     if not (raw[:, :hdr] == raw[0, :hdr]).all():
         raise CerebroError(f"{what} must have the same shape in every row", DATA_EXCEPTION)
-    body = raw[:, hdr:].reshape(len(blobs), size, 4 + width)[:, :, 4:]
-    vals = np.ascontiguousarray(body).view(dtype_be).reshape(len(blobs), size)
+    body = raw[:, hdr:].reshape(len(rows), size, 4 + width)[:, :, 4:]
+    vals = np.ascontiguousarray(body).view(dtype_be).reshape(len(rows), size)
     return vals.astype(np.float32 if elem == "float4" else np.int16), dims
 
 
@@ -128,7 +130,7 @@ def check_finite(values: np.ndarray, what: str, row_offset: int = 0) -> None:
         row = int(np.flatnonzero(~finite.reshape(len(values), -1).all(axis=1))[0]) + row_offset
         raise CerebroError(
             f"{what} contains NaN or infinity (first in row {row + 1} of the scan)",
-            "22P01",
+            FLOATING_POINT_EXCEPTION,
             hint="Clean or impute the data before preprocessing.",
         )
 

@@ -98,6 +98,7 @@ __all__ = [
     "UnitResult",
     "aligned_empty",
     "as_tensor",
+    "capture_state",
     "combine_results",
     "configure_runtime",
     "decode_buffer",
@@ -105,11 +106,10 @@ __all__ = [
     "evaluate",
     "fit_input_shape",
     "initial_state",
-    "load_state",
     "predict",
     "release",
     "replay",
-    "save_state",
+    "restore_state",
     "train_unit",
 ]
 
@@ -381,7 +381,6 @@ class CachedModel:
     compiled: bool
     n_params: int
     rng_vars: list[Any] = field(default_factory=list)
-    uses: int = 0
     eval_fns: dict[tuple[int, ...], Any] = field(default_factory=dict, repr=False)
     metric_order: tuple[str, ...] = ()
 
@@ -438,16 +437,6 @@ class ModelCache:
         """Drop every cached model."""
         self._entries.clear()
 
-    def stats(self) -> dict[str, int]:
-        """``{'models', 'hits', 'misses', 'evictions', 'params'}``."""
-        return {
-            "models": len(self._entries),
-            "hits": self.hits,
-            "misses": self.misses,
-            "evictions": self.evictions,
-            "params": sum(e.n_params for e in self._entries.values()),
-        }
-
     def get(self, arch_json: Any, compile_params: CompileInput) -> CachedModel:
         """The compiled model for this architecture and compile parameters (built if new).
 
@@ -460,11 +449,9 @@ class ModelCache:
         if entry is not None:
             self.hits += 1
             self._entries.move_to_end(key)
-            entry.uses += 1
             return entry
         self.misses += 1
         entry = _build_entry(key, arch_json, cp)
-        entry.uses = 1
         self._add(key, entry)
         return entry
 
@@ -475,13 +462,10 @@ class ModelCache:
             if key[0] == arch:
                 self.hits += 1
                 self._entries.move_to_end(key)
-                entry = self._entries[key]
-                entry.uses += 1
-                return entry
+                return self._entries[key]
         self.misses += 1
         key = (arch, None)
         entry = _build_entry(key, arch_json, None)
-        entry.uses = 1
         self._add(key, entry)
         return entry
 
@@ -611,7 +595,7 @@ def _set_learning_rate(entry: CachedModel, lr: float | None) -> None:
         entry.model.optimizer.learning_rate = lr  # assigns the learning-rate variable
 
 
-def load_state(
+def restore_state(
     entry: CachedModel,
     compile_params: CompileInput,
     state_bytes: BytesLike,
@@ -639,7 +623,7 @@ def load_state(
     return state
 
 
-def save_state(entry: CachedModel, meta: Mapping[str, Any] | None = None) -> bytes:
+def capture_state(entry: CachedModel, meta: Mapping[str, Any] | None = None) -> bytes:
     """Encode the cached model's weights and optimizer variables with ``meta`` (counters, info)."""
     weights = [v.numpy() for v in entry.model.weights]
     opt = [v.numpy() for v in _optimizer_vars(entry)] if entry.compiled else []
@@ -678,10 +662,6 @@ class EvalResult:
     def loss_sum(self) -> float:
         """``loss * rows``: add these over partitions and divide by the total rows."""
         return self.loss * self.rows
-
-    def metric_sums(self) -> dict[str, float]:
-        """``metric * rows`` for every metric."""
-        return {k: v * self.rows for k, v in self.metrics.items()}
 
 
 def combine_results(results: Sequence[EvalResult]) -> EvalResult:
@@ -930,7 +910,8 @@ def release(x: np.ndarray) -> None:
         del _TRAIN_FEEDS[key]
 
 
-def _train_feed(model: keras.Model, x: np.ndarray, y: np.ndarray, batch_size: int) -> _TrainFeed:
+def _train_feed(model: keras.Model, x: np.ndarray, y: np.ndarray | None,
+                batch_size: int) -> _TrainFeed:
     """The cached :class:`_TrainFeed` for (``x``, the model's input, ``y``'s layout, batch
     size), with ``y`` loaded; validates the data against the model as :func:`_fit_xy`."""
     xs, ys = _fit_xy(model, x, y)
@@ -1012,11 +993,11 @@ def train_unit(
     rebuilt = cache.misses != misses
     try:
         rows = _rows(entry.model, x, y)
-        state = load_state(entry, cp, state_bytes, reset_optimizer)
+        state = restore_state(entry, cp, state_bytes, reset_optimizer)
         loss, metrics = _fit_multi(entry, fp, x, seed) if isinstance(x, MultiData) \
             else _fit(entry, fp, x, y, seed)
         meta = _next_meta(state, rows, fp.passes, completes_epoch, info)
-        new_state = save_state(entry, meta)
+        new_state = capture_state(entry, meta)
     except CerebroError:
         raise
     except Exception as exc:  # noqa: BLE001 - Keras/TF raise many types
@@ -1095,13 +1076,13 @@ def replay(
     cp = _compile_params(compile_params)
     fp = _fit_params(fit_params)
     entry = _build_entry(("", None), arch_json, cp)
-    state = load_state(entry, cp, init_state)
+    state = restore_state(entry, cp, init_state)
     meta: dict[str, Any] = state.meta() if state is not None else {"info": {}}
     for x, y, seed in units:
         _fit(entry, fp, x, y, _seed(seed))
         meta["units_done"] = meta.get("units_done", 0) + 1
         meta["samples_seen"] = meta.get("samples_seen", 0) + _rows(entry.model, x, y) * fp.passes
-    return save_state(entry, meta)
+    return capture_state(entry, meta)
 
 
 # --------------------------------------------------------------------------- eval / predict
@@ -1394,8 +1375,9 @@ def predict_multi(cache: ModelCache, arch_json: Any, state_or_weights: BytesLike
         if len(shapes) != len(data.xs):
             raise CerebroError(f"the model has {len(shapes)} inputs, the test data "
                                f"{len(data.xs)} independent variables", DATATYPE_MISMATCH)
-        inputs = _multi_xy(entry.model, MultiData(data.xs, [None] * len(entry.model.outputs))
-                           )[0] if data.total_rows else []
+        no_labels: list[Any] = [None] * len(entry.model.outputs)
+        inputs = _multi_xy(entry.model, MultiData(data.xs, no_labels))[0] \
+            if data.total_rows else []
         _load_any(entry, state_or_weights)
         if not data.total_rows:
             return [np.zeros((0,), np.float32) for _ in entry.model.outputs]

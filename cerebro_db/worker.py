@@ -56,7 +56,16 @@ import numpy as np
 
 from . import state as state_mod
 from .catalog import Catalog, units
-from .errors import OUT_OF_MEMORY, CerebroError, out_of_memory
+from .errors import (
+    DATA_EXCEPTION,
+    INTERNAL_ERROR,
+    INVALID_PARAMETER_VALUE,
+    OUT_OF_MEMORY,
+    UNDEFINED_OBJECT,
+    UNDEFINED_TABLE,
+    CerebroError,
+    out_of_memory,
+)
 from .names import TableName
 
 MAX_CACHED_PARTITIONS = 4
@@ -89,7 +98,6 @@ def _runtime(threads: int | None) -> None:
 
 
 HOOK_SETTING = "cerebro_db.test_hook"
-HOOK_POINTS = ("before_train", "after_save", "eval")
 
 
 def _hook(cat: Catalog, point: str, mst_key: int, epoch: int, partition: int,
@@ -124,7 +132,7 @@ def _fit_row(cat: Catalog, fit_id: int) -> dict[str, Any]:
     if row is None:
         found = units.fit(cat, fit_id)
         if found is None:
-            raise CerebroError(f"fit {fit_id} does not exist", "42704")
+            raise CerebroError(f"fit {fit_id} does not exist", UNDEFINED_OBJECT)
         row = dict(found)
         row["options"] = json.loads(row["options"]) if isinstance(row["options"], str) \
             else row["options"]
@@ -138,7 +146,7 @@ def _config_row(cat: Catalog, fit_id: int, mst_key: int) -> dict[str, Any]:
     if row is None:
         found = units.fit_config(cat, fit_id, mst_key)
         if found is None:
-            raise CerebroError(f"configuration {mst_key} of fit {fit_id} does not exist", "42704")
+            raise CerebroError(f"configuration {mst_key} of fit {fit_id} does not exist", UNDEFINED_OBJECT)
         row = dict(found)
         _configs[key] = row
     return row
@@ -212,14 +220,14 @@ def _read_features(cat: Catalog, t: TableName, xcol: str, partition: int, meta: 
     if n != dst.size:
         raise CerebroError(
             f"x buffer has {n} bytes but shape {list(meta['xs'])} of float32 needs {dst.size}",
-            "22000", hint="the packed table may be corrupt; run the preprocessor again")
+            DATA_EXCEPTION, hint="the packed table may be corrupt; run the preprocessor again")
     step = n if meta["packed"] or n <= READ_SLICE else READ_SLICE
     for off in range(0, n, step):
         k = min(step, n - off)
         part = units.feature_slice(cat, t, xcol, partition, meta["id"], off, k, partition_mod)
         if len(part) != k:
             raise CerebroError(f"x buffer changed while it was read ({len(part)} of {k} bytes)",
-                               "22000", hint="do not change a packed table during a fit")
+                               DATA_EXCEPTION, hint="do not change a packed table during a fit")
         dst[off:off + k] = np.frombuffer(part, dtype=np.uint8)
         del part
     if sys.byteorder != "little":  # pragma: no cover - the packed format is little-endian
@@ -234,7 +242,7 @@ def _labels(meta: dict[str, Any]) -> np.ndarray:
     dtype = "<f4" if len(data) == 4 * count else "<i2"
     if len(data) != count * np.dtype(dtype).itemsize:
         raise CerebroError(f"y buffer has {len(data)} bytes but shape {ys} needs "
-                           f"{2 * count} (int16) or {4 * count} (float32)", "22000",
+                           f"{2 * count} (int16) or {4 * count} (float32)", DATA_EXCEPTION,
                            hint="the packed table may be corrupt; run the preprocessor again")
     return np.frombuffer(data, dtype=dtype, count=count).reshape(ys).astype(np.float32)
 
@@ -250,13 +258,13 @@ def _read(cat: Catalog, t: TableName, xcol: str, metas: list[dict[str, Any]],
     for m, s in zip(metas, shapes):
         if s[1:] != row:
             raise CerebroError(f"buffers of partition {partition} have different row shapes "
-                               f"({row} and {s[1:]})", "22000",
+                               f"({row} and {s[1:]})", DATA_EXCEPTION,
                                hint="the packed table may be corrupt; run the preprocessor again")
     ys = [_labels(m) for m in metas]
     for s, y in zip(shapes, ys):
         if y.shape[0] != s[0]:
             raise CerebroError(f"x buffer has {s[0]} rows but y buffer has {y.shape[0]}",
-                               "22000",
+                               DATA_EXCEPTION,
                                hint="the packed table may be corrupt; run the preprocessor again")
     x = aligned_empty([sum(s[0] for s in shapes), *row], np.float32)
     at = 0
@@ -281,7 +289,7 @@ def parse_memory(text: str) -> int:
     except ValueError:
         value = -1.0
     if unit not in _UNITS or not (value >= 0 and np.isfinite(value)):
-        raise CerebroError(f'invalid value for {CACHE_SETTING}: "{text}"', "22023",
+        raise CerebroError(f'invalid value for {CACHE_SETTING}: "{text}"', INVALID_PARAMETER_VALUE,
                            hint="Use a size such as '2GB', '512MB' or '0' (cache nothing), or "
                                 "RESET it to the default.")
     return int(value * _UNITS[unit])
@@ -338,7 +346,7 @@ def partition_data(cat: Catalog, table: str, xcol: str, ycol: str, partition: in
     t = TableName.parse(table, "table")
     oid = cat.relation_oid(t)
     if oid is None:
-        raise CerebroError(f'table "{table}" does not exist', "42P01")
+        raise CerebroError(f'table "{table}" does not exist', UNDEFINED_TABLE)
     fp = units.partition_fingerprint(cat, t, oid, xcol, ycol, partition, partition_mod)
     key = (oid, fp["f"], fp["n"], fp["x"], xcol, ycol, partition, partition_mod)
     hit = _partitions.get(key)
@@ -421,7 +429,7 @@ def partition_buffers(cat: Catalog, table: str, xcol: str, ycol: str, partition:
         metas = _buffers(cat, t, xcol, ycol, partition, keys[i], partition_mod)
         if not metas:
             raise CerebroError(f'buffer {keys[i]} of "{table}" disappeared during the fit',
-                               "22000", hint="do not change a packed table during a fit")
+                               DATA_EXCEPTION, hint="do not change a packed table during a fit")
         x, y = _read(cat, t, xcol, metas, partition, partition_mod)
         return x, labels_for(compile_params, y)
 
@@ -502,7 +510,7 @@ def run_unit(cat: Catalog, fit_id: int, mst_key: int, epoch: int, partition: int
                 "detail": e.detail or traceback.format_exc(), "worker": worker}
     except Exception as e:  # noqa: BLE001 - reported to the coordinator with the traceback
         sqlstate = getattr(e, "sqlstate", None) or (OUT_OF_MEMORY if out_of_memory(e)
-                                                     else "XX000")
+                                                     else INTERNAL_ERROR)
         return {"ok": False, "message": f"{type(e).__name__}: {e}", "sqlstate": sqlstate,
                 "detail": traceback.format_exc(), "worker": worker}
 
@@ -549,7 +557,7 @@ def _run_unit(cat: Catalog, fit_id: int, mst_key: int, epoch: int, partition: in
 
     state = load_state(cat, fit_id, mst_key, f"epoch:{epoch}")
     if state is None:
-        raise CerebroError(f"no state of configuration {mst_key} at epoch {epoch}", "XX000")
+        raise CerebroError(f"no state of configuration {mst_key} at epoch {epoch}", INTERNAL_ERROR)
     entry = model_cache().get(cfg["model_arch"], cp)
     bs = training.eval_batch_size(entry.model, parse_fit_params(cfg["fit_params"]).batch_size)
     _hook(cat, "eval", mst_key, epoch, partition, options)

@@ -5,7 +5,7 @@ import os
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-import keras  # noqa: E402
+import keras
 
 
 def mlp() -> keras.Model:

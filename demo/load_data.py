@@ -18,7 +18,7 @@ import psycopg2
 from psycopg2 import sql
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from tooling.datasets import copy_payload, find_dataset_dir, load_split  # noqa: E402
+from tooling.datasets import copy_payload, find_dataset_dir, load_split
 
 
 def load_table(conn, name: str, x: np.ndarray, y: np.ndarray) -> None:

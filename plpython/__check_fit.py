@@ -1,2 +1,2 @@
-from cerebro_db.entrypoints.worker import check_fit
+from cerebro_db.entrypoints.units import check_fit
 return check_fit(plpy, "@extschema@", spec=spec)

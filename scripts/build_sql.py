@@ -77,15 +77,15 @@ def functions() -> str:
             raise SystemExit(f"plpython/{m.group(1)}.py must not contain $python$")
         return src
 
-    text = re.sub(r"^@plpython (\w+)@$", body, text, flags=re.M)
+    text = re.sub(r"^@plpython (\w+)@$", body, text, flags=re.MULTILINE)
     text = re.sub(
         r"^@usage (\w+)@$",
         lambda m: f'from cerebro_db.entrypoints import usage\nreturn usage("{m.group(1)}", message)',
         text,
-        flags=re.M,
+        flags=re.MULTILINE,
     )
     text = re.sub(r"^-- @entrypoint\n(CREATE OR REPLACE FUNCTION .*?\n\$python\$;\n)",
-                  lambda m: split_entrypoint(m.group(1)), text, flags=re.M | re.S)
+                  lambda m: split_entrypoint(m.group(1)), text, flags=re.MULTILINE | re.DOTALL)
     text = re.sub(r"(LANGUAGE plpython3u(?: (?:VOLATILE|STABLE|IMMUTABLE))?)(\s+AS \$python\$)",
                   r"\1\n" + PIN + r"\2", text)
     leftover = re.search(r"@(plpython|usage) [^@]*@", text)
@@ -98,7 +98,7 @@ PIN = "SET search_path = pg_catalog, pg_temp"
 
 _FN = re.compile(
     r"CREATE OR REPLACE FUNCTION @extschema@\.(\w+)\((.*?)\)\s*RETURNS (\w+)(.*?) AS \$python\$",
-    re.S)
+    re.DOTALL)
 
 
 def _split_args(args: str) -> list[str]:
@@ -122,7 +122,7 @@ def split_entrypoint(decl: str) -> str:
     if not m:
         raise SystemExit("cannot parse entrypoint declaration:\n" + decl[:300])
     name, args, ret, attrs = m.group(1), _split_args(m.group(2)), m.group(3), m.group(4)
-    plain = [re.split(r"\s+DEFAULT\s+", a, flags=re.I)[0] for a in args]
+    plain = [re.split(r"\s+DEFAULT\s+", a, flags=re.IGNORECASE)[0] for a in args]
     body = decl[m.end():]
     impl = (f"CREATE OR REPLACE FUNCTION @extschema@.__{name}(\n    "
             + ",\n    ".join(plain) + f"\n) RETURNS {ret}{attrs} AS $python$" + body)

@@ -27,9 +27,9 @@ or ``num_configs`` samples when the space has distributions), independently and 
    so ``start`` is the highest loss seen in the round: every branch ran ``L`` epochs, so
    within a batch size the ranking is by the loss reached whatever the start, and the start
    only weighs loss against time across batch sizes (and sets the speed the stall test
-   compares with). Ranking by each branch's own trace slope instead (before issue 6) made a
-   too-high rate, whose first unit reports a huge loss and then drops steeply to a worse
-   plateau, look fastest. A branch is *diverged* if a loss is NaN/inf (freed at once), its
+   compares with). Ranking by each branch's own trace slope instead would make a too-high
+   rate, whose first unit reports a huge loss and then drops steeply to a worse plateau,
+   look fastest. A branch is *diverged* if a loss is NaN/inf (freed at once), its
    downsampled loss ends above where it began, or (at a re-tuning) it reached a loss above
    the common start; *stable* if not diverged, it has at least ``MIN_POINTS`` (3) loss
    points, its downsampled trace decreases strictly and its speed is positive. When no

@@ -555,7 +555,7 @@ def simulate_tuner(
     outcomes = {c: TrialOutcome(t.spec, p.targets[c], p.completed[c], t.stopped, t.freed,
                                 t.reason, t.last_epoch, t.score, dict(t.meta or {}))
                 for c, t in sorted(book.trials.items())}
-    ranking = [(c, math.nan if book.trials[c].score is None else float(book.trials[c].score))
+    ranking = [(c, math.nan if (score := book.trials[c].score) is None else float(score))
                for c in book.ranking()]
     final = observed.inner
     info = {c: dict(final.info(c)) for c in book.outputs()}

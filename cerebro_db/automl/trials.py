@@ -285,7 +285,7 @@ class TrialBook:
 
     # -- reports --------------------------------------------------------------------------
 
-    def unit_done(self, trial_id: int, epoch: int, partition: int, loss: float, rows: int,
+    def unit_done(self, trial_id: int, epoch: int, partition: int, loss: float | None, rows: int,
                   seconds: float, now: float) -> None:
         self.reported_units[trial_id] = self.reported_units.get(trial_id, 0) + 1
         if self.trials[trial_id].freed:

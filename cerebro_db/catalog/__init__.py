@@ -14,13 +14,17 @@ by the caller (PL/Python's ``plpy`` inside the server); it imports no driver its
 """
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any
 
 from ..errors import (
+    CONNECTION_EXCEPTION,
     DUPLICATE_TABLE,
+    OBJECT_NOT_IN_PREREQUISITE_STATE,
     UNDEFINED_COLUMN,
     UNDEFINED_TABLE,
+    WRONG_OBJECT_TYPE,
     CerebroError,
 )
 from ..names import TableName, quote_ident
@@ -47,7 +51,8 @@ class DblinkMixin:
             rows = self.query("SELECT extnamespace::regnamespace::text AS s FROM "
                               "pg_catalog.pg_extension WHERE extname = 'dblink'")
             if not rows:
-                raise CerebroError("the dblink extension is not installed", "55000",
+                raise CerebroError("the dblink extension is not installed",
+                                   OBJECT_NOT_IN_PREREQUISITE_STATE,
                                    hint="CREATE EXTENSION dblink (or install cerebro_db with "
                                    "CASCADE).")
             self._dblink = rows[0]["s"]
@@ -83,7 +88,7 @@ class DblinkMixin:
                         ["text", "text"])[0]["ok"]
         if ok != 1:
             raise CerebroError(f"could not send a unit to {name}: "
-                               f"{self.dblink_error(name)}", "08000")
+                               f"{self.dblink_error(name)}", CONNECTION_EXCEPTION)
 
     def dblink_is_busy(self: Any, name: str) -> bool:
         return self.query(f"SELECT {self._dl('dblink_is_busy')}($1) AS b", [name],
@@ -215,7 +220,7 @@ class Catalog(DblinkMixin):
             "SELECT relkind::text AS k FROM pg_catalog.pg_class WHERE oid = $1", [oid], ["oid"]
         )[0]["k"]
         if kind not in ("r", "v", "m", "p", "f"):
-            raise CerebroError(f'{what} "{table}" is not a table or view', "42809")
+            raise CerebroError(f'{what} "{table}" is not a table or view', WRONG_OBJECT_TYPE)
         return oid
 
     def require_absent(self, table: TableName, what: str, hint: str | None = None) -> None:

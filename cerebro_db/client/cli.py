@@ -10,6 +10,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from ..errors import UNDEFINED_OBJECT
+
 EXIT_OK = 0
 EXIT_SQL = 1         # the server refused or failed the request (message and SQLSTATE on stderr)
 EXIT_USAGE = 2       # bad arguments (argparse's own code)
@@ -176,7 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run(args)
     except ClientError as e:
         print(f"cerebro-db: {e}", file=sys.stderr)
-        return EXIT_NOT_FOUND if e.sqlstate == "42704" else EXIT_SQL
+        return EXIT_NOT_FOUND if e.sqlstate == UNDEFINED_OBJECT else EXIT_SQL
     except KeyboardInterrupt:
         return 130
 

@@ -15,10 +15,10 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from ..catalog import client as stmts
+from ..errors import UNDEFINED_OBJECT
 from ..names import TableName, quote_ident
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-FINAL = ("done", "failed", "interrupted", "cancelled")
 
 
 class ClientError(Exception):
@@ -146,7 +146,8 @@ class Client:
         """One fit's row of ``fit_progress``."""
         d = self.df(stmts.fit_rows(self._sql("fit_progress")), f=fit_id)
         if d.empty:
-            raise ClientError(f"fit {fit_id} does not exist (or is not yours)", "42704")
+            raise ClientError(f"fit {fit_id} does not exist (or is not yours)",
+                              UNDEFINED_OBJECT)
         return d.iloc[0].to_dict()
 
     def units(self, fit_id: int) -> pd.DataFrame:
@@ -237,7 +238,8 @@ class Client:
                 except sa.exc.DBAPIError as e:
                     raise _error(e) from None
             if d.empty:
-                raise ClientError(f"fit {fit_id} does not exist (or is not yours)", "42704")
+                raise ClientError(f"fit {fit_id} does not exist (or is not yours)",
+                              UNDEFINED_OBJECT)
             p = d.iloc[0].to_dict()
             line = progress_line(p, width)
             if tty:

@@ -124,7 +124,8 @@ def learning_curves(units: pd.DataFrame, num_partitions: int,
     plt = _plt()
     cmap = plt.get_cmap("tab20")
     g = _epoch_losses(units, num_partitions)
-    kinds = [("eval_train", "-", "training"), ("eval_valid", "--", "validation")]
+    kinds: list[tuple[str, Any, str]] = [("eval_train", "-", "training"),
+                                         ("eval_valid", "--", "validation")]
     if not g["kind"].isin(["eval_train", "eval_valid"]).any():
         kinds = [("train", "-", "training (mean of its units)")]
     from matplotlib.lines import Line2D

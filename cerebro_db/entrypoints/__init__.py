@@ -17,6 +17,7 @@ from ..catalog import Catalog, session
 from ..errors import (
     INSUFFICIENT_PRIVILEGE,
     INTERNAL_ERROR,
+    INVALID_SCHEMA_NAME,
     OUT_OF_MEMORY,
     CerebroError,
     out_of_memory,
@@ -40,7 +41,7 @@ def entrypoint(fn: Callable[..., Any]) -> Callable[..., Any]:
             plpy.error(e.message, sqlstate=e.sqlstate, **extra)
         except spi_errors:
             raise
-        except Exception as e:  # an unexpected failure: say where, keep the traceback
+        except Exception as e:  # noqa: BLE001 - unexpected: say where, keep the traceback
             if out_of_memory(e):
                 plpy.error(f"{fn.__name__}: out of memory", detail=traceback.format_exc(),
                            sqlstate=OUT_OF_MEMORY)
@@ -81,9 +82,9 @@ def require_output_schema(cat: Catalog, table: TableName, what: str) -> None:
     if row is None:
         if table.schema is None:
             raise CerebroError(f'{what} "{table}": no schema has been selected to create in',
-                               "3F000", hint="Qualify the name or set search_path.")
+                               INVALID_SCHEMA_NAME, hint="Qualify the name or set search_path.")
         raise CerebroError(f'{what} "{table}": schema "{table.schema}" does not exist',
-                           "3F000")
+                           INVALID_SCHEMA_NAME)
     if not row["ok"]:
         raise CerebroError(f'{what} "{table}": permission denied for schema {row["s"]}',
                            INSUFFICIENT_PRIVILEGE)

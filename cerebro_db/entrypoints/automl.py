@@ -29,7 +29,9 @@ from ..catalog import Catalog
 from ..configs import parse_grid
 from ..coordinator import ConfigResult, FitOutcome
 from ..errors import (
+    DUPLICATE_TABLE,
     FEATURE_NOT_SUPPORTED,
+    INTERNAL_ERROR,
     NULL_VALUE_NOT_ALLOWED,
     UNDEFINED_OBJECT,
     CerebroError,
@@ -294,7 +296,7 @@ def _selection_absent(cat: Catalog, mst: TableName) -> None:
     for sfx in ("", "_summary"):
         t = mst.with_suffix(sfx, "model_selection_table") if sfx else mst
         if cat.relation_oid(t) is not None:
-            raise CerebroError(f'model_selection_table "{t}" already exists', "42P07",
+            raise CerebroError(f'model_selection_table "{t}" already exists', DUPLICATE_TABLE,
                                hint="madlib_keras_automl creates it (holding the best "
                                "configuration); drop it or choose another name.")
 
@@ -340,6 +342,7 @@ def madlib_keras_automl(
     seed = resolve_seed(random_state)
     src = packed_table(cat, source_table, "source_table")
     val = _validation(cat, validation_table, src)
+    assert compile_params_grid is not None and fit_params_grid is not None  # checked above
     space = SearchSpace(ids, compile_params_grid, fit_params_grid)
     obj, refs = custom_references(cat, object_table,
                                   grid_names(parse_grid(compile_params_grid, "compile")),
@@ -456,9 +459,11 @@ def resume_automl(cat: Catalog, f: Mapping[str, Any], opts: Mapping[str, Any],
                            FEATURE_NOT_SUPPORTED)
     method, automl_params = str(pp["automl_method"]), pp.get("automl_params")
     mst = stored_table(cat, opts, "mst", f["model_selection_table"], "model_selection_table")
+    assert mst is not None  # an AutoML fit records its model selection table
     _outputs_absent(cat, out, ("", "_summary", "_info"), False)
     _selection_absent(cat, mst)
     arch = stored_table(cat, opts, "arch", opts["arch_table"], "model_arch_table")
+    assert arch is not None  # every fit records its arch_table
     require_arch_table(cat, arch, "model_arch_table")
     ids = [int(m) for m in pp["model_id_list"]]
     archs = _arch_rows(cat, arch, ids)
@@ -516,7 +521,7 @@ def _restore(cat: Catalog, ex: DblinkExecutor, book: TrialBook, hooks: _Hooks,
     missing = sorted(set(targets) - set(sink.configs))
     if missing:
         raise CerebroError(f"fit {fit_id} cannot be resumed: trial {missing[0]} has no "
-                           "configuration row", "XX000")
+                           "configuration row", INTERNAL_ERROR)
     p = book.progress.num_partitions
     rows = cat.query(
         f"SELECT u.mst_key, u.epoch, u.partition, u.kind, u.loss, u.rows, u.seconds_run, "
@@ -566,10 +571,11 @@ def hyperband_schedule(cat: Catalog, *, schedule_table: str, r: int | None, eta:
     for label, v in (("r", r), ("eta", eta), ("skip_last", skip_last)):
         if v is None:
             raise CerebroError(f"{label} must not be NULL", NULL_VALUE_NOT_ALLOWED)
+    assert r is not None and eta is not None and skip_last is not None  # checked above
     rows = schedule(int(r), int(eta), int(skip_last))
     require_output_schema(cat, table, "schedule_table")
     if cat.relation_oid(table) is not None:
-        raise CerebroError(f'schedule_table "{table}" already exists', "42P07",
+        raise CerebroError(f'schedule_table "{table}" already exists', DUPLICATE_TABLE,
                            hint="Drop it or choose another name.")
     cols = [("s", "integer"), ("i", "integer"), ("n_i", "integer"), ("r_i", "integer")]
     cat.create_table(table, cols)

@@ -4,23 +4,24 @@ custom-function object tables (``load_custom_function``, ``load_top_k_accuracy_f
 from __future__ import annotations
 
 import subprocess
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from .. import custom_functions as cf
 from .. import params
 from ..catalog import Catalog
 from ..catalog import models as stmts
 from ..errors import (
+    DUPLICATE_OBJECT,
     FEATURE_NOT_SUPPORTED,
     NULL_VALUE_NOT_ALLOWED,
     UNDEFINED_OBJECT,
+    WRONG_OBJECT_TYPE,
     CerebroError,
     invalid,
 )
 from ..names import TableName
 from . import entrypoint, require_output_schema
-
-DUPLICATE_OBJECT = "42710"
 
 GPU_SOURCES = ("tensorflow", "nvidia")
 
@@ -96,7 +97,7 @@ def _require_object_table(cat: Catalog, table: TableName, what: str) -> set[str]
     if missing:
         raise CerebroError(
             f'{CUSTOM_FN}: Invalid custom function table {table}, missing columns: '
-            f'{", ".join(missing)}', "42809",
+            f'{", ".join(missing)}', WRONG_OBJECT_TYPE,
             hint="Object tables are created by load_custom_function or "
             "load_top_k_accuracy_function.")
     return cols

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -161,9 +162,9 @@ def _predict_into(cat: Catalog, *, arch: str, weights: bytes, test: TableName, i
         out = predict(cache, arch, weights, x / scale if scale != 1 else x)
         out = out.reshape(len(ids), -1)
         if regression:
-            cols_out = ([str(i) for i in ids for _ in range(out.shape[1])],
-                        [class_name] * out.size, [None] * out.size,
-                        out.astype(float).ravel().tolist())
+            cols_out: tuple[list[Any], ...] = (
+                [str(i) for i in ids for _ in range(out.shape[1])], [class_name] * out.size,
+                [None] * out.size, out.astype(float).ravel().tolist())
         else:
             cv = list(class_values) if class_values is not None else list(range(out.shape[1]))
             if len(cv) != out.shape[1]:
@@ -223,7 +224,7 @@ def _is_regression(summ: dict[str, Any], i: int, dep: str) -> bool:
 def _predict_multi_into(cat: Catalog, *, arch: str, weights: bytes, test: TableName,
                         id_name: str, id_type: str, x_names: list[str], output: TableName,
                         pt: PredType, class_names: list[str],
-                        class_values: list[Sequence[Any] | None], normalizing_const: float,
+                        class_values: Sequence[Sequence[Any] | None], normalizing_const: float,
                         regression: list[bool]) -> int:
     """Prediction for a model with several inputs or outputs, in MADlib's long format: the
     rows of every output, ``class_name`` naming the output's dependent variable, ``rank``
@@ -231,10 +232,10 @@ def _predict_multi_into(cat: Catalog, *, arch: str, weights: bytes, test: TableN
     from ..training import ModelCache, predict_multi
 
     model = keras_arch.build_from_json(arch, shared=True)
-    ins, outs = keras_arch.input_shapes(model), keras_arch.output_shapes(model)
-    if len(ins) != len(x_names) or len(outs) != len(class_names):
+    ins, out_shapes = keras_arch.input_shapes(model), keras_arch.output_shapes(model)
+    if len(ins) != len(x_names) or len(out_shapes) != len(class_names):
         raise CerebroError(
-            f"the model has {len(ins)} inputs and {len(outs)} outputs, but there are "
+            f"the model has {len(ins)} inputs and {len(out_shapes)} outputs, but there are "
             f"{len(x_names)} independent variables and {len(class_names)} dependent ones "
             "(dependent_count)", DATATYPE_MISMATCH,
             hint="List one independent_varname column per model input, in order.")
@@ -260,9 +261,9 @@ def _predict_multi_into(cat: Catalog, *, arch: str, weights: bytes, test: TableN
         for out, name, cv, reg in zip(outs, class_names, class_values, regression):
             out = out.reshape(len(ids), -1)
             if reg:
-                part = ([str(i) for i in ids for _ in range(out.shape[1])],
-                        [name] * out.size, [None] * out.size,
-                        out.astype(float).ravel().tolist(), [None] * out.size)
+                part: tuple[list[Any], ...] = (
+                    [str(i) for i in ids for _ in range(out.shape[1])], [name] * out.size,
+                    [None] * out.size, out.astype(float).ravel().tolist(), [None] * out.size)
             else:
                 vals = list(cv) if cv is not None else list(range(out.shape[1]))
                 if len(vals) != out.shape[1]:
@@ -378,14 +379,17 @@ def madlib_keras_evaluate(cat: Catalog, *, model_table: str, test_table: str, ou
         if test.multi is not None:  # several inputs/outputs
             from ..worker import partition_multi
 
-            x, y = partition_multi(cat, test.qualified, test.multi["xs"], test.multi["ys"], p,
-                                   cfg["compile_params"], test.partition_mod), None
-            if x.total_rows:
+            multi = partition_multi(cat, test.qualified, test.multi["xs"], test.multi["ys"], p,
+                                    cfg["compile_params"], test.partition_mod)
+            if multi.total_rows:
                 parts.append(evaluate(cache, row["model_arch"], cp,
-                                      bytes(row["model_weights"]), x, None, batch_size=1024))
+                                      bytes(row["model_weights"]), multi, None,
+                                      batch_size=1024))
             continue
-        x, y = partition_data(cat, test.qualified, test.x, test.y, p, use_caching=False,
-                              partition_mod=test.partition_mod)
+        xy = partition_data(cat, test.qualified, test.x, test.y, p, use_caching=False,
+                            partition_mod=test.partition_mod)
+        assert xy is not None  # without a budget the partition is always read
+        x, y = xy
         if len(x) == 0:  # a partition with no buffer
             continue
         y = labels_for(cfg["compile_params"], y)

@@ -27,11 +27,14 @@ from ..catalog import Catalog, session
 from ..catalog import jobs as stmts
 from ..errors import (
     DATA_EXCEPTION,
+    DATATYPE_MISMATCH,
+    DUPLICATE_OBJECT,
     DUPLICATE_TABLE,
     FEATURE_NOT_SUPPORTED,
     INSUFFICIENT_PRIVILEGE,
     NULL_VALUE_NOT_ALLOWED,
     OBJECT_NOT_IN_PREREQUISITE_STATE,
+    QUERY_CANCELED,
     UNDEFINED_OBJECT,
     CerebroError,
     invalid,
@@ -39,16 +42,12 @@ from ..errors import (
 from ..names import NAMEDATALEN, TableName, quote_ident, split_column_list
 from . import entrypoint, require_output_schema
 
-DUPLICATE_OBJECT = "42710"
-QUERY_CANCELED = "57014"
 METHODS = {"fit": "madlib_keras_fit_multiple_model", "automl": "madlib_keras_automl"}
 # Arguments of the training function the job sets itself.
 JOB_SET = {"source_table", "model_output_table", "model_selection_table", "warm_start"}
 REQUIRED = {"fit": {"num_iterations"},
             "automl": {"model_arch_table", "model_id_list", "compile_params_grid",
                        "fit_params_grid"}}
-PREPROCESS = {"buffer_size", "normalizing_const", "num_classes", "distribution_rules",
-              "num_partitions", "random_state"}
 MAX_JOB_NAME = 48
 
 
@@ -246,7 +245,7 @@ def schedule_model_selection(
         if kc.is_array:
             raise CerebroError(f'key_column: column "{key_column}" has type {kc.type_name}; '
                                "a key is a scalar that grows with new rows",
-                               "42804", hint="Use a serial id or an insertion timestamp.")
+                               DATATYPE_MISMATCH, hint="Use a serial id or an insertion timestamp.")
     packed = cat.table(packed_table, "packed_table")
     out = cat.table(model_output_table, "model_output_table")
     for t, what in ((packed, "packed_table"), (out, "model_output_table")):
@@ -341,6 +340,8 @@ def job_step(plpy: Any, schema: str, *, job_name: str, run_id: int | None, step:
     if step == "end":
         _end(cat, job, run_id)
         return "ok"
+    if run_id is None:
+        raise CerebroError(f"job step {step!r} needs a run_id", NULL_VALUE_NOT_ALLOWED)
     stmts.count_attempt(cat, run_id, step)
     errors = tuple(e for e in (getattr(plpy, "SPIError", None), getattr(plpy, "Error", None),
                                CerebroError, Exception) if e)

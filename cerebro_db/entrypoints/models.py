@@ -6,7 +6,7 @@ import uuid
 from .. import keras_arch
 from ..catalog import Catalog
 from ..catalog import models as stmts
-from ..errors import NULL_VALUE_NOT_ALLOWED, UNDEFINED_OBJECT, CerebroError
+from ..errors import NULL_VALUE_NOT_ALLOWED, UNDEFINED_OBJECT, WRONG_OBJECT_TYPE, CerebroError
 from ..names import TableName
 from . import entrypoint
 
@@ -28,7 +28,7 @@ def require_arch_table(cat: Catalog, table: TableName, what: str) -> None:
     if missing:
         raise CerebroError(
             f'{what} "{table}" is not a model architecture table (no column {missing[0]})',
-            "42809",
+            WRONG_OBJECT_TYPE,
             hint="Architecture tables are created by load_keras_model.",
         )
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -152,7 +153,7 @@ def _resolve(cat: Catalog, source_table: str, output_table: str, dependent_varna
                       hint="List dependent_varname columns to train as regression targets.")
     both = set(dep_names) & set(indep_names)
     if both:
-        raise invalid(f"column {sorted(both)[0]!r} is both a dependent and an independent variable")
+        raise invalid(f"column {min(both)!r} is both a dependent and an independent variable")
     out_cols = ["__dist_key__", "buffer_id"] + dep_names + indep_names
     out_cols += [n + "_shape" for n in dep_names + indep_names]
     for n in out_cols:
@@ -215,16 +216,19 @@ class _Grow:
     """A preallocated [n, width] array that grows if the table gained rows meanwhile."""
 
     def __init__(self, n: int, dtype: Any) -> None:
-        self.n, self.dtype, self.arr = 0, dtype, None
+        self.n, self.dtype = 0, dtype
+        self.arr: np.ndarray | None = None
         self.cap = n
 
     def add(self, block: np.ndarray) -> None:
-        if self.arr is None:
-            self.arr = np.empty((self.cap,) + block.shape[1:], dtype=self.dtype)
+        arr = self.arr
+        if arr is None:
+            arr = np.empty((self.cap,) + block.shape[1:], dtype=self.dtype)
         need = self.n + len(block)
-        if need > len(self.arr):
-            self.arr = np.resize(self.arr, (max(need, 2 * len(self.arr)),) + self.arr.shape[1:])
-        self.arr[self.n:need] = block
+        if need > len(arr):
+            arr = np.resize(arr, (max(need, 2 * len(arr)),) + arr.shape[1:])
+        arr[self.n:need] = block
+        self.arr = arr
         self.n = need
 
     def value(self) -> np.ndarray:
@@ -385,7 +389,7 @@ def resolve_seed(random_state: int | None) -> int:
     return int(random_state)
 
 
-def _check_common(buffer_size: int | None, num_partitions: int | None) -> None:
+def _check_packing(buffer_size: int | None, num_partitions: int | None) -> None:
     if buffer_size is not None and buffer_size < 1:
         raise invalid(f"buffer_size must be at least 1, got {buffer_size}",
                       hint="Leave it NULL for MADlib's default rule.")
@@ -406,7 +410,7 @@ def training_preprocessor_dl(cat: Catalog, *, source_table: str, output_table: s
     the dependent variables listed in ``regression_targets`` are kept as float targets,
     the others one-hot encoded (MADlib's behaviour)."""
     t0 = time.monotonic()
-    _check_common(buffer_size, num_partitions)
+    _check_packing(buffer_size, num_partitions)
     if normalizing_const is None:
         normalizing_const = 1.0
     if not math.isfinite(normalizing_const) or normalizing_const <= 0:
@@ -555,7 +559,7 @@ def validation_preprocessor_dl(cat: Catalog, *, source_table: str, output_table:
                                num_partitions: int | None = None) -> None:
     """Pack validation rows with the training table's classes and normalizing constant."""
     t0 = time.monotonic()
-    _check_common(buffer_size, num_partitions)
+    _check_packing(buffer_size, num_partitions)
     rules = _check_distribution_rules(distribution_rules)
     if training_preprocessor_table is None:
         raise CerebroError("training_preprocessor_table must not be NULL", NULL_VALUE_NOT_ALLOWED)
@@ -570,7 +574,9 @@ def validation_preprocessor_dl(cat: Catalog, *, source_table: str, output_table:
             f"the validation data has {len(inp.deps)} dependent and {len(inp.indeps)} "
             f"independent variables, the training data {len(tdeps)} and {len(tindeps)}")
     p = _check_partitions(num_partitions or int(ts["num_partitions"]))
-    class_values, counts, maps = [], [], []
+    class_values: list[list[Any] | None] = []
+    counts: list[int | None] = []
+    maps: list[dict | None] = []
     for i, (d, tname) in enumerate(zip(inp.deps, tdeps)):
         tkind = ts["dependent_kind"][i]
         if d.kind != tkind:

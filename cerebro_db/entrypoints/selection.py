@@ -1,7 +1,7 @@
 """``load_model_selection_table`` and ``generate_model_configs``."""
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -164,7 +164,9 @@ def generate_model_configs(cat: Catalog, *, model_arch_table: str, model_selecti
             raise CerebroError(f"{name} must not be NULL", NULL_VALUE_NOT_ALLOWED)
     require_arch_table(cat, arch, "model_arch_table")
     ids = _check_model_ids(cat, arch, model_id_list)
-    pairs = configs.generate_model_configs(compile_params_grid, fit_params_grid,  # type: ignore[arg-type]
+    assert compile_params_grid is not None and fit_params_grid is not None \
+        and search_type is not None  # checked above
+    pairs = configs.generate_model_configs(compile_params_grid, fit_params_grid,
                                            search_type, num_configs, random_state)
     if search_type.strip().lower().startswith("r"):
         rng = np.random.default_rng(random_state)
@@ -173,12 +175,14 @@ def generate_model_configs(cat: Catalog, *, model_arch_table: str, model_selecti
         rows = [(m, c, f) for m in ids for c, f in pairs]
     obj, _ = checked_compiles(cat, [c for _, c, _ in rows], object_table)
     _validate_fits([f for _, _, f in rows])
-    existing: list[tuple[int, str, str]] | None = []
+    existing: list[tuple[int, str, str]] = []
     if cat.relation_oid(mst) is None:
         _create_mst(cat, mst, summary, arch, obj)
     else:
-        existing = _existing(cat, mst, summary, arch)
-        if existing is None:
+        found = _existing(cat, mst, summary, arch)
+        if found is not None:
+            existing = found
+        else:
             existing = [(r["model_id"], r["compile_params"], r["fit_params"]) for r in
                         cat.select(mst, ["model_id", "compile_params", "fit_params"],
                                    order_by=["mst_key"])]

@@ -17,8 +17,9 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import numpy as np
 
@@ -27,11 +28,16 @@ from .. import state as state_mod
 from ..catalog import Catalog
 from ..coordinator import ConfigResult, FitOutcome, combine, run_fit
 from ..errors import (
+    CONNECTION_FAILURE,
+    DATA_EXCEPTION,
     DATATYPE_MISMATCH,
     DUPLICATE_TABLE,
     FEATURE_NOT_SUPPORTED,
+    INTERNAL_ERROR,
     NULL_VALUE_NOT_ALLOWED,
+    OBJECT_IN_USE,
     OBJECT_NOT_IN_PREREQUISITE_STATE,
+    UNDEFINED_OBJECT,
     UNDEFINED_TABLE,
     CerebroError,
     invalid,
@@ -75,8 +81,6 @@ DEFAULT_IDLE_TIMEOUT = 300.0
 DEFAULT_MAX_UNIT_RETRIES = 3
 MAX_WORKERS = 64
 MIN_CHUNK_SIZE = 1024
-WORKER_LIMITS = ("max_workers_per_fit", "max_workers_per_role")
-"""Rows of the DBA's table ``limits``; defaults: :func:`default_worker_limits`."""
 POLL_WORKERS = 0.5
 
 
@@ -108,11 +112,6 @@ class PackedTable:
         """Whether the table is a temporary one (only the calling session sees it; schema
         names starting with ``pg_`` are reserved, so ``pg_temp_N`` is a session's)."""
         return self.qualified.startswith(("pg_temp_", '"pg_temp_'))
-
-    @property
-    def dep_name(self) -> str:
-        """The dependent variable's name (its class values are ``<name>_class_values``)."""
-        return str(self.summary["dependent_varname"][0])
 
 
 def _qualified(cat: Catalog, t: TableName) -> str:
@@ -184,7 +183,7 @@ def packed_table(cat: Catalog, name: str, what: str,
     sel = ", ".join(f"{quote_ident(c + '_shape')} AS s{i}" for i, c in enumerate(xcols + ycols))
     shape = cat.query(f"SELECT {sel} FROM {t.sql} LIMIT 1")
     if not shape:
-        raise CerebroError(f'{what} "{t}" is empty', "22000")
+        raise CerebroError(f'{what} "{t}" is empty', DATA_EXCEPTION)
     sizes = [int(np.prod(shape[0][f"s{i}"][1:])) for i in range(len(xcols + ycols))]
     multi = None if len(xcols) == len(ycols) == 1 else {
         "xs": xcols, "ys": ycols, "x_sizes": sizes[:len(xcols)],
@@ -201,7 +200,7 @@ def packed_table(cat: Catalog, name: str, what: str,
     p = int(s["num_partitions"])
     if parts["lo"] < 0 or parts["m"] > p - 1:  # a partition may hold no buffer
         raise CerebroError(f'{what} "{t}" does not hold the {p} partitions its summary '
-                           "records", "22000", hint="Preprocess the data again.")
+                           "records", DATA_EXCEPTION, hint="Preprocess the data again.")
     return PackedTable(t, _qualified(cat, t), s, x, y, int(np.prod(shape[0]["xs"][1:])),
                        int(np.prod(shape[0]["ys"][1:])), p, s["dependent_kind"][0], None, multi)
 
@@ -325,10 +324,10 @@ def worker_checks(ex: DblinkExecutor, spec: dict[str, Any]) -> None:
         d = answers[w]
         if d.get("lost"):
             raise CerebroError(f"worker session {w} failed while checking the fit: "
-                               f"{d.get('message')}", "08006")
+                               f"{d.get('message')}", CONNECTION_FAILURE)
         if not d.get("ok"):
             raise CerebroError(d.get("message") or "the worker's checks failed",
-                               d.get("sqlstate") or "XX000", detail=d.get("detail"),
+                               d.get("sqlstate") or INTERNAL_ERROR, detail=d.get("detail"),
                                hint=d.get("hint"))
 
 
@@ -373,7 +372,7 @@ def _load_configs(cat: Catalog, mst: TableName
                      f"a.model_arch::text AS arch, a.model_weights AS w FROM {mst.sql} m "
                      f"LEFT JOIN {arch.sql} a ON a.model_id = m.model_id ORDER BY m.mst_key")
     if not rows:
-        raise CerebroError(f'model_selection_table "{mst}" is empty', "22000")
+        raise CerebroError(f'model_selection_table "{mst}" is empty', DATA_EXCEPTION)
     keys = [r["mst_key"] for r in rows]
     if None in keys:
         raise CerebroError(f'model_selection_table "{mst}" has a NULL mst_key',
@@ -386,7 +385,7 @@ def _load_configs(cat: Catalog, mst: TableName
     for r in rows:
         if r["arch"] is None:
             raise CerebroError(f"mst_key {r['mst_key']}: model_id {r['model_id']} does not "
-                               f'exist in "{arch}"', "42704")
+                               f'exist in "{arch}"', UNDEFINED_OBJECT)
         cp = params.parse_compile_params(r["compile_params"],
                                          f"compile_params of mst_key {r['mst_key']}")
         fp = check_fit_bounds(params.parse_fit_params(
@@ -485,7 +484,7 @@ def _table_records(cat: Catalog, req: FitRequest) -> dict[str, Any]:
             "validation_oid": cat.relation_oid(req.validation.table) if req.validation else None}
 
 
-def stored_table(cat: Catalog, opts: dict[str, Any], key: str, text: str | None,
+def stored_table(cat: Catalog, opts: Mapping[str, Any], key: str, text: str | None,
                  what: str) -> TableName | None:
     """A table of a fit as its original call resolved it, else (a fit recorded without it)
     ``text`` as this session's search_path finds it."""
@@ -837,8 +836,8 @@ def _claim(cat: Catalog, ex: DblinkExecutor, fit_id: int) -> None:
         f"NOT {LIVE_COORDINATOR})) RETURNING f.fit_id")
     if not rows:
         raise CerebroError(f"fit {fit_id} is done or has a live coordinator session",
-                           "55006", hint="Only an interrupted, cancelled or failed fit can be "
-                           "resumed.")
+                           OBJECT_IN_USE,
+                           hint="Only an interrupted, cancelled or failed fit can be resumed.")
     ex.fit_id = fit_id
 
 
@@ -888,11 +887,12 @@ def mark_done(cat: Catalog, ex: DblinkExecutor, fit_id: int) -> None:
                      "AND coordinator_pid IS NULL RETURNING fit_id", [fit_id], ["int8"])
     if not rows:
         raise CerebroError(f"fit {fit_id} was taken over by another session before its "
-                           "outputs were written", "55006")
+                           "outputs were written", OBJECT_IN_USE)
 
 
 def _from_log(cat: Catalog, fit_id: int, targets: dict[int, int], p: int,
-              workers: dict[int, set[int]], eval_epochs: frozenset[int]
+              workers: Mapping[int, Iterable[int]],
+              eval_epochs: Collection[int] | Mapping[int, Collection[int]]
               ) -> tuple[Progress, dict[int, ConfigResult], int, float]:
     """Progress, per-config results, training units done and seconds spent, from the units
     committed so far (in commit order; units in flight when the fit stopped are absent)."""
@@ -1001,13 +1001,14 @@ def final_weights(cat: Catalog, fit_id: int, mst_key: int) -> bytes:
 
     data = load_state(cat, fit_id, mst_key, "current")
     if data is None:
-        raise CerebroError(f"no final state for mst_key {mst_key}", "XX000")
+        raise CerebroError(f"no final state for mst_key {mst_key}", INTERNAL_ERROR)
     st = state_mod.decode_state(data)
     return b"".join(np.asarray(w, dtype="<f4").tobytes() for w in st.weights)
 
 
 def _series(r: ConfigResult, epochs: list[int], kind: str) -> tuple[list[float], list[list[float]]]:
-    losses, metrics = [], []
+    losses: list[float] = []
+    metrics: list[list[float]] = []
     for e in epochs:
         parts = r.evals.get((e, kind))
         if not parts:
@@ -1328,7 +1329,7 @@ def madlib_keras_fit(
     rows = cat.query(f"SELECT model_arch::text AS a, model_weights AS w FROM {arch_t.sql} "
                      "WHERE model_id = $1", [model_id], ["int4"])
     if not rows:
-        raise CerebroError(f'model_id {model_id} does not exist in "{arch_t}"', "42704")
+        raise CerebroError(f'model_id {model_id} does not exist in "{arch_t}"', UNDEFINED_OBJECT)
     cfg = Config(1, model_id, compile_params, fit_params, rows[0]["a"],
                  bytes(rows[0]["w"]) if rows[0]["w"] is not None else None, cp, fp)
     check_tensorboard(cat, [cfg])
@@ -1370,14 +1371,14 @@ def madlib_keras_fit_resume(cat: Catalog, *, fit_id: int) -> None:
     rows = cat.query(f"SELECT f.*, {LIVE_COORDINATOR} AS live FROM {cat.ext('fits')} f "
                      "WHERE f.fit_id = $1", [fit_id], ["int8"])
     if not rows:
-        raise CerebroError(f"fit {fit_id} does not exist", "42704",
+        raise CerebroError(f"fit {fit_id} does not exist", UNDEFINED_OBJECT,
                            hint=f"SELECT fit_id, status FROM {cat.schema}.fits lists your fits.")
     f = rows[0]
     if f["status"] == "done":
         raise CerebroError(f"fit {fit_id} is already done", OBJECT_NOT_IN_PREREQUISITE_STATE)
     if f["status"] == "running" and f["live"]:
         raise CerebroError(f"fit {fit_id} is still running (coordinator pid "
-                           f"{f['coordinator_pid']})", "55006",
+                           f"{f['coordinator_pid']})", OBJECT_IN_USE,
                            hint="Only an interrupted or failed fit can be resumed.")
     opts = f["options"] if isinstance(f["options"], dict) else json.loads(f["options"])
     if "executor_tag" not in opts:
@@ -1392,6 +1393,7 @@ def madlib_keras_fit_resume(cat: Catalog, *, fit_id: int) -> None:
                            f"fit {fit_id} was started on {f['num_partitions']}",
                            OBJECT_NOT_IN_PREREQUISITE_STATE)
     out = stored_table(cat, opts, "output", f["model_output_table"], "model_output_table")
+    assert out is not None  # fits.model_output_table is NOT NULL
     if f["kind"] == "automl":
         from .automl import resume_automl
 
@@ -1408,12 +1410,12 @@ def madlib_keras_fit_resume(cat: Catalog, *, fit_id: int) -> None:
         _outputs_absent(cat, out, suffixes, False)
     configs = stored_configs(cat, fit_id)
     mst = stored_table(cat, opts, "mst", f["model_selection_table"], "model_selection_table")
+    arch = stored_table(cat, opts, "arch", opts["arch_table"], "model_arch_table")
+    assert arch is not None  # every fit records its arch_table
     req = FitRequest(f["kind"], src, val, out, configs, f["num_iterations"],
                      opts.get("frequency"), f["policy"], dict(opts.get("policy_params") or {}),
                      int(f["random_state"]), int(opts["num_workers"]),
-                     opts.get("use_caching"), mst,
-                     stored_table(cat, opts, "arch", opts["arch_table"], "model_arch_table"),
-                     warm,
+                     opts.get("use_caching"), mst, arch, warm,
                      opts.get("name"), opts.get("description"),
                      int(opts.get("replicas") or 1), object_table=opts.get("object_table"),
                      custom_functions=dict(opts.get("custom_functions") or {}))
@@ -1442,7 +1444,7 @@ def cerebro_db_fit_workers(cat: Catalog, *, fit_id: int, num_workers: int) -> No
     rows = cat.query(f"SELECT status FROM {cat.ext('fits')} WHERE fit_id = $1", [fit_id],
                      ["int8"])
     if not rows:
-        raise CerebroError(f"fit {fit_id} does not exist", "42704",
+        raise CerebroError(f"fit {fit_id} does not exist", UNDEFINED_OBJECT,
                            hint=f"SELECT fit_id, status FROM {cat.schema}.fits lists your fits.")
     if rows[0]["status"] != "running":
         raise CerebroError(f"fit {fit_id} is not running (status {rows[0]['status']})",

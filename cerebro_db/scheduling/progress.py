@@ -163,10 +163,6 @@ class Progress:
         self.running[a.worker] = unit
         return unit
 
-    def start_all(self, assignments: Iterable[Assignment]) -> list[RunningUnit]:
-        """Start a policy's batch of assignments, in order."""
-        return [self.start(a) for a in assignments]
-
     def finish(self, worker: int, ok: bool) -> RunningUnit:
         """The unit on ``worker`` ended; if not ``ok`` nothing of it counts and it is re-queued."""
         unit = self.running.pop(worker, None)

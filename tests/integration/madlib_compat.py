@@ -1,13 +1,9 @@
 """Shared pieces of the MADlib-compatibility tests: a small iris-like table and an MLP."""
 from __future__ import annotations
 
+from ..helpers import q
+
 IRIS_ROWS = 60
-
-
-def q(conn, sql, args=None):
-    with conn.cursor() as cur:
-        cur.execute(sql, args)
-        return cur.fetchall() if cur.description else None
 
 
 def make_iris(conn, name: str, rows: int = IRIS_ROWS, label: str = "class_text",
@@ -19,14 +15,6 @@ def make_iris(conn, name: str, rows: int = IRIS_ROWS, label: str = "class_text",
         SELECT ARRAY[4 + i % 3, 3 + i % 2, 1 + i % 5, 0.2 * (i % 4)],
                (ARRAY['Iris-setosa', 'Iris-versicolor', 'Iris-virginica'])[i % 3 + 1]
           FROM generate_series({offset + 1}, {offset + rows}) i""")
-
-
-def mlp_json(inputs: int = 4, outputs: int = 3, hidden: int = 8) -> str:
-    import keras
-
-    return keras.Sequential([keras.Input((inputs,)),
-                             keras.layers.Dense(hidden, activation="relu"),
-                             keras.layers.Dense(outputs, activation="softmax")]).to_json()
 
 
 COMPILE = "loss='categorical_crossentropy', optimizer='Adam(lr=0.01)', metrics=['accuracy']"

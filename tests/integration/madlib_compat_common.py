@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ..conftest import _connect, create_database, drop_database
+from ..helpers import connect, create_database, drop_database, mlp_json, q
 
 IRIS_ROWS = """INSERT INTO iris (attributes, class_text)
     SELECT ARRAY[4 + i % 3 + (i % 7) * 0.1, 3 + i % 2, 1 + i % 5, 0.2 * (i % 4)],
@@ -13,35 +13,12 @@ IRIS_ROWS = """INSERT INTO iris (attributes, class_text)
       FROM generate_series(1, 60) i"""
 
 
-def iris_arch(hidden: int = 10) -> str:
-    """A small Keras MLP for 4 features and 3 classes, as JSON."""
-    import keras
-
-    return keras.Sequential([keras.Input((4,)), keras.layers.Dense(hidden, activation="relu"),
-                             keras.layers.Dense(3, activation="softmax")]).to_json()
-
-
-def q(conn, sql, args=None):
-    with conn.cursor() as cur:
-        cur.execute(sql, args)
-        return cur.fetchall() if cur.description else None
-
-
-def error_of(conn, sql, args=None):
-    """The psycopg2 error a statement raises (fails the test when it succeeds)."""
-    import psycopg2
-
-    with pytest.raises(psycopg2.Error) as info:
-        q(conn, sql, args)
-    return info.value
-
-
 @pytest.fixture(scope="module")
 def madlib_conn():
     """A fresh database with the extension in schema madlib and the iris tables packed over
     two partitions (``iris``, ``iris_packed``, ``iris_val``, ``model_arch_library``)."""
     db = create_database(schema="madlib")
-    c = _connect(db)
+    c = connect(db)
     c.autocommit = True
     q(c, "SET client_min_messages = warning")
     q(c, "CREATE TABLE iris (id serial, attributes numeric[], class_text varchar)")
@@ -51,7 +28,7 @@ def madlib_conn():
     q(c, "SELECT madlib.validation_preprocessor_dl('iris', 'iris_val', 'class_text', "
          "'attributes', 'iris_packed')")
     q(c, "SELECT madlib.load_keras_model('model_arch_library', %s, NULL, 'Sophie', 'MLP')",
-      (iris_arch(),))
+      (mlp_json(10, inputs=4, outputs=3),))
     try:
         yield c
     finally:

@@ -6,31 +6,19 @@ import json
 import re
 
 import numpy as np
-import psycopg2
 import pytest
 
 from cerebro_db.automl.hyperband import hyperband_schedule
 
-from .mnist_rows import load_mnist_rows
+from ..helpers import load_mnist_rows, mlp_json, q
+
+psycopg2 = pytest.importorskip("psycopg2")
 
 pytestmark = pytest.mark.db
 
 CGRID = ("{'loss': ['categorical_crossentropy'], 'optimizer_params_list': [{'optimizer': "
          "['Adam'], 'lr': [0.0005, 0.05, 'log']}], 'metrics': ['accuracy']}")
 FGRID = "{'batch_size': [32, 64]}"
-
-
-def q(conn, sql, args=None):
-    with conn.cursor() as cur:
-        cur.execute(sql, args)
-        return cur.fetchall() if cur.description else None
-
-
-def mlp_json(hidden):
-    import keras
-
-    return keras.Sequential([keras.Input((784,)), keras.layers.Dense(hidden, activation="relu"),
-                             keras.layers.Dense(10, activation="softmax")]).to_json()
 
 
 @pytest.fixture(scope="module")
@@ -152,20 +140,20 @@ def tables(conn):
 
 
 @pytest.mark.parametrize("args, sqlstate, fragment", [
-    (dict(method="nosuch"), "22023", "automl_method must be one of"),
-    (dict(params="R=3, bogus=1"), "22023", "bogus"),
-    (dict(params="R=0"), "22023", "R"),
-    (dict(ids=[7]), "42704", "model_id 7"),
-    (dict(ids=[]), "22023", "model_id_list must not be empty"),
-    (dict(cgrid="__import__('os').system('touch /tmp/pwned')"), "22023", ""),
-    (dict(fgrid="{'batch_size': [32], 'nonsense': [1]}"), "22023", "nonsense"),
-    (dict(out="am_bad; DROP TABLE am_p"), "42602", ""),
+    ({"method": "nosuch"}, "22023", "automl_method must be one of"),
+    ({"params": "R=3, bogus=1"}, "22023", "bogus"),
+    ({"params": "R=0"}, "22023", "R"),
+    ({"ids": [7]}, "42704", "model_id 7"),
+    ({"ids": []}, "22023", "model_id_list must not be empty"),
+    ({"cgrid": "__import__('os').system('touch /tmp/pwned')"}, "22023", ""),
+    ({"fgrid": "{'batch_size': [32], 'nonsense': [1]}"}, "22023", "nonsense"),
+    ({"out": "am_bad; DROP TABLE am_p"}, "42602", ""),
 ])
 def test_bad_input_is_rejected_before_any_work(am, args, sqlstate, fragment) -> None:
     before = tables(am)
     fits_before = q(am, "SELECT count(*) FROM cerebro_db.fits")[0][0]
-    call = dict(out="am_bad", method="hyperband", params="R=3", ids=[1], cgrid=CGRID,
-                fgrid=FGRID)
+    call = {"out": "am_bad", "method": "hyperband", "params": "R=3", "ids": [1], "cgrid": CGRID,
+                "fgrid": FGRID}
     call.update(args)
     with pytest.raises(psycopg2.Error) as e:
         q(am, "SELECT madlib_keras_automl('am_p', %s, 'am_arch', 'am_bad_mst', %s, %s, %s, "
@@ -263,9 +251,9 @@ def kill_and_resume(am, dbname, out, method, params, **kw) -> int:
     import threading
     import time
 
-    from ..conftest import _connect
+    from ..helpers import connect
 
-    c2 = _connect(dbname)
+    c2 = connect(dbname)
     c2.autocommit = True
     pid = c2.get_backend_pid()
     # epoch-2 units linger, so the kill lands while a worker is inside one

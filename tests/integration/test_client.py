@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ..conftest import server_params
-from .test_jobs import mlp_json, q
+from ..helpers import mlp_json, q, server_params
 
 pytestmark = pytest.mark.db
 CLI = str(Path(sys.executable).with_name("cerebro-db"))
@@ -44,7 +43,7 @@ def fit(session_conn, client):
                 f"FROM generate_series({lo}, {hi - 1}) g")
     q(conn, "SELECT training_preprocessor_dl('csrc', 'cp', 'y', 'x', NULL, 1.0, NULL, NULL, 2, 1)")
     q(conn, "SELECT validation_preprocessor_dl('cval', 'cv', 'y', 'x', 'cp')")
-    q(conn, "SELECT load_keras_model('carch', %s)", (mlp_json(),))
+    q(conn, "SELECT load_keras_model('carch', %s)", (mlp_json(inputs=4, outputs=3),))
     q(conn, "SELECT load_model_selection_table('carch', 'cmst', ARRAY[1], ARRAY["
             "$$loss='categorical_crossentropy', optimizer='Adam(learning_rate=0.01)', "
             "metrics=['accuracy']$$, $$loss='categorical_crossentropy', "
@@ -174,7 +173,7 @@ def test_learning_curves_are_the_info_tables_losses(fit, client, tmp_path):
 
 def cli(url: str, *args: str, timeout: int = 120) -> subprocess.CompletedProcess:
     return subprocess.run([CLI, "--url", url, *args], capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, check=False)
 
 
 def test_cli_output_and_exit_codes(fit, url, tmp_path):
@@ -209,7 +208,8 @@ def test_cli_output_and_exit_codes(fit, url, tmp_path):
         r = cli(url, verb, "--help")
         assert r.returncode == 0 and "exit codes:" in r.stdout, verb
     bad = "postgresql://nobody@127.0.0.1:1/x"
-    r = subprocess.run([CLI, "--url", bad, "fits"], capture_output=True, text=True)
+    r = subprocess.run([CLI, "--url", bad, "fits"], capture_output=True, text=True,
+                       check=False)
     assert r.returncode == 5 and "cannot connect" in r.stderr
 
 
@@ -234,5 +234,5 @@ def test_client_on_an_engine_a_connection_or_the_pg_variables(fit, url, dbname):
     env = {**os.environ, "PGHOST": p["host"], "PGPORT": str(p["port"]), "PGUSER": p["user"],
            "PGDATABASE": dbname}
     r = subprocess.run([CLI, "fits", "--format", "csv"], capture_output=True, text=True,
-                       env=env, timeout=120)
+                       env=env, timeout=120, check=False)
     assert r.returncode == 0 and r.stdout.startswith("fit_id,kind,status"), r.stderr

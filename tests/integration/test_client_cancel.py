@@ -7,8 +7,9 @@ import time
 
 import pytest
 
+from ..helpers import mlp_json, q, worker_sessions_gone
 from .test_client import CLI, cli, url  # noqa: F401 - url is a fixture
-from .test_jobs import add_rows, mlp_json, q, runs
+from .test_jobs import add_rows, runs
 
 pytestmark = pytest.mark.db
 
@@ -21,7 +22,7 @@ def data(session_conn):
     q(conn, "CREATE TABLE jsrc (id integer PRIMARY KEY, x real[], y integer)")
     add_rows(conn, 0, 2000)
     q(conn, "SELECT training_preprocessor_dl('jsrc', 'kp', 'y', 'x', NULL, 1.0, NULL, NULL, 2, 1)")
-    q(conn, "SELECT load_keras_model('jarch', %s)", (mlp_json(),))
+    q(conn, "SELECT load_keras_model('jarch', %s)", (mlp_json(inputs=4, outputs=3),))
     q(conn, "SELECT load_model_selection_table('jarch', 'jmst', ARRAY[1], ARRAY["
             "$$loss='categorical_crossentropy', optimizer='Adam(learning_rate=0.01)', "
             "metrics=['accuracy']$$, $$loss='categorical_crossentropy', "
@@ -58,17 +59,6 @@ def first_units(conn, after: int, n: int = 1) -> int:
     raise AssertionError("the fit did not start")
 
 
-def sessions_gone(conn, wait: float = 15.0) -> bool:
-    """No worker or control session of any fit is left."""
-    deadline = time.monotonic() + wait
-    while time.monotonic() < deadline:
-        if q(conn, "SELECT count(*) FROM pg_stat_activity "
-                   "WHERE application_name LIKE 'cerebro\\_db %%'")[0][0] == 0:
-            return True
-        time.sleep(0.5)
-    return False
-
-
 def test_cancel_from_the_cli_then_resume(data, url):  # noqa: F811
     from cerebro_db.client import Client, ClientError
 
@@ -85,7 +75,7 @@ def test_cancel_from_the_cli_then_resume(data, url):  # noqa: F811
     assert len(errors) == 1 and isinstance(errors[0], ClientError)
     assert errors[0].sqlstate == "57014"
     assert client.progress(fid)["status"] == "cancelled"
-    assert sessions_gone(conn)
+    assert worker_sessions_gone(conn, 15.0)
     r = cli(url, "cancel", str(fid))
     assert r.returncode == 3 and "not running" in r.stdout
     assert cli(url, "watch", str(fid)).returncode == 3

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import time
 
-import psycopg2
 import pytest
 
-from ..conftest import _connect
-from .mnist_rows import load_mnist_rows
-from .test_training import mlp_json, q
+from ..helpers import connect, load_mnist_rows, mlp_json, q
+
+psycopg2 = pytest.importorskip("psycopg2")
 
 pytestmark = pytest.mark.db
 
@@ -48,7 +47,7 @@ def co(dbname, session_conn):
 
 
 def new_conn(dbname):
-    c = _connect(dbname)
+    c = connect(dbname)
     c.autocommit = True
     return c
 

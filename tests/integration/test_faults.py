@@ -18,14 +18,14 @@ import sys
 import threading
 import time
 
-import psycopg2
 import pytest
 
 from cerebro_db.scheduling import check_invariants
 
-from ..conftest import ROOT, _connect
-from .mnist_rows import load_mnist_rows
-from .test_training import COMPILES, REPLAY, mlp_json, no_worker_sessions, q, unit_log
+from ..helpers import ROOT, connect, load_mnist_rows, mlp_json, q, worker_sessions_gone
+from .test_training import COMPILES, REPLAY, unit_log
+
+psycopg2 = pytest.importorskip("psycopg2")
 
 pytestmark = pytest.mark.db
 
@@ -123,7 +123,7 @@ class Killer(threading.Thread):
             "SELECT pg_terminate_backend(%s)", (pid,)))
 
     def run(self) -> None:
-        c = _connect(self.dbname)
+        c = connect(self.dbname)
         c.autocommit = True
         seen: set[int] = set()
         try:
@@ -188,7 +188,7 @@ def test_worker_sessions_killed_mid_unit_and_during_save(fl, baseline, dbname, d
     # (hence the replay) has each unit once, and the weights are the uninterrupted ones
     assert same_as_baseline(fl, "fl_kill", baseline) == [1, 2]
     assert replay_equal(dsn, fit_id, "fl_kill") == [1, 2]
-    assert no_worker_sessions(fl)
+    assert worker_sessions_gone(fl)
 
 
 def test_retry_bound_fails_the_fit_then_resume_finishes_it(fl, baseline, dbname, tables):
@@ -216,7 +216,7 @@ def test_retry_bound_fails_the_fit_then_resume_finishes_it(fl, baseline, dbname,
     done_before = q(fl, "SELECT count(*), max(unit_id) FROM cerebro_db.units WHERE fit_id = %s "
                         "AND kind = 'train'", (fit_id,))[0]
     assert 0 < done_before[0] < TOTAL_TRAIN
-    assert no_worker_sessions(fl)
+    assert worker_sessions_gone(fl)
     q(fl, "SELECT madlib_keras_fit_resume(%s)", (fit_id,))
     check_log(fl, fit_id)
     assert q(fl, "SELECT count(*) FROM cerebro_db.units WHERE fit_id = %s AND kind = 'train' "
@@ -263,7 +263,7 @@ def test_frozen_worker_is_ended_after_unit_timeout(fl, baseline, dbname, tables)
     assert "unit_timeout (20 s)" in fails[0][4]
     check_log(fl, fit_id)
     assert same_as_baseline(fl, "fl_hang", baseline) == [1, 2]
-    assert no_worker_sessions(fl)
+    assert worker_sessions_gone(fl)
 
 
 def test_coordinator_killed_then_resumed(fl, baseline, dbname, dsn, tables):
@@ -271,7 +271,7 @@ def test_coordinator_killed_then_resumed(fl, baseline, dbname, dsn, tables):
     interrupted; madlib_keras_fit_resume finishes it without redoing committed units, and
     the weights equal the uninterrupted run's."""
     tables += ["fl_res", "fl_res_info"]
-    c2 = _connect(dbname)
+    c2 = connect(dbname)
     c2.autocommit = True
     pid = c2.get_backend_pid()
     # epoch-2 units wait a little, so on a fast machine the fit is still running when the
@@ -328,7 +328,7 @@ def test_coordinator_killed_then_resumed(fl, baseline, dbname, dsn, tables):
     base = q(fl, "SELECT mst_key, training_loss, validation_loss FROM fl_base_info ORDER BY 1")
     got = q(fl, "SELECT mst_key, training_loss, validation_loss FROM fl_res_info ORDER BY 1")
     assert got == base
-    assert no_worker_sessions(fl)
+    assert worker_sessions_gone(fl)
     c2.close()
 
 

@@ -11,31 +11,15 @@ import threading
 import time
 
 import numpy as np
-import psycopg2
 import pytest
+
+from ..helpers import error_of, mlp_json, q
+
+psycopg2 = pytest.importorskip("psycopg2")
 
 pytestmark = pytest.mark.db
 
 LOCK_CLASS = 1128416836  # cerebro_db.catalog.jobs.LOCK_CLASS
-
-
-def q(conn, sql, args=None):
-    with conn.cursor() as cur:
-        cur.execute(sql, args)
-        return cur.fetchall() if cur.description else None
-
-
-def sqlstate_of(conn, sql, args=None) -> str:
-    with pytest.raises(psycopg2.Error) as e:
-        q(conn, sql, args)
-    return e.value.pgcode
-
-
-def mlp_json() -> str:
-    import keras
-
-    return keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"),
-                             keras.layers.Dense(3, activation="softmax")]).to_json()
 
 
 def add_rows(conn, lo: int, hi: int) -> None:
@@ -77,7 +61,7 @@ def job(session_conn):
     q(conn, "DROP TABLE IF EXISTS jsrc, jarch, jmst, jmst_summary CASCADE")
     q(conn, "CREATE TABLE jsrc (id integer PRIMARY KEY, x real[], y integer)")
     add_rows(conn, 0, 300)
-    q(conn, "SELECT load_keras_model('jarch', %s)", (mlp_json(),))
+    q(conn, "SELECT load_keras_model('jarch', %s)", (mlp_json(inputs=4, outputs=3),))
     q(conn, "SELECT load_model_selection_table('jarch', 'jmst', ARRAY[1], ARRAY["
             "$$loss='categorical_crossentropy', optimizer='Adam(learning_rate=0.01)', "
             "metrics=['accuracy']$$, $$loss='categorical_crossentropy', "
@@ -98,35 +82,35 @@ def test_schedule_checks_its_arguments_and_leaves_nothing(job):
     base = ("'jsrc', 'jp2', 'y', 'x', 'jo2', 'jmst'")
     cases = [
         (f"SELECT schedule_model_selection(NULL, NULL, {base})", "22004"),
-        (f"SELECT schedule_model_selection('nightly', NULL, {base}, "
-         "fit_options => '{\"num_iterations\": 1}')", "42710"),
-        ("SELECT schedule_model_selection('j2', NULL, 'nosuch', 'jp2', 'y', 'x', 'jo2', 'jmst', "
-         "fit_options => '{\"num_iterations\": 1}')", "42P01"),
-        (f"SELECT schedule_model_selection('j2', NULL, {base}, "
-         "fit_options => '{\"num_iterations\": 1}', key_column => 'nope')", "42703"),
-        (f"SELECT schedule_model_selection('j2', NULL, {base}, method => 'magic', "
-         "fit_options => '{\"num_iterations\": 1}')", "22023"),
+        ((f"SELECT schedule_model_selection('nightly', NULL, {base}, "
+         "fit_options => '{\"num_iterations\": 1}')"), "42710"),
+        (("SELECT schedule_model_selection('j2', NULL, 'nosuch', 'jp2', 'y', 'x', 'jo2', 'jmst', "
+         "fit_options => '{\"num_iterations\": 1}')"), "42P01"),
+        ((f"SELECT schedule_model_selection('j2', NULL, {base}, "
+         "fit_options => '{\"num_iterations\": 1}', key_column => 'nope')"), "42703"),
+        ((f"SELECT schedule_model_selection('j2', NULL, {base}, method => 'magic', "
+         "fit_options => '{\"num_iterations\": 1}')"), "22023"),
         (f"SELECT schedule_model_selection('j2', NULL, {base})", "22023"),  # num_iterations
-        (f"SELECT schedule_model_selection('j2', NULL, {base}, "
-         "fit_options => '{\"num_iterations\": 1, \"bogus\": 2}')", "22023"),
-        (f"SELECT schedule_model_selection('j2', NULL, {base}, "
-         "fit_options => '{\"num_iterations\": \"many\"}')", "22023"),
-        (f"SELECT schedule_model_selection('j2', NULL, {base}, "
-         "fit_options => '{\"num_iterations\": 1, \"source_table\": \"x\"}')", "22023"),
-        ("SELECT schedule_model_selection('j2', NULL, 'jsrc', 'jp2', 'y', 'x', 'jo2', 'jmst2', "
-         "method => 'automl', warm_start => TRUE)", "0A000"),
-        ("SELECT schedule_model_selection('j2', NULL, 'jsrc', 'jp2', 'y', 'x', 'jmst', 'jmst', "
-         "fit_options => '{\"num_iterations\": 1}')", "42P07"),  # output exists
-        (f"SELECT schedule_model_selection('j2', NULL, {base}, "
-         "fit_options => '{\"num_iterations\": 1}', retries => -1)", "22023"),
+        ((f"SELECT schedule_model_selection('j2', NULL, {base}, "
+         "fit_options => '{\"num_iterations\": 1, \"bogus\": 2}')"), "22023"),
+        ((f"SELECT schedule_model_selection('j2', NULL, {base}, "
+         "fit_options => '{\"num_iterations\": \"many\"}')"), "22023"),
+        ((f"SELECT schedule_model_selection('j2', NULL, {base}, "
+         "fit_options => '{\"num_iterations\": 1, \"source_table\": \"x\"}')"), "22023"),
+        (("SELECT schedule_model_selection('j2', NULL, 'jsrc', 'jp2', 'y', 'x', 'jo2', 'jmst2', "
+         "method => 'automl', warm_start => TRUE)"), "0A000"),
+        (("SELECT schedule_model_selection('j2', NULL, 'jsrc', 'jp2', 'y', 'x', 'jmst', 'jmst', "
+         "fit_options => '{\"num_iterations\": 1}')"), "42P07"),  # output exists
+        ((f"SELECT schedule_model_selection('j2', NULL, {base}, "
+         "fit_options => '{\"num_iterations\": 1}', retries => -1)"), "22023"),
     ]
     for sql, state in cases:
-        assert sqlstate_of(conn, sql) == state, sql
+        assert error_of(conn, sql).pgcode == state, sql
     assert q(conn, "SELECT count(*) FROM cerebro_db.jobs")[0][0] == 1
     assert q(conn, "SELECT to_regclass('jp2'), to_regclass('jo2')")[0] == (None, None)
     # an unknown job
-    assert sqlstate_of(conn, "CALL run_model_selection_job('nosuch')") == "42704"
-    assert sqlstate_of(conn, "SELECT unschedule_model_selection('nosuch')") == "42704"
+    assert error_of(conn, "CALL run_model_selection_job('nosuch')").pgcode == "42704"
+    assert error_of(conn, "SELECT unschedule_model_selection('nosuch')").pgcode == "42704"
 
 
 def test_first_run_packs_trains_publishes_and_records(job):
@@ -329,7 +313,7 @@ def test_an_automl_job_publishes_the_best_configuration(session_conn, dbname):
     q(conn, "DROP TABLE IF EXISTS jsrc, jarch CASCADE")
     q(conn, "CREATE TABLE jsrc (id integer PRIMARY KEY, x real[], y integer)")
     add_rows(conn, 0, 120)
-    q(conn, "SELECT load_keras_model('jarch', %s)", (mlp_json(),))
+    q(conn, "SELECT load_keras_model('jarch', %s)", (mlp_json(inputs=4, outputs=3),))
     import json
 
     opts = {"model_arch_table": "jarch", "model_id_list": [1],
@@ -357,7 +341,7 @@ def test_an_automl_job_publishes_the_best_configuration(session_conn, dbname):
         # the AutoML timeline of the job's fit: a bar per training unit, a mark per decision
         from cerebro_db.client import Client
 
-        from ..conftest import server_params
+        from ..helpers import server_params
 
         p = server_params()
         c = Client(f"postgresql://{p['user']}@/{dbname}?host={p['host']}&port={p['port']}")

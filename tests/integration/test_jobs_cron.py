@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import time
 
-import psycopg2
 import pytest
 
-from ..conftest import _connect
-from .test_jobs import add_rows, mlp_json, q, runs
+from ..helpers import connect, mlp_json, q
+from .test_jobs import add_rows, runs
+
+psycopg2 = pytest.importorskip("psycopg2")
 
 pytestmark = pytest.mark.db
 
@@ -20,7 +21,7 @@ def cron_conn(session_conn):
     db = q(session_conn, "SELECT current_setting('cron.database_name', true)")[0][0]
     if db is None:
         pytest.skip("the server does not load pg_cron (restart it with scripts/cerebro.sh start)")
-    c = _connect(db)
+    c = connect(db)
     c.autocommit = True
     q(c, "CREATE EXTENSION IF NOT EXISTS pg_cron")
     yield c
@@ -33,7 +34,7 @@ def tiny(session_conn):
     q(conn, "DROP TABLE IF EXISTS jsrc, jarch, jmst, jmst_summary CASCADE")
     q(conn, "CREATE TABLE jsrc (id integer PRIMARY KEY, x real[], y integer)")
     add_rows(conn, 0, 200)
-    q(conn, "SELECT load_keras_model('jarch', %s)", (mlp_json(),))
+    q(conn, "SELECT load_keras_model('jarch', %s)", (mlp_json(inputs=4, outputs=3),))
     q(conn, "SELECT load_model_selection_table('jarch', 'jmst', ARRAY[1], ARRAY["
             "$$loss='categorical_crossentropy', optimizer='Adam(learning_rate=0.01)', "
             "metrics=['accuracy']$$], ARRAY['batch_size=16'])")
@@ -46,9 +47,9 @@ def tiny(session_conn):
 
 
 def schedule(conn, name: str, when: str) -> int:
-    return q(conn, f"""SELECT schedule_model_selection(%s, %s, 'jsrc', 'cpacked', 'y', 'x',
-        'cout', 'jmst', fit_options => '{{"num_iterations": 1, "random_state": 5}}',
-        preprocess_options => '{{"num_partitions": 2, "random_state": 3}}',
+    return q(conn, """SELECT schedule_model_selection(%s, %s, 'jsrc', 'cpacked', 'y', 'x',
+        'cout', 'jmst', fit_options => '{"num_iterations": 1, "random_state": 5}',
+        preprocess_options => '{"num_partitions": 2, "random_state": 3}',
         key_column => 'id')""", (name, when))[0][0]
 
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import uuid
 
-import psycopg2
 import pytest
 
-from ..conftest import server_params
-from .test_jobs import add_rows, mlp_json, q, runs
+from ..helpers import connect, mlp_json, q
+from .test_jobs import add_rows, runs
+
+psycopg2 = pytest.importorskip("psycopg2")
 
 pytestmark = pytest.mark.db
 
@@ -20,9 +21,7 @@ def role(session_conn, dbname):
     q(session_conn, f'CREATE ROLE "{name}" LOGIN')
     q(session_conn, f'GRANT USAGE ON SCHEMA cerebro_db TO "{name}"')
     q(session_conn, f'GRANT CREATE ON SCHEMA public TO "{name}"')
-    p = server_params()
-    c = psycopg2.connect(dbname=dbname, host=p["host"], port=p["port"], user=name)
-    c.autocommit = True
+    c = connect(dbname, name, autocommit=True)
     yield name, c
     c.close()
     q(session_conn, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
@@ -35,7 +34,7 @@ def test_a_roles_job_runs_with_worker_sessions_of_that_role(role, session_conn):
     name, c = role
     q(c, "CREATE TABLE jsrc (id integer PRIMARY KEY, x real[], y integer)")
     add_rows(c, 0, 120)
-    q(c, "SELECT load_keras_model('jarch', %s)", (mlp_json(),))
+    q(c, "SELECT load_keras_model('jarch', %s)", (mlp_json(inputs=4, outputs=3),))
     q(c, "SELECT load_model_selection_table('jarch', 'jmst', ARRAY[1], ARRAY["
          "$$loss='categorical_crossentropy', optimizer='Adam(learning_rate=0.01)', "
          "metrics=['accuracy']$$], ARRAY['batch_size=16'])")

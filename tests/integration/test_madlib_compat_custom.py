@@ -1,4 +1,4 @@
-"""Custom loss and metric functions the MADlib way, without unpickling (issue 15, item 7):
+"""Custom loss and metric functions the MADlib way, without unpickling:
 ``load_top_k_accuracy_function`` natively, ``load_custom_function`` with a reference to a
 function in a module installed in the server's environment (allowed by a superuser), used
 by name in compile_params by fit, fit_multiple, evaluate and AutoML. Pickled bytes and
@@ -11,11 +11,11 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-import psycopg2
 import pytest
 
-from ..conftest import ROOT
-from .madlib_compat_common import error_of, madlib_conn, q  # noqa: F401 - fixture
+from ..helpers import ROOT, error_of, q
+
+psycopg2 = pytest.importorskip("psycopg2")
 
 pytestmark = pytest.mark.db
 

@@ -1,4 +1,4 @@
-"""MADlib scripts with Keras 2 parameters (issue 15, item 1): ``decay``, ``epsilon=None``,
+"""MADlib scripts with Keras 2 parameters: ``decay``, ``epsilon=None``,
 integer learning rates in grids, ``sample_weight_mode``, ``initial_epoch`` /
 ``steps_per_epoch`` and ``fit_params`` NULL run unchanged on the real server."""
 from __future__ import annotations
@@ -11,8 +11,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from ..conftest import ROOT, server_params
-from .madlib_compat_common import madlib_conn, q  # noqa: F401 - fixture
+from ..helpers import ROOT, q, server_params
 
 pytestmark = pytest.mark.db
 

@@ -1,4 +1,4 @@
-"""MADlib's smaller behaviours (issue 15, item 8): numeric pred_type overloads,
+"""MADlib's smaller behaviours: numeric pred_type overloads,
 gpu_configuration, generate_model_configs re-creating a dropped summary, NULL metrics
 without metrics, MADlib's AutoML _summary columns and the TensorBoard callback confined to
 the DBA's directory."""
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from .madlib_compat_common import error_of, madlib_conn, q  # noqa: F401 - fixture
+from ..helpers import error_of, q
 
 pytestmark = pytest.mark.db
 
@@ -65,12 +65,12 @@ def test_predict_with_numeric_pred_type(fitted):
                 "'madlib_keras_predict' AND pronamespace = 'madlib'::regnamespace ORDER BY 1") \
         == [(s,) for s in sorted([
             "madlib.madlib_keras_predict(character varying)",
-            "madlib.madlib_keras_predict(character varying,character varying,character varying,"
-            "character varying,character varying,character varying,boolean,integer)",
-            "madlib.madlib_keras_predict(character varying,character varying,character varying,"
-            "character varying,character varying,double precision,boolean,integer)",
-            "madlib.madlib_keras_predict(character varying,character varying,character varying,"
-            "character varying,character varying,integer,boolean,integer)"])]
+            ("madlib.madlib_keras_predict(character varying,character varying,character varying,"
+            "character varying,character varying,character varying,boolean,integer)"),
+            ("madlib.madlib_keras_predict(character varying,character varying,character varying,"
+            "character varying,character varying,double precision,boolean,integer)"),
+            ("madlib.madlib_keras_predict(character varying,character varying,character varying,"
+            "character varying,character varying,integer,boolean,integer)")])]
     e = error_of(c, "SELECT madlib.madlib_keras_predict('mi_out', 'iris', 'id', 'attributes', "
                     "'pred_bad', pred_type => 1.5, mst_key => 1)")
     assert e.pgcode == "22023" and "pred_type" in e.pgerror

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import math
 
-import psycopg2
 import pytest
 
-from .madlib_compat import q
+from ..helpers import q
+
+psycopg2 = pytest.importorskip("psycopg2")
 
 pytestmark = pytest.mark.db
 COMPILE = "loss='categorical_crossentropy', optimizer='Adam(lr=0.01)', metrics=['accuracy']"

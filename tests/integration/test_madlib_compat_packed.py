@@ -6,10 +6,12 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import psycopg2
 import pytest
 
-from .madlib_compat import COMPILE, FIT, make_iris, mlp_json, q
+from ..helpers import mlp_json, q
+from .madlib_compat import COMPILE, FIT, make_iris
+
+psycopg2 = pytest.importorskip("psycopg2")
 
 pytestmark = pytest.mark.db
 CLASSES = ["Iris-setosa", "Iris-versicolor", "Iris-virginica"]
@@ -85,7 +87,7 @@ def madlib_packed(session_conn):
     write_madlib2(conn, "mp_iris_val", "mp2_val", 10)
     write_madlib1(conn, "mp_iris", "mp1", 15)
     q(conn, "DROP TABLE IF EXISTS mp_arch, mp_mst, mp_mst_summary")
-    q(conn, "SELECT load_keras_model('mp_arch', %s)", (mlp_json(),))
+    q(conn, "SELECT load_keras_model('mp_arch', %s)", (mlp_json(inputs=4, outputs=3),))
     q(conn, "SELECT load_model_selection_table('mp_arch', 'mp_mst', ARRAY[1], %s, %s)",
       ([COMPILE], [FIT]))
     return conn

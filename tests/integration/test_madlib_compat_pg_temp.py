@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import math
 
-import psycopg2
 import pytest
 
-from .madlib_compat import COMPILE, FIT, make_iris, mlp_json, q
+from ..helpers import mlp_json, q
+from .madlib_compat import COMPILE, FIT, make_iris
+
+psycopg2 = pytest.importorskip("psycopg2")
 
 pytestmark = pytest.mark.db
 
@@ -20,7 +22,7 @@ def packed(session_conn):
     make_iris(conn, "pt_train")
     q(conn, "SELECT training_preprocessor_dl('pt_train', 'pt_train_p', 'class_text', "
             "'attributes', NULL, 1.0, NULL, NULL, 2, 1)")
-    q(conn, "SELECT load_keras_model('pt_arch', %s)", (mlp_json(),))
+    q(conn, "SELECT load_keras_model('pt_arch', %s)", (mlp_json(inputs=4, outputs=3),))
     q(conn, "SELECT load_model_selection_table('pt_arch', 'pt_mst', ARRAY[1], %s, %s)",
       ([COMPILE], [FIT]))
     yield conn

@@ -6,10 +6,12 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import psycopg2
 import pytest
 
-from .madlib_compat import COMPILE, FIT, mlp_json, q
+from ..helpers import mlp_json, q
+from .madlib_compat import COMPILE, FIT
+
+psycopg2 = pytest.importorskip("psycopg2")
 
 pytestmark = pytest.mark.db
 
@@ -100,7 +102,7 @@ def test_fewer_rows_than_partitions_pack_train_evaluate(conn, tables):
     assert sorted(k for k, _ in shapes(conn, "mc3_p", "attributes")) == [0, 1, 2]
     q(conn, "SELECT validation_preprocessor_dl('mc3', 'mc3_v', 'class_text', 'attributes', "
             "'mc3_p')")
-    q(conn, "SELECT load_keras_model('mc3_arch', %s)", (mlp_json(),))
+    q(conn, "SELECT load_keras_model('mc3_arch', %s)", (mlp_json(inputs=4, outputs=3),))
     q(conn, "SELECT load_model_selection_table('mc3_arch', 'mc3_mst', ARRAY[1], %s, %s)",
       ([COMPILE], [FIT]))
     tables += ["mc3_mst_summary", "mc3_out_summary", "mc3_m_summary"]

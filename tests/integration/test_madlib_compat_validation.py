@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from .madlib_compat import COMPILE, FIT, make_iris, mlp_json, q
+from ..helpers import mlp_json, q
+from .madlib_compat import COMPILE, FIT, make_iris
 
 pytestmark = pytest.mark.db
 
@@ -22,7 +23,7 @@ def packed(session_conn):
             "'attributes', NULL, 1.0, NULL, NULL, 2, 1)")
     q(conn, "SELECT validation_preprocessor_dl('vc_val', 'vc_val_p', 'species', "
             "'measurements', 'vc_train_p')")
-    q(conn, "SELECT load_keras_model('vc_arch', %s)", (mlp_json(),))
+    q(conn, "SELECT load_keras_model('vc_arch', %s)", (mlp_json(inputs=4, outputs=3),))
     q(conn, "SELECT load_model_selection_table('vc_arch', 'vc_mst', ARRAY[1], %s, %s)",
       ([COMPILE], [FIT]))
     return conn

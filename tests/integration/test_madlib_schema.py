@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from ..conftest import _connect, create_database, drop_database
+from ..helpers import connect, create_database, drop_database
 
 pytestmark = pytest.mark.db
 
@@ -14,8 +14,8 @@ MADLIB_SCRIPT = [
               (ARRAY['Iris-setosa', 'Iris-versicolor', 'Iris-virginica'])[i % 3 + 1]
          FROM generate_series(1, 60) i""",
     "SELECT madlib.training_preprocessor_dl('iris', 'iris_packed', 'class_text', 'attributes')",
-    "SELECT madlib.validation_preprocessor_dl('iris', 'iris_val', 'class_text', 'attributes',"
-    " 'iris_packed')",
+    ("SELECT madlib.validation_preprocessor_dl('iris', 'iris_val', 'class_text', 'attributes',"
+    " 'iris_packed')"),
     """SELECT madlib.load_keras_model('model_arch_library', %(arch)s, NULL, 'Sophie', 'MLP')""",
     """SELECT madlib.load_model_selection_table('model_arch_library', 'mst_table', ARRAY[1],
          ARRAY[$$loss='categorical_crossentropy', optimizer='Adam(lr=0.01)', metrics=['accuracy']$$,
@@ -47,7 +47,7 @@ IRIS_ARCH = ('{"class_name": "Sequential", "keras_version": "2.1.6", "config": [
 def test_madlib_prefixed_script_runs_unchanged():
     db = create_database(schema="madlib")
     try:
-        c = _connect(db)
+        c = connect(db)
         c.autocommit = True
         with c.cursor() as cur:
             cur.execute("SET search_path = public")  # only the madlib. prefix finds them

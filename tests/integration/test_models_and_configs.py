@@ -2,16 +2,13 @@
 from __future__ import annotations
 
 import numpy as np
-import psycopg2
 import pytest
 
+from ..helpers import q
+
+psycopg2 = pytest.importorskip("psycopg2")
+
 pytestmark = pytest.mark.db
-
-
-def q(conn, sql, args=None):
-    with conn.cursor() as cur:
-        cur.execute(sql, args)
-        return cur.fetchall() if cur.description else None
 
 
 def keras3_mlp_json_and_weights():

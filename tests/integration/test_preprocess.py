@@ -2,24 +2,13 @@
 from __future__ import annotations
 
 import numpy as np
-import psycopg2
 import pytest
 
 from tooling.datasets import find_dataset_dir, load_split
 
+from ..helpers import error_of, q
+
 pytestmark = pytest.mark.db
-
-
-def q(conn, sql, args=None):
-    with conn.cursor() as cur:
-        cur.execute(sql, args)
-        return cur.fetchall() if cur.description else None
-
-
-def err(conn, sql, args=None) -> psycopg2.Error:
-    with pytest.raises(psycopg2.Error) as ei:
-        q(conn, sql, args)
-    return ei.value
 
 
 def exists(conn, name: str) -> bool:
@@ -155,13 +144,13 @@ def test_validation_uses_training_classes_and_constant(conn, small, tables):
     assert sorted(ids) == list(range(10))
     assert (y.argmax(1) == np.where(ids % 4 == 3, 0, ids % 4 + 1)).all()
     q(conn, "UPDATE small_val SET lbl = 'yak' WHERE id = 1")
-    e = err(conn, "SELECT validation_preprocessor_dl('small_val', 'sp_val2', 'lbl', 'x', 'sp_tr')")
+    e = error_of(conn, "SELECT validation_preprocessor_dl('small_val', 'sp_val2', 'lbl', 'x', 'sp_tr')")
     assert e.pgcode == "22000" and "'yak'" in e.pgerror
     assert not exists(conn, "sp_val2")
     q(conn, "UPDATE small_val SET lbl = 'cat', x = ARRAY[1, 2]")
-    e = err(conn, "SELECT validation_preprocessor_dl('small_val', 'sp_val2', 'lbl', 'x', 'sp_tr')")
+    e = error_of(conn, "SELECT validation_preprocessor_dl('small_val', 'sp_val2', 'lbl', 'x', 'sp_tr')")
     assert e.pgcode == "22000" and "shape" in e.pgerror
-    e = err(conn, "SELECT validation_preprocessor_dl('small_val', 'sp_val2', 'k', 'x', 'sp_tr')")
+    e = error_of(conn, "SELECT validation_preprocessor_dl('small_val', 'sp_val2', 'k', 'x', 'sp_tr')")
     assert e.pgcode == "42804"
 
 
@@ -202,7 +191,7 @@ BAD_CALLS = [
 
 @pytest.mark.parametrize("sql,code,words", BAD_CALLS, ids=[c[1] + ":" + c[2] for c in BAD_CALLS])
 def test_bad_input_gets_clear_error_and_no_tables(conn, small, sql, code, words):
-    e = err(conn, sql)
+    e = error_of(conn, sql)
     assert e.pgcode == code, e.pgerror
     assert words in e.pgerror
     assert q(conn, "SELECT count(*) FROM small")[0][0] == 40
@@ -222,7 +211,7 @@ def test_bad_input_gets_clear_error_and_no_tables(conn, small, sql, code, words)
 def test_bad_data(conn, small, update, code, words):
     q(conn, update)
     dep = "t" if "SET t" in update else "lbl"
-    e = err(conn, f"SELECT training_preprocessor_dl('small', 'o1', '{dep}', 'x', NULL, 1, NULL,"
+    e = error_of(conn, f"SELECT training_preprocessor_dl('small', 'o1', '{dep}', 'x', NULL, 1, NULL,"
                   f" NULL, 2, regression_targets => {'t' if dep == 't' else ''!r})")
     assert e.pgcode == code, e.pgerror
     assert words in e.pgerror
@@ -251,7 +240,7 @@ def test_real_fashion_mnist_subset_round_trips(conn, tables):
                         io.BytesIO(copy_payload(np.arange(2000), y.astype(np.int32), x)))
     q(conn, "SELECT training_preprocessor_dl('fm_small', 'fm_packed', 'y', 'x', NULL, 255.0,"
             " NULL, NULL, 2, 11)")
-    px, py, keys = buffers(conn, "fm_packed")
+    px, py, _keys = buffers(conn, "fm_packed")
     assert px.shape == (2000, 784) and py.shape == (2000, 10)
     flat = x.reshape(2000, -1).astype(np.float32) / np.float32(255.0)
     order = np.lexsort(px.T[::-1])

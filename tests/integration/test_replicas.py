@@ -16,15 +16,15 @@ import json
 import threading
 import time
 
-import psycopg2
 import pytest
 
 from cerebro_db.scheduling import check_invariants
 
-from ..conftest import _connect
-from .mnist_rows import load_mnist_rows
+from ..helpers import connect, load_mnist_rows, mlp_json, q, worker_sessions_gone
 from .test_faults import Killer
-from .test_training import COMPILES, mlp_json, no_worker_sessions, q, unit_log
+from .test_training import COMPILES, unit_log
+
+psycopg2 = pytest.importorskip("psycopg2")
 
 pytestmark = pytest.mark.db
 
@@ -121,7 +121,7 @@ def test_lost_worker_leaves_and_its_replica_serves(rp, baseline, dbname, tables)
              (fit_id,)) == [("2",)]
     check_log(rp, fit_id)
     assert weights(rp, "rp_lost") == baseline
-    assert no_worker_sessions(rp)
+    assert worker_sessions_gone(rp)
 
 
 def wait_for(conn, sql, args, timeout=240.0):
@@ -139,7 +139,7 @@ def test_workers_added_and_removed_while_the_fit_runs(rp, baseline, dbname, tabl
     worker has trained a unit. Every unit's first attempt lingers 1 s so the fit is still
     running when the requests come."""
     tables += ["rp_el", "rp_el_info"]
-    c2 = _connect(dbname)
+    c2 = connect(dbname)
     c2.autocommit = True
     hook(c2, {"point": "before_train", "seconds": 1})
     errors: list[BaseException] = []
@@ -186,7 +186,7 @@ def test_workers_added_and_removed_while_the_fit_runs(rp, baseline, dbname, tabl
     assert q(rp, "SELECT count(*) FROM cerebro_db.units WHERE fit_id = %s AND worker = 0 AND "
                  "started_at > (SELECT max(updated_at) FROM cerebro_db.fit_workers WHERE "
                  "fit_id = %s AND status = 'removed')", (fit_id, fit_id))[0][0] > 0
-    assert no_worker_sessions(rp)
+    assert worker_sessions_gone(rp)
 
 
 def test_fit_workers_refuses(rp, baseline):

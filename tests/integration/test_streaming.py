@@ -3,15 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from .mnist_rows import load_mnist_rows
+from ..helpers import load_mnist_rows, q
 
 pytestmark = pytest.mark.db
-
-
-def q(conn, sql, args=None):
-    with conn.cursor() as cur:
-        cur.execute(sql, args)
-        return cur.fetchall() if cur.description else None
 
 
 @pytest.fixture(scope="module")

@@ -4,29 +4,17 @@ from __future__ import annotations
 import threading
 import time
 
-import psycopg2
 import pytest
 
-from .mnist_rows import load_mnist_rows
+from ..helpers import load_mnist_rows, mlp_json, q
+
+psycopg2 = pytest.importorskip("psycopg2")
 
 pytestmark = pytest.mark.db
 
 CONFIGS = 3
 ITERATIONS = 3
 PARTITIONS = 2
-
-
-def q(conn, sql, args=None):
-    with conn.cursor() as cur:
-        cur.execute(sql, args)
-        return cur.fetchall() if cur.description else None
-
-
-def mlp_json() -> str:
-    import keras
-
-    return keras.Sequential([keras.Input((784,)), keras.layers.Dense(32, activation="relu"),
-                             keras.layers.Dense(10, activation="softmax")]).to_json()
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +27,7 @@ def watched(session_conn):
     q(conn, "SELECT training_preprocessor_dl('w_train', 'w_p', 'y', 'x', NULL, 255.0, NULL, "
             "NULL, %s, 3)", (PARTITIONS,))
     q(conn, "SELECT validation_preprocessor_dl('w_test', 'w_v', 'y', 'x', 'w_p')")
-    q(conn, "SELECT load_keras_model('w_arch', %s)", (mlp_json(),))
+    q(conn, "SELECT load_keras_model('w_arch', %s)", (mlp_json(32),))
     compiles = [f"loss='categorical_crossentropy', optimizer='Adam(learning_rate={lr})', "
                 "metrics=['accuracy']" for lr in (0.001, 0.003, 0.01)]
     q(conn, "SELECT load_model_selection_table('w_arch', 'w_mst', ARRAY[1], %s, "

@@ -3,35 +3,20 @@ roles made for the test (dropped afterwards), and snapshots that show what a cal
 behind."""
 from __future__ import annotations
 
-import io
-import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
-import psycopg2
 import pytest
 
-from tooling.datasets import copy_payload, find_dataset_dir, load_split
-
-from ..conftest import _connect, create_database, drop_database, server_params
+from ..helpers import connect, create_database, drop_database, load_mnist_rows, q
 
 CATALOG_TABLES = ("fits", "fit_configs", "units", "model_states")
 
 
-def q(conn, sql: str, args: Any = None) -> list[tuple] | None:
-    with conn.cursor() as cur:
-        cur.execute(sql, args)
-        return cur.fetchall() if cur.description else None
-
-
 def connect_as(dbname: str, role: str):
     """A new autocommit connection logged in as ``role`` (local socket)."""
-    p = server_params()
-    c = psycopg2.connect(dbname=dbname, host=p["host"], port=p["port"], user=role)
-    c.autocommit = True
-    return c
+    return connect(dbname, role, autocommit=True)
 
 
 def relations(conn) -> set[tuple[str, str]]:
@@ -47,41 +32,9 @@ def catalog_counts(conn) -> dict[str, int]:
     return {t: q(conn, f"SELECT count(*) FROM cerebro_db.{t}")[0][0] for t in CATALOG_TABLES}
 
 
-def worker_sessions(conn) -> int:
-    return q(conn, "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE "
-                   "'cerebro_db %%'")[0][0]
-
-
-def worker_sessions_gone(conn, wait: float = 10.0) -> bool:
-    """True once no fit's worker session is connected (a closed session's backend may take a
-    moment to leave pg_stat_activity: a fit whose worker-side checks refused its input has
-    closed the sessions it opened for them)."""
-    end = time.monotonic() + wait
-    while True:
-        q(conn, "SELECT pg_catalog.pg_stat_clear_snapshot()")
-        if worker_sessions(conn) == 0:
-            return True
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.1)
-
-
 def load_mnist(conn, table: str, lo: int, hi: int) -> None:
-    """Rows lo..hi of the Fashion-MNIST training split as (id integer, y integer, x real[])."""
-    x, y = load_split(find_dataset_dir("fashion-mnist"), "train")
-    q(conn, f"CREATE TABLE {table} (id integer, y integer, x real[])")
-    with conn.cursor() as cur:
-        cur.copy_expert(f"COPY {table} FROM STDIN (FORMAT binary)",
-                        io.BytesIO(copy_payload(np.arange(lo, hi), y[lo:hi].astype(np.int32),
-                                                x[lo:hi])))
-
-
-def mlp_json(hidden: int = 8, inputs: int = 784, outputs: int = 10) -> str:
-    import keras
-
-    return keras.Sequential([keras.Input((inputs,)),
-                             keras.layers.Dense(hidden, activation="relu"),
-                             keras.layers.Dense(outputs, activation="softmax")]).to_json()
+    """Rows lo..hi of the Fashion-MNIST training split as a new table (id, y, x real[])."""
+    load_mnist_rows(conn, (table, lo, hi), replace=False)
 
 
 @pytest.fixture(scope="package")
@@ -95,7 +48,7 @@ def rel_db() -> Iterator[str]:
 @pytest.fixture(scope="package")
 def admin(rel_db):
     """A superuser connection to that database."""
-    c = _connect(rel_db)
+    c = connect(rel_db)
     c.autocommit = True
     yield c
     c.close()

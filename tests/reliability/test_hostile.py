@@ -13,11 +13,12 @@ import os
 import uuid
 
 import numpy as np
-import psycopg2
 import pytest
 
-from ..conftest import _connect
-from .conftest import catalog_counts, q, relations, worker_sessions_gone
+from ..helpers import connect, q, worker_sessions_gone
+from .conftest import catalog_counts, relations
+
+psycopg2 = pytest.importorskip("psycopg2")
 
 pytestmark = pytest.mark.db
 
@@ -74,7 +75,7 @@ def hconn(rel_db):
     """A connection whose objects live in the schema h, with valid objects to attack:
     raw tables (good and bad), packed training and validation data, an architecture
     table, a model selection table, a trained model and a table of hostile configs."""
-    c = _connect(rel_db)
+    c = connect(rel_db)
     c.autocommit = True
     q(c, "SET client_min_messages = warning")
     q(c, "CREATE SCHEMA h")

@@ -1,4 +1,4 @@
-"""Interrupts and concurrency of fits against the real server (issue 16, items 5-9).
+"""Interrupts and concurrency of fits against the real server.
 
 * a query cancel of the coordinator (pg_cancel_backend, statement_timeout) and
   cerebro_db_cancel_fit stop the fit promptly: 57014, the fit 'cancelled', no worker session
@@ -22,11 +22,12 @@ import signal
 import threading
 import time
 
-import psycopg2
 import pytest
 
-from ..conftest import _connect
-from .conftest import load_mnist, mlp_json, q, worker_sessions
+from ..helpers import connect, mlp_json, q, worker_sessions_gone
+from .conftest import load_mnist
+
+psycopg2 = pytest.importorskip("psycopg2")
 
 pytestmark = pytest.mark.db
 
@@ -90,15 +91,6 @@ def train_units(conn, fit_id):
              (fit_id,))[0][0]
 
 
-def no_worker_sessions(conn, wait=15.0) -> bool:
-    end = time.monotonic() + wait
-    while worker_sessions(conn):
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.1)
-    return True
-
-
 def check_done(conn, fit_id, out):
     """Done, every unit once, outputs with every configuration."""
     assert q(conn, "SELECT status FROM cerebro_db.fits WHERE fit_id = %s", (fit_id,)) == \
@@ -116,7 +108,7 @@ class Background:
     """A fit run in another connection (a thread), as a user's session would."""
 
     def __init__(self, dbname, out, source="it_p", setup=()):
-        self.conn = _connect(dbname)
+        self.conn = connect(dbname)
         self.conn.autocommit = True
         self.pid = self.conn.get_backend_pid()
         for sql in setup:
@@ -152,7 +144,7 @@ class Background:
 
 
 def end_backend(dbname, pid):
-    c = _connect(dbname)
+    c = connect(dbname)
     c.autocommit = True
     try:
         q(c, "SELECT pg_terminate_backend(%s)", (pid,))
@@ -195,7 +187,7 @@ def cancelled_then_resumed(conn, fit_id, out, min_units=1):
     assert f"madlib_keras_fit_resume({fit_id})" in msg
     assert q(conn, "SELECT status FROM cerebro_db.fit_progress WHERE fit_id = %s",
              (fit_id,)) == [("cancelled",)]
-    assert no_worker_sessions(conn)
+    assert worker_sessions_gone(conn, 15.0)
     done = train_units(conn, fit_id)
     assert min_units <= done < TOTAL_TRAIN
     assert q(conn, "SELECT to_regclass(%s) IS NULL", (out,))[0][0]
@@ -275,8 +267,7 @@ def test_cerebro_db_cancel_fit(it, rel_db, admin):
     q(admin, f'GRANT USAGE ON SCHEMA cerebro_db TO "{role}"')
     try:
         fit_id = started(it, out, n0, units=PARTITIONS)
-        other = psycopg2.connect(**{**other_params(rel_db), "user": role})
-        other.autocommit = True
+        other = connect(rel_db, role, autocommit=True)
         try:
             with pytest.raises(psycopg2.Error) as e:
                 q(other, "SELECT cerebro_db.cerebro_db_cancel_fit(%s)", (fit_id,))
@@ -300,13 +291,6 @@ def test_cerebro_db_cancel_fit(it, rel_db, admin):
              (fit_id,)) == [(None,)]
 
 
-def other_params(dbname):
-    from ..conftest import server_params
-
-    p = server_params()
-    return {"dbname": dbname, "host": p["host"], "port": p["port"]}
-
-
 @pytest.mark.parametrize("ddl", ["DROP TABLE {t}", "TRUNCATE {t}",
                                  "ALTER TABLE {t} RENAME TO {t}_renamed"])
 def test_ddl_on_the_source_during_a_fit_fails_it_not_hangs(it, rel_db, ddl):
@@ -322,7 +306,7 @@ def test_ddl_on_the_source_during_a_fit_fails_it_not_hangs(it, rel_db, ddl):
     bg = Background(rel_db, out, source=src, setup=[
         hook_sql({"point": "before_train", "epoch": 2, "seconds": 2})])
     bg.start()
-    ddl_conn = _connect(rel_db)
+    ddl_conn = connect(rel_db)
     ddl_conn.autocommit = True
     ddl_pid = ddl_conn.get_backend_pid()
     ddl_error: list[BaseException] = []
@@ -355,7 +339,7 @@ def test_ddl_on_the_source_during_a_fit_fails_it_not_hangs(it, rel_db, ddl):
     assert took < 20, took
     assert q(it, "SELECT status FROM cerebro_db.fits WHERE fit_id = %s", (fit_id,)) == \
         [("failed",)]
-    assert no_worker_sessions(it)
+    assert worker_sessions_gone(it, 15.0)
     q(it, f"DROP TABLE IF EXISTS {src}, {src}_renamed, {src}_summary")
 
 
@@ -380,7 +364,7 @@ def test_control_session_terminated_mid_fit_is_reopened(it, rel_db):
     assert bg.error is None, bg.error
     fit_id = last_fit(it, out)
     check_done(it, fit_id, out)
-    assert no_worker_sessions(it)
+    assert worker_sessions_gone(it, 15.0)
 
 
 def test_stopped_worker_is_detected_by_default(it, rel_db):
@@ -398,7 +382,7 @@ def test_stopped_worker_is_detected_by_default(it, rel_db):
     stop = threading.Event()
 
     def freezer():
-        c = _connect(rel_db)
+        c = connect(rel_db)
         c.autocommit = True
         try:
             while not stop.is_set() and not stopped:
@@ -513,7 +497,7 @@ def test_table_locked_by_the_calling_transaction_fails_the_fit_not_hangs(it):
     assert fit_id > n0
     assert q(it, "SELECT status FROM cerebro_db.fits WHERE fit_id = %s", (fit_id,)) == \
         [("failed",)]
-    assert no_worker_sessions(it)
+    assert worker_sessions_gone(it, 15.0)
 
 
 @pytest.mark.parametrize("setting,value", [

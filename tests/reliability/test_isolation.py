@@ -8,10 +8,12 @@ in her WHERE clause.
 """
 from __future__ import annotations
 
-import psycopg2
 import pytest
 
-from .conftest import Roles, q
+from ..helpers import q
+from .conftest import Roles
+
+psycopg2 = pytest.importorskip("psycopg2")
 
 pytestmark = pytest.mark.db
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 import threading
 import time
 
-import psycopg2
 import pytest
 
-from ..conftest import _connect
-from .conftest import mlp_json, q
+from ..helpers import connect, mlp_json, q
+
+psycopg2 = pytest.importorskip("psycopg2")
 
 pytestmark = pytest.mark.db
 
@@ -27,7 +27,7 @@ CALL = ("SELECT generate_model_configs('lp_arch', 'lp_mst', ARRAY[1], "
 def lp(admin, rel_db):
     q(admin, "DROP TABLE IF EXISTS lp_arch, lp_mst, lp_mst_summary")
     q(admin, "SELECT load_keras_model('lp_arch', %s)", (mlp_json(),))
-    c = _connect(rel_db)
+    c = connect(rel_db)
     c.autocommit = True
     yield c
     c.close()
@@ -70,7 +70,7 @@ def test_cancel_stops_the_loop(lp, admin):
 
 
 def test_terminate_ends_the_session(admin, rel_db):
-    c = _connect(rel_db)
+    c = connect(rel_db)
     c.autocommit = True
     try:
         err, took = run_until(c, lambda pid: q(admin, "SELECT pg_terminate_backend(%s)",

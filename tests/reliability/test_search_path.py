@@ -16,15 +16,15 @@ started on and writes the outputs where the original call would have.
 from __future__ import annotations
 
 import re
-
 import threading
 import time
 
-import psycopg2
 import pytest
 
-from ..conftest import _connect, create_database, drop_database
-from .conftest import connect_as, load_mnist, mlp_json, q
+from ..helpers import connect, create_database, drop_database, mlp_json, q
+from .conftest import connect_as, load_mnist
+
+psycopg2 = pytest.importorskip("psycopg2")
 
 pytestmark = pytest.mark.db
 
@@ -114,13 +114,13 @@ def sp():
     connection keeps the README's search_path, and a checking connection that never
     resolves names in public."""
     db = create_database()
-    check = _connect(db)
+    check = connect(db)
     check.autocommit = True
     q(check, "SET search_path = pg_catalog")
     q(check, f"DROP ROLE IF EXISTS {MALLORY}")
     q(check, f"CREATE ROLE {MALLORY} LOGIN")
     q(check, f"GRANT CREATE ON SCHEMA public TO {MALLORY}")
-    victim = _connect(db)
+    victim = connect(db)
     victim.autocommit = True
     # the victim's data, made before mallory arrives
     load_mnist(victim, "public.sp_raw", 0, 300)
@@ -134,7 +134,7 @@ def sp():
     victim.close()
     check.close()
     drop_database(db)
-    c = _connect("postgres")
+    c = connect("postgres")
     c.autocommit = True
     q(c, f"DROP ROLE IF EXISTS {MALLORY}")
     c.close()
@@ -158,7 +158,7 @@ def interrupted_fit(db: str, check, sql: str, args, setup: tuple[str, ...] = ())
     """Run ``sql`` (a fit) in a new superuser session whose first training units sleep in
     the test hook, kill that session once the fit is registered; returns its fit_id, now
     'running' with a dead coordinator (an interrupted fit)."""
-    c2 = _connect(db)
+    c2 = connect(db)
     c2.autocommit = True
     for s in setup:
         q(c2, s)

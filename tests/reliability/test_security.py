@@ -7,20 +7,13 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 
-import psycopg2
 import pytest
 
-from .conftest import (
-    Roles,
-    catalog_counts,
-    load_mnist,
-    mlp_json,
-    q,
-    relations,
-    worker_sessions,
-)
+from ..helpers import mlp_json, q, worker_sessions, worker_sessions_gone
+from .conftest import Roles, catalog_counts, load_mnist, relations
+
+psycopg2 = pytest.importorskip("psycopg2")
 
 pytestmark = pytest.mark.db
 
@@ -32,13 +25,6 @@ def err(conn, sql: str, args=None) -> psycopg2.Error:
     with pytest.raises(psycopg2.Error) as ei:
         q(conn, sql, args)
     return ei.value
-
-
-def settle(admin, wait: float = 10.0) -> None:
-    """Wait until no cerebro_db worker session is connected."""
-    end = time.monotonic() + wait
-    while worker_sessions(admin) and time.monotonic() < end:
-        time.sleep(0.1)
 
 
 def prepare(conn, offset: int, partitions: int = 2) -> None:
@@ -87,7 +73,7 @@ def world(admin, rel_db):
         yield {"roles": roles, "alice": alice, "bob": bob, "eve": eve, "ca": ca, "cb": cb,
                "ce": ce, "errors": errors, "fits": fits}
     finally:
-        settle(admin)
+        worker_sessions_gone(admin)
         roles.drop()
 
 
@@ -116,7 +102,7 @@ def test_two_roles_fit_at_the_same_time(world, admin):
         # the role sees its own fit only
         assert q(conn, "SELECT fit_id FROM cerebro_db.fit_progress") == [(fit_id,)]
         assert q(conn, "SELECT DISTINCT fit_id FROM cerebro_db.units") == [(fit_id,)]
-    settle(admin)
+    worker_sessions_gone(admin)
     assert worker_sessions(admin) == 0
 
 
@@ -166,13 +152,13 @@ def test_worker_conninfo_cannot_redirect_workers(world, admin):
                           "model_output_table = 'redirected'", (eve,))[0][0]
         assert q(admin, "SELECT DISTINCT owner::text FROM cerebro_db.units WHERE fit_id = %s",
                  (fit_id,)) == [(eve,)]
-        settle(admin)
+        worker_sessions_gone(admin)
         before_rel, before_cat = relations(admin), catalog_counts(admin)
         q(ce, "SET cerebro_db.worker_conninfo = %s", (f"user={alice} password=x",))
         e = err(ce, "SELECT madlib_keras_fit_multiple_model('packed', 'o2', 'mst', 1)")
         assert e.pgcode == "08001" and f'password authentication failed for user "{alice}"' \
             in e.pgerror, e.pgerror
-        settle(admin)
+        worker_sessions_gone(admin)
         assert relations(admin) == before_rel and catalog_counts(admin) == before_cat
         assert worker_sessions(admin) == 0
         # the documented alternative: the role's own password, over TCP
@@ -207,7 +193,7 @@ def test_no_select_on_source_cannot_train(world, admin, rel_db):
             e = err(ce, sql, (COMPILE,) if "%s" in sql else None)
             assert e.pgcode == "42501", e.pgerror
             assert "permission denied for table secret_" in e.pgerror
-        settle(admin)
+        worker_sessions_gone(admin)
         assert worker_sessions(admin) == 0
         assert relations(admin) == before_rel
         assert catalog_counts(admin) == before_cat

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ..conftest import ROOT, create_database, drop_database, server_params
+from ..helpers import ROOT, create_database, drop_database, server_params
 
 HERE = Path(__file__).resolve().parent
 SCRIPTS = sorted(HERE.glob("*.sql"))
@@ -43,7 +43,7 @@ def test_sql_script(script: Path) -> None:
             [PSQL, "-X", "-a", "-q", "-v", "VERBOSITY=verbose", "-v", "SHOW_CONTEXT=never",
              "-f", str(script)],
             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            timeout=600)
+            timeout=600, check=False)
         got = normalize(r.stdout.replace(f"psql:{script}:", "psql:"))
     finally:
         drop_database(db)

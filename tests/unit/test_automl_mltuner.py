@@ -341,12 +341,12 @@ class Overshoot:
 
 
 def test_a_steep_drop_to_a_worse_plateau_loses() -> None:
-    """Issue 6: ranked by the slope of its own 2-point trace, a too-high rate whose first
-    unit starts far above the others looked fastest; ranked from the common start to the
-    loss reached (and with at least 3 points per branch) it loses."""
+    """Ranked by the slope of its own 2-point trace, a too-high rate whose first unit starts
+    far above the others would look fastest; ranked from the common start to the loss
+    reached (and with at least 3 points per branch) it loses."""
     high = [(1.0, 10.3), (2.0, 1.50), (3.0, 1.47), (4.0, 1.47)]
     good = [(1.0, 1.77), (2.0, 0.99), (3.0, 0.60), (4.0, 0.45)]
-    assert convergence(high[:2]).speed > convergence(good[:2]).speed  # the old measure
+    assert convergence(high[:2]).speed > convergence(good[:2]).speed  # the trace-slope measure
     assert not convergence(good[:2]).stable  # two points are not enough
     h = convergence(high, start=2.3, reached=1.47, seconds=4.0)
     g = convergence(good, start=2.3, reached=0.40, seconds=4.0)

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-import pandas as pd
 import pytest
 
+pd = pytest.importorskip("pandas")
 pytest.importorskip("matplotlib")
 pytest.importorskip("sqlalchemy")
 
-from cerebro_db.client import plots  # noqa: E402
-from cerebro_db.client.core import progress_line  # noqa: E402
+from cerebro_db.client import plots
+from cerebro_db.client.core import progress_line
 
 T0 = pd.Timestamp("2026-01-01 00:00:00", tz="UTC")
 

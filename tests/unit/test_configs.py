@@ -19,6 +19,8 @@ from cerebro_db.configs import (
 from cerebro_db.errors import CerebroError
 from cerebro_db.params import parse_compile_params, parse_fit_params
 
+from ..helpers import cerebro_error as err
+
 FUZZ = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 MADLIB_COMPILE_GRID = """{'loss': ['categorical_crossentropy'],
@@ -28,14 +30,6 @@ MADLIB_COMPILE_GRID = """{'loss': ['categorical_crossentropy'],
         {'optimizer': ['Adam'], 'lr': [0.01, 0.1, 'log']}],
     'metrics': ['accuracy']}"""
 MADLIB_FIT_GRID = "{'batch_size': [32, 64], 'epochs': [1]}"
-
-
-def err(fn, *args, **kwargs) -> CerebroError:
-    with pytest.raises(CerebroError) as info:
-        fn(*args, **kwargs)
-    e = info.value
-    assert not e.message.endswith(".")
-    return e
 
 
 def parsed_optimizer(compile_str):

@@ -2,17 +2,11 @@
 resolved only when allowed (no database)."""
 from __future__ import annotations
 
-import pytest
-
 from cerebro_db import custom_functions as cf
-from cerebro_db.errors import CerebroError
 from cerebro_db.params import parse_compile_params
 
-
-def err(fn, *args):
-    with pytest.raises(CerebroError) as info:
-        fn(*args)
-    return info.value
+from ..helpers import cerebro_error as err
+from ..helpers import requires_keras
 
 
 def test_parse_reference():
@@ -36,6 +30,7 @@ def test_module_grants_cover_submodules_only():
     cf.require_allowed(cf.parse_reference("builtin:top_k_accuracy(k=2)"), [], "top_2_accuracy")
 
 
+@requires_keras
 def test_resolve_and_keras_objects():
     import keras
 
@@ -52,6 +47,7 @@ def test_resolve_and_keras_objects():
                                    "x").message
 
 
+@requires_keras
 def test_compile_params_carry_the_references_they_use():
     cp = parse_compile_params("loss='my_loss', optimizer='Adam', metrics=['top_3_accuracy', "
                               "'accuracy']")

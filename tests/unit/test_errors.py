@@ -21,7 +21,10 @@ class Recorder:
     """Stands in for PL/Python's ``plpy`` in the entry point wrapper: ``error`` raises,
     as plpy.error does, with the SQLSTATE it was given."""
 
-    def execute(self, sql: str) -> list[dict]:
+    def prepare(self, sql: str, types: list[str]) -> str:
+        return sql
+
+    def execute(self, sql: str, args: list | None = None) -> list[dict]:
         return [{"p": None}]
 
     def error(self, message: str, detail: str | None = None, hint: str | None = None,

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ast
+import importlib.util
 import pkgutil
 import subprocess
 import sys
@@ -10,10 +11,14 @@ from pathlib import Path
 import cerebro_db
 
 ROOT = Path(__file__).resolve().parents[2]
+# cerebro_db.client needs the package's "client" extra; without it the client is left out.
+CLIENT_EXTRA = ("pandas", "sqlalchemy", "matplotlib")
 
 
 def test_every_module_imports_without_tensorflow_or_a_database():
     mods = sorted(m.name for m in pkgutil.walk_packages(cerebro_db.__path__, "cerebro_db."))
+    if any(importlib.util.find_spec(m) is None for m in CLIENT_EXTRA):
+        mods = [m for m in mods if not m.startswith("cerebro_db.client")]
     code = (
         "import sys, importlib\n"
         f"for m in {mods!r}: importlib.import_module(m)\n"
@@ -21,7 +26,8 @@ def test_every_module_imports_without_tensorflow_or_a_database():
         "assert not bad, bad\n"
         "print(len(sys.modules))\n"
     )
-    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                       check=False)
     assert r.returncode == 0, r.stderr
     assert len(mods) >= 8
 

@@ -29,17 +29,10 @@ from cerebro_db.params import (
 )
 from cerebro_db.scheduling.registry import policy_names
 
+from ..helpers import cerebro_error as err
+from ..helpers import requires_keras
+
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-
-
-def err(fn, *args, **kwargs) -> CerebroError:
-    with pytest.raises(CerebroError) as info:
-        fn(*args, **kwargs)
-    e = info.value
-    assert e.message == e.message.rstrip(".")
-    assert e.message[:1] == e.message[:1].lower()
-    assert len(e.sqlstate) == 5
-    return e
 
 
 @pytest.fixture()
@@ -277,6 +270,7 @@ def test_optimizer_list_from_keras():
     assert "Optimizer" not in names and "LossScaleOptimizer" not in names
 
 
+@requires_keras
 def test_amsgrad_false_is_false():
     spec = parse_optimizer_spec("Adam(learning_rate=0.001, amsgrad=False)")
     assert spec.kwargs == {"learning_rate": 0.001, "amsgrad": False}
@@ -285,6 +279,7 @@ def test_amsgrad_false_is_false():
     assert parse_optimizer_spec("Adam(amsgrad=True)").to_keras().amsgrad is True
 
 
+@requires_keras
 def test_lr_alias():
     spec = parse_optimizer_spec("SGD(lr=0.01, momentum=0.9, nesterov=True)")
     assert spec == OptimizerSpec("SGD", {"learning_rate": 0.01, "momentum": 0.9, "nesterov": True})
@@ -297,6 +292,7 @@ def test_lr_alias():
     assert "both lr and learning_rate" in e.message
 
 
+@requires_keras
 def test_string_and_tuple_kwargs():
     assert parse_optimizer_spec('Adam(name="my_adam")').kwargs == {"name": "my_adam"}
     assert parse_optimizer_spec("Adam(name='my_adam')").kwargs == {"name": "my_adam"}
@@ -314,6 +310,7 @@ def test_bare_call_equals_quoted():
     assert parse_compile_params("optimizer=Adam, loss='mse'").optimizer.name == "Adam"
 
 
+@requires_keras
 def test_optimizer_errors():
     e = err(parse_optimizer_spec, "adamx")
     assert e.message == "compile_params: unknown optimizer 'adamx'"
@@ -359,6 +356,7 @@ def test_static_optimizer_table_is_what_keras_reports():
 # ------------------------------------------------------------------------------------------
 
 
+@requires_keras
 def test_compile_params_full():
     cp = parse_compile_params(
         "optimizer='Adam(learning_rate=0.001)', loss='categorical_crossentropy', "
@@ -433,6 +431,7 @@ def test_unknown_key_hint_lists_allowed():
     assert "loss_weights" in e.hint and "metrics" in e.hint
 
 
+@requires_keras
 def test_validate_compile_params():
     ok = parse_compile_params(
         "optimizer='sgd', loss='sparse_categorical_crossentropy', "
@@ -449,6 +448,7 @@ def test_validate_compile_params():
     assert err(validate_compile_params, bad_opt).sqlstate == "22023"
 
 
+@requires_keras
 def test_compile_to_keras_compiles_a_model():
     import keras
 
@@ -482,6 +482,7 @@ def test_fit_params_defaults():
     assert parse_fit_params("epochs=1").canonical() == parse_fit_params("batch_size=32").canonical()
 
 
+@requires_keras
 def test_fit_params_full():
     fp = parse_fit_params(
         "batch_size=64, epochs=3, shuffle=False, class_weight={0: 1, 1: 2.5}, verbose=0, "
@@ -735,6 +736,7 @@ def test_no_evaluation_guard_catches_evaluation():
 # ---------------------------------------------------------------- Keras 2 arguments (MADlib)
 
 
+@requires_keras
 def test_keras2_decay_is_an_inverse_time_schedule():
     spec = parse_optimizer_spec("SGD(lr=0.01, decay=1e-6, nesterov=True)")
     assert spec.decayed and spec.kwargs == {"learning_rate": 0.01, "decay": 1e-6, "nesterov": True}
@@ -747,6 +749,7 @@ def test_keras2_decay_is_an_inverse_time_schedule():
     assert parse_optimizer_spec("SGD(decay=0.1)") != parse_optimizer_spec("SGD(decay=0.2)")
 
 
+@requires_keras
 def test_keras2_decay_per_step_as_keras2():
     """Three SGD steps on a 1-weight linear model follow w -= lr/(1+decay*t) * grad."""
     import keras
@@ -765,6 +768,7 @@ def test_keras2_decay_per_step_as_keras2():
         assert float(model.weights[0].numpy()[0, 0]) == pytest.approx(w, rel=1e-6)
 
 
+@requires_keras
 def test_keras2_epsilon_none_and_integer_arguments():
     spec = parse_optimizer_spec("Adam(lr=1, epsilon=None)")
     assert spec.kwargs == {"learning_rate": 1.0, "epsilon": 1e-7}
@@ -773,6 +777,7 @@ def test_keras2_epsilon_none_and_integer_arguments():
     assert parse_optimizer_spec("SGD(lr=1)") == parse_optimizer_spec("SGD(lr=1.0)")
 
 
+@requires_keras
 def test_keras2_sample_weight_mode_is_accepted_and_ignored():
     a = parse_compile_params("optimizer='adam', loss='mse', sample_weight_mode=None")
     b = parse_compile_params("optimizer='adam', loss='mse', sample_weight_mode='temporal'")

@@ -134,7 +134,6 @@ class SlowExecutor(FakeExecutor):
         super().__init__(**kw)
         self.order: list[int] = []
         self.units_by_worker: dict[int, list[tuple[int, int, int, str]]] = {}
-        self.waits = 0
 
     def submit(self, a, options):
         super().submit(a, options)
@@ -143,7 +142,6 @@ class SlowExecutor(FakeExecutor):
             (a.config, a.epoch, a.partition, a.kind))
 
     def wait(self, timeout=None):
-        self.waits += 1
         w = self.order.pop(0)
         keep = {k: v for k, v in self.inflight.items() if k != w}
         self.inflight = {w: self.inflight[w]}

@@ -25,7 +25,7 @@ def test_visit_orders_do_not_depend_on_timing(n_configs, p, epochs, seed):
         rng = random.Random(timing_seed)
         times = {(c, q): rng.uniform(0.5, 3.0) for c in configs for q in range(p)}
         res = simulate(RandomizedMOP(seed, prefer_lagging=True, seeded_order=True), configs, p,
-                       epochs, lambda c, q, w: times[(c, q)])
+                       epochs, lambda c, q, w, times=times: times[(c, q)])
         assert res.completed
         check_invariants(res.log, num_partitions=p, epochs=epochs)
         logs.append(res.log)

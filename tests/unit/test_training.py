@@ -192,7 +192,7 @@ def test_optimizer_state_survives_a_hop(cache):
     assert int(moments[0]) == 3 and any(m.any() for m in moments[2:])
     other = T.ModelCache()
     entry2 = other.get(ARCH, CP)
-    T.load_state(entry2, CP, state)
+    T.restore_state(entry2, CP, state)
     assert all_equal([v.numpy() for v in entry2.model.optimizer.variables], moments)
     assert all_equal(opt_of(state), moments)
     assert all_equal([w.numpy() for w in entry2.model.weights], weights_of(state))
@@ -306,7 +306,7 @@ def test_reset_optimizer_zeroes_moments_keeps_iteration(cache):
     state, _ = T.train_unit(cache, ARCH, CP, FP, T.initial_state(ARCH, CP, 2), x, y, 1)
     assert int(opt_of(state)[0]) == 2 and any(v.any() for v in opt_of(state)[2:])
     entry = cache.get(ARCH, CP)
-    T.load_state(entry, CP, state, reset_optimizer=True)
+    T.restore_state(entry, CP, state, reset_optimizer=True)
     values = [v.numpy() for v in entry.model.optimizer.variables]
     assert int(values[0]) == 2
     assert float(values[1]) == pytest.approx(0.01)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from ..conftest import _connect, create_database, drop_database
+from ..helpers import connect, create_database, drop_database
 
 pytestmark = pytest.mark.db
 
@@ -39,7 +39,7 @@ SNAPSHOT = {
 
 
 def snapshot(dbname: str) -> dict[str, list[tuple]]:
-    c = _connect(dbname)
+    c = connect(dbname)
     try:
         with c.cursor() as cur:
             out = {}
@@ -58,7 +58,7 @@ def test_upgrade_equals_fresh_install():
         before = snapshot(old)
         assert before["extension"][0][0] == "0.1.0"
         assert not any("cerebro_db_version" in r[0] for r in before["functions"])
-        c = _connect(old)
+        c = connect(old)
         c.autocommit = True
         with c.cursor() as cur:
             cur.execute("ALTER EXTENSION cerebro_db UPDATE")
