@@ -12,7 +12,8 @@ are done (the outputs callback of :func:`cerebro_db.fitrun.run`):
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 

@@ -3,7 +3,8 @@ entry points): the packed tables, the model selection and architecture tables, t
 of a warm start. Bound parameters; every table named qualified and quoted."""
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from ..names import TableName, quote_ident
 from . import Catalog

@@ -11,7 +11,8 @@ in the calling session with bound parameters.
 from __future__ import annotations
 
 import json
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from . import Catalog
 from .sessions import ext

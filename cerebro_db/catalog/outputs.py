@@ -3,7 +3,8 @@
 summary columns. Run by the calling session (the outputs commit with its transaction)."""
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from ..names import TableName, quote_ident
 from . import Catalog

@@ -5,7 +5,8 @@ the tables the fit was started on. Each raises a PostgreSQL-style error before a
 from __future__ import annotations
 
 import os
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 

@@ -9,7 +9,8 @@ and ``cerebro_db_close_workers()``. ``madlib_keras_fit_resume`` is in
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
