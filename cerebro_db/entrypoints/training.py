@@ -40,8 +40,6 @@ from .selection import check_fit_bounds
 
 MAX_WORKERS = 64
 
-__all__ = ["check_configs", "packed_table"]
-
 
 def _check_config(c: Config, src: PackedTable, checked: dict[str, Any]) -> None:
     """The architecture fits the packed data (input size, output width) and the loss fits
