@@ -43,10 +43,10 @@ def set_config(cat: Catalog, setting: str, value: str) -> str:
 
 def run_unit(cat: Catalog, fit_id: int, mst_key: int, epoch: int, partition: int,
              worker: int, kind: str, options: dict[str, Any]) -> str:
-    """One unit of a fit for a worker session (``__run_unit``: its JSON answer)."""
+    """One unit of a fit for a worker session (``__run_unit``: its JSON answer). The integers
+    are written as numbers (``pg_stat_activity`` shows which unit a session runs)."""
     return cat.format_sql(
-        f"SELECT {ext(cat, '__run_unit')}(%L::bigint, %L::int, %L::int, %L::int, %L::int, "
-        "%L::text, %L::text)",
+        f"SELECT {ext(cat, '__run_unit')}(%s::bigint, %s, %s, %s, %s, %L, %L)",
         [int(fit_id), int(mst_key), int(epoch), int(partition), int(worker), kind,
          json.dumps(options)],
         ["int8", "int4", "int4", "int4", "int4", "text", "text"])
