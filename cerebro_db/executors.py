@@ -43,7 +43,7 @@ died (idle timeout, terminated) is closed and a fresh one opened. The pool ends 
 calling session, after the idle timeout, or with :func:`close_pool`
 (``cerebro_db_close_workers()``).
 
-All SQL text goes through :class:`cerebro_db.catalog.Catalog` or this module.
+The statements are :mod:`cerebro_db.catalog.sessions`'s.
 """
 from __future__ import annotations
 
@@ -54,6 +54,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .catalog import Catalog
+from .catalog import sessions as sql
 from .errors import (
     ADMIN_SHUTDOWN,
     CANNOT_CONNECT_NOW,
@@ -67,8 +68,7 @@ from .errors import (
     CerebroError,
 )
 
-RETRYABLE = frozenset({QUERY_CANCELED, ADMIN_SHUTDOWN, CRASH_SHUTDOWN, CANNOT_CONNECT_NOW,
-                       SERIALIZATION_FAILURE, DEADLOCK_DETECTED})
+RETRYABLE = frozenset({QUERY_CANCELED, ADMIN_SHUTDOWN, CRASH_SHUTDOWN, CANNOT_CONNECT_NOW, SERIALIZATION_FAILURE, DEADLOCK_DETECTED})
 """SQLSTATEs of a worker's answer that say the session, not the unit, failed (query
 cancelled, server shutting down, serialization failure, deadlock): the unit is retried."""
 
@@ -106,6 +106,8 @@ def _quiet_disconnect(cat: Catalog, name: str) -> None:
         cat.dblink_disconnect(name)
     except Exception:  # noqa: BLE001, S110 - already gone
         pass
+
+
 
 
 class FitCancelled(CerebroError):
@@ -182,6 +184,7 @@ class DblinkExecutor:
         self.settings: dict[str, str] = {}
         self._send_failed: dict[int, str] = {}
         self.keep_idle = 0.0
+        self.reused = 0
         self._pool_key: tuple[Any, ...] | None = None
         self._conn: dict[int | str, str] = {}
         self.fit_id: int | None = None
@@ -200,8 +203,7 @@ class DblinkExecutor:
     def open(self, settings: dict[str, str] | None = None) -> None:
         """Open the control session and every worker session; ``settings`` are set in each."""
         self.settings = dict(settings or {})
-        names: list[int | str] = ["ctl", *self.workers]
-        for w in names:
+        for w in ["ctl", *self.workers]:
             self._connect(w)
 
     def _login(self, name: str) -> None:
@@ -209,12 +211,11 @@ class DblinkExecutor:
         ``conninfo``, or, when it is None (a role that is not a superuser and has no
         password to give), the extension's SECURITY DEFINER ``__worker_connect``, which
         logs in as the session user and sets the role to ``current_user`` (see
-        ``entrypoints.training._conninfo``)."""
+        :func:`cerebro_db.sessions.conninfo`)."""
         if self.conninfo is not None:
             self.cat.dblink_connect(name, self.conninfo)
         else:
-            self.cat.query(f"SELECT {self.cat.ext('__worker_connect')}($1, current_user)",
-                           [name], ["text"])
+            sql.worker_connect(self.cat, name)
 
     @property
     def num_workers(self) -> int:
@@ -248,29 +249,25 @@ class DblinkExecutor:
         name = self.name(w)
         if name not in self.opened:
             self.opened.append(name)
-        self.cat.dblink_exec(name, "SET application_name = "
-                             + self.cat.literal(self.application_name(w)))
+        self.cat.dblink_exec(name, sql.set_application_name(self.cat, self.application_name(w)))
         # the caller's statement_timeout bounds the whole fit (the coordinator's statement);
         # a unit is never cancelled by a timeout of its own session (see is_cancel)
-        self.cat.dblink_exec(name, "SET statement_timeout = 0")
+        self.cat.dblink_exec(name, sql.STATEMENT_TIMEOUT_OFF)
         # every statement sent to the session names its tables and the extension's
         # functions qualified; pinning search_path keeps out any function or operator a
         # role could create in a schema of the database's default search_path
-        self.cat.dblink_exec(name, "SET search_path = pg_catalog, pg_temp")
+        self.cat.dblink_exec(name, sql.PINNED_SEARCH_PATH)
         # a unit reported committed must survive a crash of the server (a resume trusts the
         # catalog), whatever the server's default
-        self.cat.dblink_exec(name, "SET synchronous_commit = on")
+        self.cat.dblink_exec(name, sql.SYNCHRONOUS_COMMIT_ON)
         for k, v in self.settings.items():
-            self.cat.dblink_query(name, f"SELECT pg_catalog.set_config({self.cat.literal(k)}, "
-                                        f"{self.cat.literal(v)}, false)")
-        self.pids[w] = int(self.cat.dblink_query(name, "SELECT pg_catalog.pg_backend_pid()"
-                                                       "::text")[0][0])
+            self.cat.dblink_query(name, sql.set_config(self.cat, k, v))
+        self.pids[w] = int(self.cat.dblink_query(name, sql.BACKEND_PID)[0][0])
 
     def pool_key(self) -> tuple[Any, ...]:
         """Who may reuse a pooled session: this connection string and calling role."""
         if self._pool_key is None:
-            row = self.cat.query("SELECT current_user::text AS c, session_user::text AS s, "
-                                 "current_database()::text AS d")[0]
+            row = sql.roles(self.cat)
             self._pool_key = (self.conninfo, row["c"], row["s"], row["d"])
         return self._pool_key
 
@@ -289,10 +286,8 @@ class DblinkExecutor:
                 continue
             _pool.remove(s)
             try:
-                self.cat.dblink_exec(s.name, "RESET ALL")
-                row = self.cat.dblink_query(
-                    s.name, "SELECT concat_ws(',', current_user, session_user, "
-                            "pg_catalog.pg_backend_pid())")[0][0]
+                self.cat.dblink_exec(s.name, sql.RESET_ALL)
+                row = self.cat.dblink_query(s.name, sql.ROLES_AND_PID)[0][0]
             except Exception:  # noqa: BLE001 - it died while idle: open a fresh one
                 _quiet_disconnect(self.cat, s.name)
                 continue
@@ -300,6 +295,7 @@ class DblinkExecutor:
                 _quiet_disconnect(self.cat, s.name)
                 continue
             self._conn[w] = s.name
+            self.reused += 1
             return True
         return False
 
@@ -315,12 +311,11 @@ class DblinkExecutor:
         if pid is None:
             return False
         try:
-            self.cat.dblink_exec(name, "SET application_name = " + self.cat.literal(
-                f"{POOL_APPLICATION} {self.pid_of_caller()}"))
-            self.cat.dblink_exec(name, f"SET idle_session_timeout = "
-                                       f"{max(1, int(self.keep_idle * 1000))}")
-            roles = self.cat.dblink_query(name, "SELECT concat_ws(',', current_user, "
-                                                "session_user)")[0][0].split(",")
+            self.cat.dblink_exec(name, sql.set_application_name(
+                self.cat, f"{POOL_APPLICATION} {self.pid_of_caller()}"))
+            self.cat.dblink_exec(name, sql.set_idle_session_timeout(
+                self.cat, max(1, int(self.keep_idle * 1000))))
+            roles = self.cat.dblink_query(name, sql.ROLES)[0][0].split(",")
         except Exception:  # noqa: BLE001 - not reusable: closed with the rest
             return False
         _pool.append(_Parked(name, pid, self.pool_key(), (roles[0], roles[1]),
@@ -329,7 +324,7 @@ class DblinkExecutor:
         return True
 
     def pid_of_caller(self) -> int:
-        return int(self.cat.query("SELECT pg_catalog.pg_backend_pid() AS p")[0]["p"])
+        return sql.backend_pid(self.cat)
 
     def reopen(self, worker: int) -> bool:
         """Give ``worker`` a fresh session (after its old one was lost); False if that fails."""
@@ -363,8 +358,7 @@ class DblinkExecutor:
         pid = self.pids.get(worker)
         if pid is None:
             return False
-        rows = self.cat.query("SELECT pg_catalog.pg_terminate_backend($1) AS t", [pid], ["int4"])
-        return bool(rows[0]["t"])
+        return sql.terminate_backend(self.cat, pid)
 
     def control(self, sql: str) -> None:
         """Run a statement in the control session (committed at once); a control session
@@ -408,6 +402,18 @@ class DblinkExecutor:
         if key is not None:
             self._keys[worker] = key
 
+    def submit_unit(self, worker: int, fit_id: int, mst_key: int, epoch: int,
+                    partition: int, kind: str, options: dict[str, Any],
+                    key: tuple[Any, str] | None = None) -> None:
+        """Send one unit of fit ``fit_id`` to ``worker``: configuration ``mst_key``'s
+        ``kind`` unit (``'train'`` or ``'eval'``) of ``epoch`` on ``partition``, with the
+        coordinator's ``options`` (:func:`cerebro_db.coordinator.run_fit`'s). Here it is a
+        ``__run_unit`` statement on the worker's session; executors that run units
+        elsewhere override this method (and keep the control session). ``key``: as in
+        :meth:`submit`."""
+        self.submit(worker, sql.run_unit(self.cat, fit_id, mst_key, epoch, partition, worker,
+                                         kind, options), key=key)
+
     def _limit(self, key: tuple[Any, str] | None) -> float | None:
         rule = self.unit_timeout
         if not isinstance(rule, StallRule):
@@ -433,7 +439,7 @@ class DblinkExecutor:
                 return [self._collect(w) for w in done]
             now = time.monotonic()
             late = [w for w, t in self.busy.items()
-                    if (limit := self.limits.get(w)) is not None and now - t > limit]
+                    if self.limits.get(w) is not None and now - t > self.limits[w]]
             if late:
                 return [self._timed_out(w) for w in late]
             if now - self._last_check >= self.check_interval:
@@ -457,9 +463,8 @@ class DblinkExecutor:
         """Raise :class:`FitCancelled` when ``cerebro_db_cancel_fit`` flagged this fit."""
         if self.fit_id is None:
             return
-        rows = self.control_query(f"SELECT cancel_requested IS NOT NULL FROM "
-                                  f"{self.cat.ext('fits')} WHERE fit_id = {int(self.fit_id)}")
-        if rows and rows[0][0] == "t":
+        rows = self.control_query(sql.cancel_requested(self.cat, self.fit_id))
+        if rows and rows[0][0] == "true":
             raise FitCancelled(f"canceling fit {self.fit_id} due to cerebro_db_cancel_fit",
                                QUERY_CANCELED,
                                hint=f"Resume it with madlib_keras_fit_resume({self.fit_id}).")
@@ -473,20 +478,14 @@ class DblinkExecutor:
         pids = [self.pids[w] for w in self.busy if w in self.pids]
         if not pids:
             return
-        rows = self.cat.query(
-            "SELECT w.pid AS worker_pid, b.pid AS blocker FROM pg_catalog.pg_locks w "
-            "CROSS JOIN LATERAL pg_catalog.unnest(pg_catalog.pg_blocking_pids(w.pid)) AS b(pid) "
-            "WHERE NOT w.granted AND w.pid = ANY($1) AND b.pid <> ALL($1) AND "
-            "(b.pid = pg_catalog.pg_backend_pid() OR "
-            "pg_catalog.pg_backend_pid() = ANY(pg_catalog.pg_blocking_pids(b.pid))) LIMIT 1",
-            [pids], ["int4[]"])
-        if not rows:
+        row = sql.blocked_by_coordinator(self.cat, pids)
+        if row is None:
             return
-        wpid, bpid = rows[0]["worker_pid"], rows[0]["blocker"]
+        wpid, bpid = row["worker_pid"], row["blocker"]
         worker = next((w for w, p in self.pids.items() if p == wpid), "?")
         fit = f"fit {self.fit_id}" if self.fit_id is not None else "the fit"
         resume = f"madlib_keras_fit_resume({self.fit_id})" if self.fit_id else "a resume"
-        if bpid == self.cat.query("SELECT pg_catalog.pg_backend_pid() AS p")[0]["p"]:
+        if bpid == sql.backend_pid(self.cat):
             raise CerebroError(
                 f"{fit} cannot go on: worker {worker} (pid {wpid}) waits for a lock that the "
                 "transaction calling the fit holds", DEADLOCK_DETECTED,
@@ -494,10 +493,9 @@ class DblinkExecutor:
                 "table the calling transaction locked (LOCK TABLE, DDL, TRUNCATE) blocks them.",
                 hint="Commit that change before calling the fit, then resume it with "
                 f"{resume}.")
-        self.cat.query("SELECT pg_catalog.pg_stat_clear_snapshot()")
-        act = self.cat.query("SELECT usename::text AS u, query FROM pg_catalog.pg_stat_activity "
-                             "WHERE pid = $1", [bpid], ["int4"])
-        who = (f'user "{act[0]["u"]}": {" ".join((act[0]["query"] or "").split())[:200]}'
+        sql.clear_stat_snapshot(self.cat)
+        act = sql.activity(self.cat, bpid)
+        who = (f'user "{act["u"]}": {" ".join((act["query"] or "").split())[:200]}'
                if act else "gone")
         raise CerebroError(
             f"{fit} cannot go on: worker {worker} (pid {wpid}) waits for a lock behind "
@@ -574,17 +572,14 @@ def end_sessions(cat: Catalog, application_prefix: str, wait: float = 60.0) -> i
     """Terminate the sessions of this role whose application_name starts with
     ``application_prefix`` (an interrupted fit's orphaned workers, which may still be
     finishing a unit) and wait until they are gone; returns how many there were."""
-    sql = ("SELECT pid FROM pg_catalog.pg_stat_activity WHERE usename = current_user AND "
-           "left(application_name, length($1)) = $1 AND pid <> pg_catalog.pg_backend_pid()")
-
     def alive() -> list[int]:
         # pg_stat_activity is cached for the transaction: clear it to see sessions end
-        cat.query("SELECT pg_catalog.pg_stat_clear_snapshot()")
-        return [r["pid"] for r in cat.query(sql, [application_prefix], ["text"])]
+        sql.clear_stat_snapshot(cat)
+        return sql.sessions_named(cat, application_prefix)
 
     pids = alive()
     for pid in pids:
-        cat.query("SELECT pg_catalog.pg_terminate_backend($1)", [pid], ["int4"])
+        sql.terminate_backend(cat, pid)
     end = time.monotonic() + wait
     while pids and time.monotonic() < end:
         if not alive():

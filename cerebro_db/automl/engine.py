@@ -7,7 +7,7 @@ connects the loop to the book (the procedure fills idle workers before each assi
 hears every training unit and evaluated epoch, and the run ends when the procedure is done
 and nothing is left). What differs is only what is plugged in: the executor (worker sessions
 or a simulated clock), the book's :class:`~.trials.Sink` and :meth:`AutoMLHooks.persist`
-(the SQL entry point writes the catalog there; :mod:`cerebro_db.entrypoints.automl`).
+(the fit service writes the catalog there; :mod:`cerebro_db.automl_run`).
 Nothing here touches SQL, TensorFlow or an executor's internals.
 """
 from __future__ import annotations

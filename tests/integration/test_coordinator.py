@@ -185,3 +185,35 @@ def test_pooled_workers_are_not_reused_by_another_role(co, session_conn):
         q(session_conn, "REVOKE ALL ON SCHEMA cerebro_db FROM co_other")
         q(session_conn, "REVOKE ALL ON co_p, co_p_summary, co_mst, co_mst_summary, co_arch "
                         "FROM co_other")
+
+
+CONNINFO_PROBE = """
+CREATE OR REPLACE FUNCTION public.cerebro_test_conninfo(v text) RETURNS text
+LANGUAGE plpython3u AS $$
+from cerebro_db.catalog import Catalog
+from cerebro_db.catalog.fits import conninfo
+cat = Catalog(plpy, plpy.execute("SELECT extnamespace::regnamespace::text AS s FROM "
+                                 "pg_extension WHERE extname = 'cerebro_db'")[0]["s"])
+f = plpy.execute("SELECT current_database()::text AS d, current_setting('port') AS p, "
+                 "split_part(current_setting('unix_socket_directories'), ',', 1) AS s")[0]
+info = conninfo(cat, [("dbname", f["d"]), ("port", f["p"]), ("host", f["s"]),
+                      ("application_name", v)])
+cat.dblink_connect("cerebro_test_conninfo", info)
+try:
+    return cat.dblink_query("cerebro_test_conninfo",
+                            "SELECT current_setting('application_name')")[0][0]
+finally:
+    cat.dblink_disconnect("cerebro_test_conninfo")
+$$"""
+
+
+def test_worker_conninfo_values_reach_libpq_unchanged(session_conn):
+    """The worker sessions' connection string (catalog.fits.conninfo): PostgreSQL quotes
+    each value as libpq reads it, so quotes, backslashes and spaces arrive unchanged."""
+    c = session_conn
+    q(c, CONNINFO_PROBE)
+    try:
+        for v in ("plain", "a'b", "back\\slash", "two words", "'\\' mixed '' \\\\"):
+            assert q(c, "SELECT public.cerebro_test_conninfo(%s)", (v,))[0][0] == v
+    finally:
+        q(c, "DROP FUNCTION public.cerebro_test_conninfo(text)")

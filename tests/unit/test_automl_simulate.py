@@ -354,7 +354,7 @@ def test_the_sql_entry_point_runs_the_same_engine() -> None:
     """The server's hooks are the engine's, with the catalog writes added: only the step's
     persistence differs from what these tests run."""
     from cerebro_db.automl.engine import AutoMLHooks
-    from cerebro_db.entrypoints import automl as sql
+    from cerebro_db.automl_run import CatalogHooks
 
-    assert issubclass(sql._Hooks, AutoMLHooks)
-    assert {n for n in vars(sql._Hooks) if not n.startswith("__")} == {"persist"}
+    assert issubclass(CatalogHooks, AutoMLHooks)
+    assert {n for n in vars(CatalogHooks) if not n.startswith("__")} == {"persist"}

@@ -1,0 +1,124 @@
+"""Statements of the worker and control sessions (:mod:`cerebro_db.executors`).
+
+A statement sent to a session through dblink travels as text: it is composed here with
+:meth:`Catalog.format_sql`, so PostgreSQL's ``format()`` quotes its values. The statements
+the coordinator runs itself use bound parameters.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from . import Catalog
+
+
+def ext(cat: Catalog, name: str) -> str:
+    """An extension object's qualified name, escaped for a ``format()`` template."""
+    return cat.ext(name).replace("%", "%%")
+
+
+# -- sent to a session (dblink) -----------------------------------------------------------
+STATEMENT_TIMEOUT_OFF = "SET statement_timeout = 0"
+PINNED_SEARCH_PATH = "SET search_path = pg_catalog, pg_temp"
+SYNCHRONOUS_COMMIT_ON = "SET synchronous_commit = on"
+RESET_ALL = "RESET ALL"
+BACKEND_PID = "SELECT pg_catalog.pg_backend_pid()::text"
+ROLES = "SELECT concat_ws(',', current_user, session_user)"
+ROLES_AND_PID = "SELECT concat_ws(',', current_user, session_user, pg_catalog.pg_backend_pid())"
+
+
+def set_application_name(cat: Catalog, name: str) -> str:
+    return cat.format_sql("SET application_name = %L", [name], ["text"])
+
+
+def set_idle_session_timeout(cat: Catalog, milliseconds: int) -> str:
+    return cat.format_sql("SET idle_session_timeout = %s", [int(milliseconds)], ["int4"])
+
+
+def set_config(cat: Catalog, setting: str, value: str) -> str:
+    """A session-wide setting (a ``cerebro_db.*`` setting forwarded to the workers)."""
+    return cat.format_sql("SELECT pg_catalog.set_config(%L, %L, false)", [setting, value],
+                          ["text", "text"])
+
+
+def run_unit(cat: Catalog, fit_id: int, mst_key: int, epoch: int, partition: int,
+             worker: int, kind: str, options: dict[str, Any]) -> str:
+    """One unit of a fit for a worker session (``__run_unit``: its JSON answer). The integers
+    are written as numbers (``pg_stat_activity`` shows which unit a session runs)."""
+    return cat.format_sql(
+        f"SELECT {ext(cat, '__run_unit')}(%s::bigint, %s, %s, %s, %s, %L, %L)",
+        [int(fit_id), int(mst_key), int(epoch), int(partition), int(worker), kind,
+         json.dumps(options)],
+        ["int8", "int4", "int4", "int4", "int4", "text", "text"])
+
+
+def check_fit(cat: Catalog, spec: dict[str, Any]) -> str:
+    """The worker-side checks of a fit (``__check_fit``: its JSON answer)."""
+    return cat.format_sql(f"SELECT {ext(cat, '__check_fit')}(%L::text)", [json.dumps(spec)],
+                          ["text"])
+
+
+def cancel_requested(cat: Catalog, fit_id: int) -> str:
+    """For the control session: 't' when ``cerebro_db_cancel_fit`` flagged the fit."""
+    return cat.format_sql(f"SELECT (cancel_requested IS NOT NULL)::text FROM {ext(cat, 'fits')} "
+                          "WHERE fit_id = %L::bigint", [int(fit_id)], ["int8"])
+
+
+def relation_visible(cat: Catalog, qualified: str) -> str:
+    """For the control session: 'true' when the table ``qualified`` names exists there."""
+    return cat.format_sql("SELECT (pg_catalog.to_regclass(%L) IS NOT NULL)::text", [qualified],
+                          ["text"])
+
+
+# -- run by the coordinator ---------------------------------------------------------------
+def worker_connect(cat: Catalog, name: str) -> None:
+    """Open ``name`` through the extension's SECURITY DEFINER ``__worker_connect``."""
+    cat.query(f"SELECT {cat.ext('__worker_connect')}($1, current_user)", [name], ["text"])
+
+
+def backend_pid(cat: Catalog) -> int:
+    return int(cat.query("SELECT pg_catalog.pg_backend_pid() AS p")[0]["p"])
+
+
+def roles(cat: Catalog) -> dict[str, str]:
+    """current_user (c), session_user (s) and the database (d) of the calling session."""
+    return cat.query("SELECT current_user::text AS c, session_user::text AS s, "
+                     "current_database()::text AS d")[0]
+
+
+def terminate_backend(cat: Catalog, pid: int) -> bool:
+    rows = cat.query("SELECT pg_catalog.pg_terminate_backend($1) AS t", [pid], ["int4"])
+    return bool(rows[0]["t"])
+
+
+def clear_stat_snapshot(cat: Catalog) -> None:
+    """Forget the transaction's cached view of pg_stat_activity (to see sessions end)."""
+    cat.query("SELECT pg_catalog.pg_stat_clear_snapshot()")
+
+
+def blocked_by_coordinator(cat: Catalog, pids: list[int]) -> dict[str, int] | None:
+    """A session among ``pids`` waiting for a lock this backend holds, or behind a session
+    that waits for this backend: (worker_pid, blocker), or None."""
+    rows = cat.query(
+        "SELECT w.pid AS worker_pid, b.pid AS blocker FROM pg_catalog.pg_locks w "
+        "CROSS JOIN LATERAL pg_catalog.unnest(pg_catalog.pg_blocking_pids(w.pid)) AS b(pid) "
+        "WHERE NOT w.granted AND w.pid = ANY($1) AND b.pid <> ALL($1) AND "
+        "(b.pid = pg_catalog.pg_backend_pid() OR "
+        "pg_catalog.pg_backend_pid() = ANY(pg_catalog.pg_blocking_pids(b.pid))) LIMIT 1",
+        [pids], ["int4[]"])
+    return rows[0] if rows else None
+
+
+def activity(cat: Catalog, pid: int) -> dict[str, Any] | None:
+    """The user (u) and statement (query) of the session ``pid``, or None when it is gone."""
+    rows = cat.query("SELECT usename::text AS u, query FROM pg_catalog.pg_stat_activity "
+                     "WHERE pid = $1", [pid], ["int4"])
+    return rows[0] if rows else None
+
+
+def sessions_named(cat: Catalog, application_prefix: str) -> list[int]:
+    """Pids of this role's other sessions whose application_name starts with the prefix."""
+    rows = cat.query("SELECT pid FROM pg_catalog.pg_stat_activity WHERE usename = current_user "
+                     "AND left(application_name, length($1)) = $1 AND "
+                     "pid <> pg_catalog.pg_backend_pid()", [application_prefix], ["text"])
+    return [r["pid"] for r in rows]

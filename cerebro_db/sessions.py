@@ -1,0 +1,293 @@
+"""The executor of a fit and what the coordinator needs around it: how worker sessions
+connect (:func:`conninfo`), how many a role may hold (:func:`check_worker_limits`), the
+fault settings (:func:`fault_settings`), the one factory of executors
+(:func:`make_executor`), the adapter from the coordinator's assignments to units
+(:class:`UnitExecutor`) and the elastic worker pool (:class:`WorkerPool`).
+
+Settings read here: ``cerebro_db.max_unit_retries`` (default 3: how often one unit may
+lose its worker session before the fit fails), ``cerebro_db.unit_timeout`` (seconds, or
+unset / ``'auto'``: a :class:`~cerebro_db.executors.StallRule` from
+``cerebro_db.unit_timeout_floor``, ``_factor`` and ``_first``; ``0``: none),
+``cerebro_db.replicas`` (default 1: with r > 1 worker w holds partitions w .. w+r-1 mod p,
+so a worker lost for good leaves the fit and the others serve its partitions),
+``cerebro_db.worker_conninfo``, ``cerebro_db.worker_idle_timeout`` and
+``cerebro_db.test_hook`` (tests; forwarded to the worker sessions).
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+from .catalog import Catalog
+from .catalog import fits as sql
+from .errors import invalid
+from .executors import DblinkExecutor, StallRule
+from .scheduling import EVAL, Assignment, RunningUnit, replica_partitions
+
+CONNINFO_SETTING = "cerebro_db.worker_conninfo"
+RETRIES_SETTING = "cerebro_db.max_unit_retries"
+TIMEOUT_SETTING = "cerebro_db.unit_timeout"
+TIMEOUT_FLOOR_SETTING = "cerebro_db.unit_timeout_floor"
+TIMEOUT_FACTOR_SETTING = "cerebro_db.unit_timeout_factor"
+TIMEOUT_FIRST_SETTING = "cerebro_db.unit_timeout_first"
+HOOK_SETTING = "cerebro_db.test_hook"
+REPLICAS_SETTING = "cerebro_db.replicas"
+IDLE_SETTING = "cerebro_db.worker_idle_timeout"
+DEFAULT_IDLE_TIMEOUT = 300.0
+DEFAULT_MAX_UNIT_RETRIES = 3
+WORKER_LIMITS = ("max_workers_per_fit", "max_workers_per_role")
+"""Rows of the DBA's table ``limits``; defaults: :func:`default_worker_limits`."""
+POLL_WORKERS = 0.5
+
+EXECUTORS: dict[str, type[DblinkExecutor]] = {"dblink": DblinkExecutor}
+"""The executor kinds :func:`make_executor` knows. Every kind is a :class:`DblinkExecutor`
+(it keeps the control session that writes the fit's catalog rows) and may override how a
+unit runs (:meth:`DblinkExecutor.submit_unit`, :meth:`~DblinkExecutor.wait`)."""
+
+
+def make_executor(cat: Catalog, num_workers: int, *, kind: str = "dblink") -> DblinkExecutor:
+    """The executor of one fit, with its settings read and checked (:func:`fault_settings`,
+    :func:`conninfo`, :func:`idle_timeout`); not opened yet. The only place a fit gets its
+    executor: another kind of executor is registered in :data:`EXECUTORS` and chosen here
+    by ``kind``."""
+    cls = EXECUTORS.get(kind)
+    if cls is None:
+        raise invalid(f"unknown executor {kind!r}", hint=f"Use one of {', '.join(EXECUTORS)}.")
+    _, timeout, _ = fault_settings(cat)
+    ex = cls(cat, f"{os.getpid()}_{int(time.time() * 1000) % 10**9}", num_workers,
+             conninfo(cat), unit_timeout=timeout)
+    ex.refuse_reopen = refused_reopen(cat)
+    ex.keep_idle = idle_timeout(cat)
+    return ex
+
+
+def conninfo(cat: Catalog) -> str | None:
+    """How worker sessions connect: a conninfo for ``dblink_connect``, or None for the
+    extension's ``__worker_connect``.
+
+    Worker sessions always run as the calling role (``current_user``), never a more
+    privileged one. dblink lets a superuser connect without a password, so a superuser
+    gets a conninfo to this server's socket and port as ``current_user``, plus
+    ``cerebro_db.worker_conninfo``. dblink refuses other roles a connection that did not
+    use a password; two ways remain for them, and neither adds a privilege:
+
+    * ``cerebro_db.worker_conninfo`` holds a password: plain ``dblink_connect`` with it,
+      and dblink itself checks that the password was used (a wrong ``user=`` there needs
+      that role's password); the host is ``localhost`` (TCP) unless the role may read
+      ``unix_socket_directories`` or the setting names another;
+    * otherwise None: ``__worker_connect`` (SECURITY DEFINER, owned by the extension's
+      owner) builds the whole connection string itself, logs in as ``session_user`` over
+      this server's socket and does ``SET ROLE current_user`` there, after checking that
+      the session user may SET ROLE to it; no caller text reaches the connection string,
+      so a role cannot use it to connect as someone else.
+    """
+    facts = sql.connection_facts(cat)
+    extra = cat.setting(CONNINFO_SETTING)
+    if not facts["su"] and not (extra and "password" in extra.lower()):
+        return None
+    host = (facts["s"] or "").strip() or "localhost"
+    info = sql.conninfo(cat, [("dbname", facts["d"]), ("user", facts["u"]),
+                              ("port", facts["p"]), ("host", host)])
+    return info + (" " + extra if extra else "")
+
+
+def default_worker_limits() -> dict[str, int]:
+    """Without a row in ``limits``: a fit may use as many workers as the server has cores
+    (at least 4), a role twice that over all its running fits."""
+    per_fit = max(4, os.cpu_count() or 1)
+    return {"max_workers_per_fit": per_fit, "max_workers_per_role": 2 * per_fit}
+
+
+def worker_limits(cat: Catalog) -> dict[str, int]:
+    """The calling role's worker limits: its own row, else the row for every role, else
+    the default."""
+    out = default_worker_limits()
+    for r in sql.worker_limit_rows(cat):
+        out[r["setting"]] = int(r["value"])
+    return out
+
+
+def check_worker_limits(cat: Catalog, want: int, fit_id: int | None = None) -> None:
+    """``want`` worker sessions for one fit (``fit_id``: a running fit asking for more)
+    within the calling role's limits, counting the workers of its other running fits."""
+    lim = worker_limits(cat)
+    per_fit, per_role = lim["max_workers_per_fit"], lim["max_workers_per_role"]
+    where = f"{cat.schema}.limits"
+    if want > per_fit:
+        raise invalid(f"the fit needs {want} worker sessions, more than this role's "
+                      f"max_workers_per_fit ({per_fit})",
+                      hint=f"Use fewer partitions (training_preprocessor_dl's num_partitions) "
+                      f"or workers, or ask the DBA to raise max_workers_per_fit in {where}.")
+    busy = sql.busy_workers(cat, fit_id)
+    if busy + want > per_role:
+        raise invalid(f"the fit needs {want} worker sessions and this role's other running "
+                      f"fits hold {busy}, more than its max_workers_per_role ({per_role})",
+                      hint=f"Wait for a fit to end, or ask the DBA to raise "
+                      f"max_workers_per_role in {where}.")
+
+
+def replicas(cat: Catalog) -> int:
+    """``cerebro_db.replicas``, checked."""
+    raw = cat.setting(REPLICAS_SETTING)
+    try:
+        r = 1 if raw is None or raw == "" else int(raw)
+    except ValueError:
+        r = 0
+    if r < 1:
+        raise invalid(f"{REPLICAS_SETTING} must be a positive integer, got {raw!r}")
+    return r
+
+
+def refused_reopen(cat: Catalog) -> set[int]:
+    """Workers the test hook forbids to reconnect (superusers only)."""
+    text = cat.setting(HOOK_SETTING)
+    if not text or cat.setting("is_superuser") != "on":
+        return set()
+    try:
+        spec = json.loads(text)
+    except ValueError:
+        return set()
+    return {int(h["worker"]) for h in (spec if isinstance(spec, list) else [spec])
+            if isinstance(h, dict) and h.get("point") == "recover"
+            and isinstance(h.get("worker"), int)}
+
+
+def idle_timeout(cat: Catalog) -> float:
+    """``cerebro_db.worker_idle_timeout``: seconds a fit's idle worker sessions stay open for
+    the calling session's next fit (default 300; 0: closed at the end of each fit)."""
+    raw = cat.setting(IDLE_SETTING)
+    try:
+        t = DEFAULT_IDLE_TIMEOUT if raw is None else float(raw)
+    except ValueError:
+        t = -1.0
+    if not 0 <= t < 2**31 / 1000:
+        raise invalid(f"{IDLE_SETTING} must be a number of seconds (0: close the worker "
+                      f"sessions after each fit), got {raw!r}")
+    return t
+
+
+def fault_settings(cat: Catalog) -> tuple[int, float | StallRule | None, dict[str, str]]:
+    """max_unit_retries, unit_timeout (seconds; a :class:`StallRule` when unset or 'auto';
+    None: off) and the settings forwarded to workers."""
+    raw = cat.setting(RETRIES_SETTING)
+    try:
+        retries = DEFAULT_MAX_UNIT_RETRIES if raw is None else int(raw)
+    except ValueError:
+        retries = -1
+    if retries < 0:
+        raise invalid(f"{RETRIES_SETTING} must be a non-negative integer, got {raw!r}")
+    raw = cat.setting(TIMEOUT_SETTING)
+    timeout: float | StallRule | None
+    if raw is None or raw.strip().lower() == "auto":
+        timeout = StallRule(_seconds(cat, TIMEOUT_FLOOR_SETTING, StallRule.floor),
+                            _seconds(cat, TIMEOUT_FACTOR_SETTING, StallRule.factor),
+                            _seconds(cat, TIMEOUT_FIRST_SETTING, StallRule.first))
+    else:
+        timeout = _seconds(cat, TIMEOUT_SETTING, 0.0, "(0: no timeout, 'auto': derived "
+                           "from the measured unit times)") or None
+    hook = cat.setting(HOOK_SETTING)
+    return retries, timeout, ({HOOK_SETTING: hook} if hook else {})
+
+
+def _seconds(cat: Catalog, setting: str, default: float, what: str = "") -> float:
+    """A non-negative number setting (``default`` when unset), or a 22023 error."""
+    raw = cat.setting(setting)
+    if raw is None:
+        return default
+    try:
+        v = float(raw)
+    except ValueError:
+        v = -1.0
+    if not 0 <= v < float("inf"):
+        raise invalid(f"{setting} must be a non-negative number{' ' + what if what else ''}, "
+                      f"got {raw!r}")
+    return v
+
+
+class UnitExecutor:
+    """Adapts a :class:`DblinkExecutor` to the coordinator (:class:`coordinator.Executor`):
+    assignments become units (:meth:`DblinkExecutor.submit_unit`)."""
+
+    def __init__(self, cat: Catalog, ex: DblinkExecutor, fit_id: int) -> None:
+        self.cat, self.ex, self.fit_id = cat, ex, fit_id
+
+    def submit(self, a: Assignment, options: dict[str, Any]) -> None:
+        kind = "train" if a.kind != EVAL else "eval"
+        self.ex.submit_unit(a.worker, self.fit_id, a.config, a.epoch, a.partition, kind,
+                            options, key=(a.config, kind))
+
+    def wait(self, timeout: float | None = None) -> list[tuple[int, bool, dict[str, Any]]]:
+        return [(r.worker, r.ok, r.data) for r in self.ex.wait(timeout)]
+
+    def recover(self, worker: int) -> bool:
+        return self.ex.reopen(worker)
+
+    def unit_failed(self, unit: RunningUnit, attempt: int, data: dict[str, Any]) -> None:
+        """Record the failed attempt (control session: committed at once)."""
+        pid = data.get("worker_pid")
+        self.ex.control(sql.record_unit_failure(
+            self.cat, self.fit_id, unit.config, unit.epoch, unit.partition, unit.kind,
+            unit.worker, int(pid) if pid else None, attempt,
+            str(data.get("message") or "")[:2000]))
+
+
+class WorkerPool:
+    """Worker sessions joining and leaving a running fit, and the availability map in
+    ``fit_workers`` (written by the control session, committed at once)."""
+
+    poll_interval = POLL_WORKERS
+
+    def __init__(self, cat: Catalog, ex: DblinkExecutor, fit_id: int, num_partitions: int,
+                 replicas: int) -> None:
+        self.cat, self.ex, self.fit_id = cat, ex, fit_id
+        self.p, self.replicas = num_partitions, replicas
+        self._seen: int | None = None
+        self._last = 0.0
+
+    def start(self, workers: dict[int, frozenset[int]]) -> None:
+        """Record the starting workers (and forget an earlier run's request and workers: a
+        resumed fit starts with its original number of workers)."""
+        self.ex.control(sql.clear_requested_workers(self.cat, self.fit_id))
+        self.close()
+        for w, parts in workers.items():
+            self.record(w, parts, "active")
+
+    def record(self, worker: int, parts: frozenset[int] | None, status: str) -> None:
+        self.ex.control(sql.record_worker(self.cat, self.fit_id, worker, parts, status,
+                                          self.ex.pids.get(worker)))
+
+    def requested(self) -> int | None:
+        now = time.monotonic()
+        if now - self._last < self.poll_interval:
+            return None
+        self._last = now
+        rows = self.ex.control_query(sql.requested_workers(self.cat, self.fit_id))
+        want = int(rows[0][0]) if rows and rows[0][0] is not None else None
+        if want is None or want == self._seen:
+            return None
+        self._seen = want
+        return want
+
+    def holds(self, worker: int) -> frozenset[int]:
+        return replica_partitions(worker, self.p, self.replicas)
+
+    def join(self, worker: int, partitions: frozenset[int]) -> bool:
+        self.record(worker, partitions, "joining")
+        if not self.ex.add(worker):
+            self.record(worker, None, "lost")
+            return False
+        self.record(worker, None, "active")
+        return True
+
+    def leave(self, worker: int, status: str) -> None:
+        self.ex.retire(worker)
+        self.record(worker, None, status)
+
+    def granted(self, worker: int, partitions: frozenset[int]) -> None:
+        self.record(worker, partitions, "active")
+
+    def close(self) -> None:
+        """Mark the workers still in the fit closed (the fit's sessions end)."""
+        self.ex.control(sql.close_workers(self.cat, self.fit_id))
