@@ -910,8 +910,10 @@ class _TrainFeed:
         self.labels.assign(y)
 
 
-MAX_STREAM_ARRAYS = 1
-"""Reusable arrays for streamed buffers kept per process (one per buffer shape in use)."""
+MAX_STREAM_ARRAYS = 2
+"""Reusable arrays for streamed buffers kept per process, one per buffer shape: two, so a
+worker alternating training and validation units (or full and last, shorter buffers) keeps
+both."""
 
 _STREAM_ARRAYS: collections.OrderedDict[tuple[int, ...], np.ndarray] = \
     collections.OrderedDict()
