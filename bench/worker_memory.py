@@ -161,7 +161,8 @@ def main() -> None:
     load0 = ", ".join(f"{v:.1f}" for v in os.getloadavg())
     base = run_fit(conn, monitor, "wm_tiny_p", "wm_tiny_vp", "wm_out", "NULL", None)
     runs = [
-        ("FALSE", None, "one training buffer", part),
+        ("FALSE", None, "a training and a validation buffer (kept between units)",
+         part + vpart),
         ("NULL", None, "training + validation partition (default budget holds both)",
          part + vpart),
         ("NULL", "64MB", ("one training buffer (streamed: larger than the budget) + the "

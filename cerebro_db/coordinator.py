@@ -182,7 +182,7 @@ def run_fit(policy: Policy, progress: Progress, executor: Executor, *,
             epoch_before = progress.completed[unit.config]
             progress.finish(worker, True)
             if unit.kind == TRAIN:
-                progress.observe(unit.config, data.get("seconds"))
+                progress.observe(unit.config, data.get("seconds"), unit.epoch)
             if worker in elastic.retiring:
                 elastic.leave(worker, "removed")
             r = results.setdefault(unit.config, ConfigResult())

@@ -37,7 +37,9 @@ Decisions:
   feed's tensor (:func:`_features`, at most ``MAX_TRAIN_FEEDS``), shared with the array
   when it is aligned (:func:`aligned_empty`, as the worker's reader makes it), else a copy.
   A unit over a :class:`BufferSource` (a partition the worker streams) holds one packed
-  buffer at a time, so a partition larger than memory trains as long as a buffer fits;
+  buffer at a time, so a partition larger than memory trains as long as a buffer fits; the
+  worker's reader decodes buffers into one reusable array per shape (:func:`stream_array`),
+  whose tensor and training feed are kept as a cached partition's are;
   batches then stay within a buffer and the shuffle is a seeded buffer order, then a
   seeded row order within each buffer, as MADlib trains buffer by buffer. A partition of
   one buffer trains bitwise as its arrays do.
@@ -110,6 +112,7 @@ __all__ = [
     "release",
     "replay",
     "restore_state",
+    "stream_array",
     "train_unit",
 ]
 
@@ -813,14 +816,21 @@ def _fit_buffers(
         n = int(xs.shape[0])
         if n == 0:
             continue
-        row_shape = tuple(xs.shape[1:])
-        features = as_tensor(xs.reshape(n, -1))
-        del xb, xs
-        feed = _TrainFeed(features, row_shape, ys, batch_size)
-        feed.order(rng.permutation(n) if shuffle else None)
-        h = entry.model.fit(feed.dataset, epochs=1, **kwargs).history
-        del feed, features, yb, ys
-        gc.collect(1)  # the pipeline sits in young reference cycles: free it before the next
+        if is_stream_array(xb):  # decoded in place: its kept tensor and feed read it as is
+            del xs
+            feed = _train_feed(entry.model, xb, yb, batch_size)
+            feed.order(rng.permutation(n) if shuffle else None)
+            h = entry.model.fit(feed.dataset, epochs=1, **kwargs).history
+            del feed, xb, yb, ys
+        else:
+            row_shape = tuple(xs.shape[1:])
+            features = as_tensor(xs.reshape(n, -1))
+            del xb, xs
+            feed = _TrainFeed(features, row_shape, ys, batch_size)
+            feed.order(rng.permutation(n) if shuffle else None)
+            h = entry.model.fit(feed.dataset, epochs=1, **kwargs).history
+            del feed, features, yb, ys
+            gc.collect(1)  # the pipeline sits in young reference cycles: free it now
         for k, v in h.items():
             sums[k] = sums.get(k, 0.0) + _last(v) * n
         rows += n
@@ -878,6 +888,41 @@ class _TrainFeed:
     def set_labels(self, y: np.ndarray) -> None:
         """Set the labels (same shape and dtype as the feed was built with)."""
         self.labels.assign(y)
+
+
+MAX_STREAM_ARRAYS = 2
+"""Reusable arrays for streamed buffers kept per process, one per buffer shape: two, so a
+worker alternating training and validation units (or full and last, shorter buffers) keeps
+both."""
+
+_STREAM_ARRAYS: collections.OrderedDict[tuple[int, ...], np.ndarray] = \
+    collections.OrderedDict()
+
+
+def stream_array(shape: Sequence[int]) -> np.ndarray:
+    """The process' reusable float32 array of ``shape`` (from :func:`aligned_empty`) for one
+    streamed buffer: a reader decodes each buffer into it in place, and training and
+    evaluation keep its tensor (shared, :func:`as_tensor`) and training feed as they do for a
+    cached partition, so a unit over a :class:`BufferSource` whose buffers have one shape
+    (a partition of one buffer, or buffers of ``buffer_size`` rows) makes no new array,
+    tensor or pipeline per buffer: the next unit's rows are written where the tensor reads.
+    The array's contents are valid until the next buffer of that shape is read; at most
+    ``MAX_STREAM_ARRAYS`` shapes are kept (the least recently used one is released)."""
+    key = tuple(int(d) for d in shape)
+    hit = _STREAM_ARRAYS.get(key)
+    if hit is not None:
+        _STREAM_ARRAYS.move_to_end(key)
+        return hit
+    while len(_STREAM_ARRAYS) >= MAX_STREAM_ARRAYS:
+        release(_STREAM_ARRAYS.popitem(last=False)[1])
+    out = aligned_empty(key, np.float32)
+    _STREAM_ARRAYS[key] = out
+    return out
+
+
+def is_stream_array(x: Any) -> bool:
+    """Whether ``x`` is one of the reusable arrays of :func:`stream_array`."""
+    return isinstance(x, np.ndarray) and _STREAM_ARRAYS.get(tuple(x.shape)) is x
 
 
 _FEATURES: collections.OrderedDict[int, tuple[np.ndarray, Any]] = collections.OrderedDict()
@@ -1123,8 +1168,9 @@ def evaluate(
             for b in range(len(x.rows)):
                 xb, yb = x.load(b)
                 xs, ys = _fit_xy(entry.model, xb, yb)
-                rows += _eval_rows(entry, as_tensor(xs), tuple(xs.shape[1:]), ys, batch_size)
-                del xb, yb, xs, ys
+                features = _features(xb) if is_stream_array(xb) else as_tensor(xs)
+                rows += _eval_rows(entry, features, tuple(xs.shape[1:]), ys, batch_size)
+                del xb, yb, xs, ys, features
         else:
             xs, ys = _fit_xy(entry.model, x, y)
             rows = _eval_rows(entry, _features(x), tuple(xs.shape[1:]), ys, batch_size)

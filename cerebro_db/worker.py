@@ -248,10 +248,13 @@ def _labels(meta: dict[str, Any]) -> np.ndarray:
 
 
 def _read(cat: Catalog, t: TableName, xcol: str, metas: list[dict[str, Any]],
-          partition: int, partition_mod: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+          partition: int, partition_mod: int | None = None, stream: bool = False
+          ) -> tuple[np.ndarray, np.ndarray]:
     """Buffers ``metas`` (in order) as one ``(x, y)``: ``x`` decoded into one aligned array
-    (:func:`cerebro_db.training.aligned_empty`, which TensorFlow then reads without a copy)."""
-    from .training import aligned_empty
+    (:func:`cerebro_db.training.aligned_empty`, which TensorFlow then reads without a copy);
+    with ``stream``, into the process' reusable array of that shape
+    (:func:`cerebro_db.training.stream_array`: valid until the next buffer is streamed)."""
+    from .training import aligned_empty, stream_array
 
     shapes = [[int(d) for d in m["xs"]] for m in metas]
     row = shapes[0][1:]
@@ -266,7 +269,7 @@ def _read(cat: Catalog, t: TableName, xcol: str, metas: list[dict[str, Any]],
             raise CerebroError(f"x buffer has {s[0]} rows but y buffer has {y.shape[0]}",
                                DATA_EXCEPTION,
                                hint="the packed table may be corrupt; run the preprocessor again")
-    x = aligned_empty([sum(s[0] for s in shapes), *row], np.float32)
+    x = (stream_array if stream else aligned_empty)([sum(s[0] for s in shapes), *row])
     at = 0
     for m, s in zip(metas, shapes):
         _read_features(cat, t, xcol, partition, m, x[at:at + s[0]], partition_mod)
@@ -418,7 +421,8 @@ def partition_buffers(cat: Catalog, table: str, xcol: str, ycol: str, partition:
                       compile_params: str, partition_mod: int | None = None) -> Any:
     """One partition as a :class:`~cerebro_db.training.BufferSource`: buffers read and decoded
     one at a time when the unit needs them (``use_caching`` off), features straight into
-    the array TensorFlow reads (:func:`_read`), labels as the loss takes them."""
+    the array TensorFlow reads, reused from buffer to buffer and unit to unit
+    (:func:`cerebro_db.training.stream_array`), labels as the loss takes them."""
     from .training import BufferSource
 
     t = TableName.parse(table, "table")
@@ -430,7 +434,7 @@ def partition_buffers(cat: Catalog, table: str, xcol: str, ycol: str, partition:
         if not metas:
             raise CerebroError(f'buffer {keys[i]} of "{table}" disappeared during the fit',
                                DATA_EXCEPTION, hint="do not change a packed table during a fit")
-        x, y = _read(cat, t, xcol, metas, partition, partition_mod)
+        x, y = _read(cat, t, xcol, metas, partition, partition_mod, stream=True)
         return x, labels_for(compile_params, y)
 
     return BufferSource(tuple(int(r["n"]) for r in ids), load)

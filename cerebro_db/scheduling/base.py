@@ -97,8 +97,9 @@ class Snapshot:
     - ``idle_workers``: live workers running nothing, ascending;
     - ``pending_evals``: evaluation units neither done nor running, oldest first;
     - ``now``: monotone clock in seconds, for policies that care;
-    - ``unit_seconds``: config -> mean measured seconds of its successful training units so
-      far (configs not measured yet are absent), for cost-aware policies.
+    - ``unit_seconds``: config -> expected seconds of its next training unit, from its
+      measured successful units (configs not measured yet are absent; see
+      :meth:`~.progress.Progress.observe`), for cost-aware policies.
     """
 
     num_partitions: int

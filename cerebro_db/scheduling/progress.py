@@ -52,7 +52,7 @@ class Progress:
         self.running: dict[int, RunningUnit] = {}
         self.pending_evals: list[EvalUnit] = []
         self._eval_epochs = eval_epochs
-        self._seconds: dict[int, tuple[float, int]] = {}
+        self._samples: dict[int, list[tuple[int, float]]] = {}
 
     # -- what the policy sees -------------------------------------------------------------
 
@@ -68,16 +68,18 @@ class Progress:
             idle_workers=tuple(w for w in sorted(self.workers) if w not in self.running),
             pending_evals=tuple(self.pending_evals),
             now=now,
-            unit_seconds={c: t / n for c, (t, n) in self._seconds.items()},
+            unit_seconds={c: _estimate(v) for c, v in self._samples.items()},
         )
 
-    def observe(self, config: int, seconds: float | None) -> None:
-        """A successful training unit of ``config`` took ``seconds`` (its measured cost, seen
-        by cost-aware policies as a running mean)."""
+    def observe(self, config: int, seconds: float | None, epoch: int | None = None) -> None:
+        """A successful training unit of ``config`` (in ``epoch``; default: the epoch it is
+        in, or has just completed) took ``seconds``: its measured cost, which cost-aware
+        policies see as :attr:`Snapshot.unit_seconds` (see :func:`_estimate`)."""
         if seconds is None or not seconds >= 0 or config not in self.targets:
             return
-        t, n = self._seconds.get(config, (0.0, 0))
-        self._seconds[config] = (t + float(seconds), n + 1)
+        if epoch is None:
+            epoch = self.completed[config] + (0 if not self.visited[config] else 1)
+        self._samples.setdefault(config, []).append((int(epoch), float(seconds)))
 
     def all_done(self) -> bool:
         """Every config at its target, every evaluation done, nothing in flight."""
@@ -219,6 +221,18 @@ class Progress:
                     raise SchedulingError(f"unit log is inconsistent at {r}")
                 p.pending_evals.remove(u)
         return p
+
+
+def _estimate(samples: list[tuple[int, float]]) -> float:
+    """A config's expected training unit time from its measured units ``(epoch, seconds)``:
+    the mean over the latest epoch measured, leaving out the config's very first unit when
+    another unit of that epoch is measured (the first one also builds the model and traces
+    its training step, a one-off cost that would make the config look dearer than it is)."""
+    last = samples[-1][0]
+    recent = [t for e, t in samples[1:] if e == last]
+    if not recent:  # the first unit is the only one measured
+        recent = [samples[0][1]]
+    return sum(recent) / len(recent)
 
 
 def _get(r: Any, key: str) -> Any:

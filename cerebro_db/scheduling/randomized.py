@@ -20,8 +20,9 @@ epoch. What differs from the paper:
   tie-break that keeps configs in step and removes most of the tail where few configs remain
   and workers idle (see the measured ratios in ``tests/unit/test_scheduling.py``);
 - ``cost_aware=True`` (what fits use) breaks ties among the most lagging configs by their
-  measured mean training unit time (``Snapshot.unit_seconds``; a config not measured yet
-  counts as the mean of the measured ones): the most expensive first, as in longest
+  measured training unit time (``Snapshot.unit_seconds``: the mean over the latest epoch
+  measured, without the config's one-off first unit; a config not measured yet counts as
+  the mean of the measured ones): the most expensive first, as in longest
   processing time first list scheduling, so the long units do not end up in the tail. It
   decides only which config a worker takes next, never a config's visit order under
   ``seeded_order``, so models stay reproducible. (Ranking by remaining work, units left x unit

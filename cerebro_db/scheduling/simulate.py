@@ -240,7 +240,7 @@ def simulate(
                 ok, began = in_flight[payload][3], in_flight[payload][1]
                 done = progress.finish(payload, ok)
                 if ok and done.kind != EVAL:
-                    progress.observe(done.config, now - began)
+                    progress.observe(done.config, now - began, done.epoch)
                 record(now, ok, done)
                 if payload in retiring:
                     leave(payload)

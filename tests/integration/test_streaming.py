@@ -91,8 +91,12 @@ for table in ("st_p1", "st_p4", "st_pz"):
                 (table, part, step)
             src = worker.partition_buffers(cat, table, "x", "y", part,
                                           "loss='mse', optimizer='SGD()'")
-            got = [src.load(i) for i in range(len(src.rows))]
-            assert np.concatenate([a for a, _ in got]).tobytes() == want_x.tobytes()
+            got = []
+            for i in range(len(src.rows)):  # one reusable array per shape: copy each buffer
+                a, _ = src.load(i)
+                assert a.ctypes.data % 64 == 0 and a is training.stream_array(a.shape)
+                got.append(a.copy())
+            assert np.concatenate(got).tobytes() == want_x.tobytes()
         out[f"{table}/{part}"] = [len(rows), int(x.shape[0])]
 out["compressed"] = plpy.execute("SELECT count(*) AS n FROM st_pz "
                                  "WHERE pg_column_compression(x) IS NOT NULL")[0]["n"]

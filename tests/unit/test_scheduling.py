@@ -15,6 +15,7 @@ Observed with the simulator (homogeneous unit time 1, makespan / lower bound):
 """
 from __future__ import annotations
 
+import math
 import random
 import statistics
 from typing import Any
@@ -796,3 +797,91 @@ def test_check_invariants_targets_and_partial_logs():
     check_invariants(cut, num_partitions=2, complete=False)
     with pytest.raises(InvariantError, match="unknown partition"):
         check_invariants(GOOD + [rec(5, 1, 4, 3, 0, 1)], num_partitions=2, complete=False)
+
+
+def test_unit_time_estimate_leaves_out_one_off_costs():
+    """A config's first unit also builds its model and traces the training step (and a
+    worker's first unit reads its partition cold): the estimate is the mean of the latest
+    epoch measured, without that first unit once another unit of the epoch is measured."""
+    prog = Progress({1: 3, 2: 3}, 2, {0: {0}, 1: {1}})
+    prog.observe(1, 5.0, 1)  # first unit: 1 s of work + 4 s of one-off costs
+    assert prog.snapshot().unit_seconds[1] == 5.0  # nothing better known yet
+    prog.observe(1, 1.2, 1)
+    assert prog.snapshot().unit_seconds[1] == pytest.approx(1.2)
+    prog.observe(1, 1.0, 2)
+    prog.observe(1, 0.8, 2)
+    assert prog.snapshot().unit_seconds[1] == pytest.approx(0.9)  # latest epoch only
+    # The running mean over every unit (the earlier rule) would rank config 1 as dearer than
+    # config 2, whose units take 1.5 s.
+    for t in (1.5, 1.5):
+        prog.observe(2, t, 1)
+    snap = prog.snapshot()
+    assert snap.unit_seconds[1] < snap.unit_seconds[2]
+    assert (5.0 + 1.2 + 1.0 + 0.8) / 4 > snap.unit_seconds[2]
+
+
+def random_profile(seed: int) -> tuple[int, int, int, str, Any]:
+    """A random heterogeneous cost profile: p in 2..8, |S| in 2p..32 (at least 4), 2..4
+    epochs, per-config unit times of one of four shapes (log-normal sigma 1; bimodal: 30%
+    of the configs 5-12x dearer; uniform 1..4; one config 3-15x the others), +-5% per
+    partition, and a one-off first-unit cost (model build and trace) of 0, 0.5 or 1 mean
+    unit time."""
+    r = random.Random(f"profile:{seed}")
+    p = r.randint(2, 8)
+    n = r.randint(max(4, 2 * p), 32)
+    k = r.randint(2, 4)
+    kind = r.choice(["lognormal", "bimodal", "uniform", "one_big"])
+    if kind == "lognormal":
+        base = {c: math.exp(r.gauss(0, 1.0)) for c in range(1, n + 1)}
+    elif kind == "bimodal":
+        base = {c: r.uniform(5, 12) if r.random() < 0.3 else r.uniform(0.5, 1.5)
+                for c in range(1, n + 1)}
+    elif kind == "uniform":
+        base = {c: r.uniform(1, 4) for c in range(1, n + 1)}
+    else:
+        base = {c: r.uniform(0.8, 1.2) for c in range(1, n + 1)}
+        base[r.randint(1, n)] *= r.uniform(3, 15)
+    jitter = {(c, q): r.uniform(0.95, 1.05) for c in base for q in range(p)}
+    first = r.choice([0.0, 0.5, 1.0]) * statistics.mean(base.values())
+
+    def times():
+        seen: set[int] = set()
+
+        def t(c: int, q: int, w: int) -> float:
+            x = base[c] * jitter[(c, q)]
+            if c not in seen:
+                seen.add(c)
+                x += first
+            return x
+
+        return t
+
+    return p, n, k, kind, times
+
+
+def test_mop_as_fits_use_it_over_random_heterogeneous_profiles():
+    """The production loop (:func:`simulate` with fits' policy) over 120 random profiles
+    (:func:`random_profile`): never slower than the ring, mean makespan / lower bound <= 1.05.
+
+    Measured over 400 profiles of this generator: makespan / lower bound mean 1.040, max
+    1.31, 121 of 400 above 1.05; MOP / ring max 1.000, mean 0.78. The profiles above 1.05
+    have one or two configs whose chain of units is close to the bound: with seeded visit
+    orders (fixed by the seed, never by timing) they queue behind other configs for their
+    next partition. Not the unit time estimates: with the true unit times given to the
+    policy from the start the figures are the same (200 profiles: mean 1.035, max 1.30);
+    free (unseeded) visit orders with the true times give mean 1.017, max 1.15. Tried and
+    rejected: longest remaining work first (units left x unit time) without the lock-step
+    (mean 1.044), the same with idle workers reserved for a chain-critical config's next
+    unit (mean 1.040), rotations varied per round of configs (mean 1.064)."""
+    ratios, vs_ring = [], []
+    for seed in range(120):
+        p, n, k, _, times = random_profile(seed)
+        cf = list(range(1, n + 1))
+        mop = simulate(get_policy("mop", random_state=seed, **FIT_DEFAULTS), cf, p, k, times())
+        assert mop.completed
+        check_invariants(mop.log, num_partitions=p, epochs=k)
+        ring = simulate(get_policy("ring"), cf, p, k, times())
+        ratios.append(mop.ratio)
+        vs_ring.append(mop.makespan / ring.makespan)
+    assert max(vs_ring) <= 1.0 + 1e-9, max(vs_ring)
+    assert statistics.mean(ratios) <= 1.05, statistics.mean(ratios)

@@ -483,6 +483,43 @@ def test_streaming_buffers_train_hop_and_replay(cache):
     assert not all_equal(weights_of(a), weights_of(b))
 
 
+def test_streaming_into_the_reusable_array_trains_and_evaluates_as_fresh_arrays(cache):
+    """Buffers of one shape decoded in place into :func:`stream_array` (as the worker's
+    reader does) train and evaluate bitwise as the same buffers in fresh arrays: the kept
+    tensor and training feed read each buffer's new rows, never stale ones; two partitions
+    streamed one after the other through the same array give their own results."""
+    parts = [blobs(96, 50), blobs(96, 51), blobs(96, 52)]
+    other = [blobs(96, 60), blobs(96, 61)]
+
+    def into_reusable(bufs):
+        def load(i):
+            a = T.stream_array(bufs[i][0].shape)
+            a[...] = bufs[i][0]
+            return a, bufs[i][1]
+        return T.BufferSource(tuple(len(b[0]) for b in bufs), load)
+
+    fp = "batch_size=16, epochs=2"
+    init = T.initial_state(ARCH_DROP, CP, seed=4)
+    state_a = state_b = init
+    for i in range(3):  # units alternate between two partitions sharing the array
+        for bufs, which in ((parts, "a"), (other, "b")):
+            st = state_a if which == "a" else state_b
+            fresh, rf = T.train_unit(cache, ARCH_DROP, CP, fp, st, source_of(bufs), None, 20 + i)
+            reused, rr = T.train_unit(cache, ARCH_DROP, CP, fp, st, into_reusable(bufs), None,
+                                      20 + i)
+            assert reused == fresh and rr.loss == rf.loss and rr.metrics == rf.metrics
+            ef = T.evaluate(cache, ARCH_DROP, CP, fresh, source_of(bufs), None)
+            er = T.evaluate(cache, ARCH_DROP, CP, fresh, into_reusable(bufs), None)
+            assert (er.loss, er.metrics, er.rows) == (ef.loss, ef.metrics, ef.rows)
+            if which == "a":
+                state_a = reused
+            else:
+                state_b = reused
+    assert state_a != state_b
+    a = T.stream_array((96, 4))
+    assert a is T.stream_array((96, 4)) and a.ctypes.data % 64 == 0
+
+
 def test_streaming_holds_one_buffer_in_memory(cache):
     """Peak Python/numpy memory of a unit over 8 buffers of 2,000 x 784 float32 (6.3 MB each):
     streaming stays under 3 buffers; loading the partition as one array (what use_caching
