@@ -77,7 +77,7 @@ bench-fit: start
 
 
 # ruff on the code and tests, mypy on the package (settings in pyproject.toml).
-lint:
+lint: deps
 	@$(VENV)/bin/ruff check cerebro_db tests scripts bench demo
 	@$(PY) -m mypy
 

@@ -184,7 +184,6 @@ class DblinkExecutor:
         self.settings: dict[str, str] = {}
         self._send_failed: dict[int, str] = {}
         self.keep_idle = 0.0
-        self.reused = 0
         self._pool_key: tuple[Any, ...] | None = None
         self._conn: dict[int | str, str] = {}
         self.fit_id: int | None = None
@@ -203,7 +202,8 @@ class DblinkExecutor:
     def open(self, settings: dict[str, str] | None = None) -> None:
         """Open the control session and every worker session; ``settings`` are set in each."""
         self.settings = dict(settings or {})
-        for w in ["ctl", *self.workers]:
+        names: list[int | str] = ["ctl", *self.workers]
+        for w in names:
             self._connect(w)
 
     def _login(self, name: str) -> None:
@@ -295,7 +295,6 @@ class DblinkExecutor:
                 _quiet_disconnect(self.cat, s.name)
                 continue
             self._conn[w] = s.name
-            self.reused += 1
             return True
         return False
 
@@ -439,7 +438,7 @@ class DblinkExecutor:
                 return [self._collect(w) for w in done]
             now = time.monotonic()
             late = [w for w, t in self.busy.items()
-                    if self.limits.get(w) is not None and now - t > self.limits[w]]
+                    if (limit := self.limits.get(w)) is not None and now - t > limit]
             if late:
                 return [self._timed_out(w) for w in late]
             if now - self._last_check >= self.check_interval:

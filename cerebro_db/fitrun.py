@@ -89,11 +89,6 @@ class PackedTable:
         names starting with ``pg_`` are reserved, so ``pg_temp_N`` is a session's)."""
         return self.qualified.startswith(("pg_temp_", '"pg_temp_'))
 
-    @property
-    def dep_name(self) -> str:
-        """The dependent variable's name (its class values are ``<name>_class_values``)."""
-        return str(self.summary["dependent_varname"][0])
-
 
 @dataclass
 class Config:

@@ -71,7 +71,8 @@ def final_weights(cat: Catalog, fit_id: int, mst_key: int) -> bytes:
 def series(r: ConfigResult, epochs: list[int], kind: str
            ) -> tuple[list[float], list[list[float]]]:
     """Loss and metrics per epoch of one kind of evaluation (NaN and [] where missing)."""
-    losses, metrics = [], []
+    losses: list[float] = []
+    metrics: list[list[float]] = []
     for e in epochs:
         parts = r.evals.get((e, kind))
         if not parts:

@@ -37,7 +37,6 @@ REPLICAS_SETTING = "cerebro_db.replicas"
 IDLE_SETTING = "cerebro_db.worker_idle_timeout"
 DEFAULT_IDLE_TIMEOUT = 300.0
 DEFAULT_MAX_UNIT_RETRIES = 3
-WORKER_LIMITS = ("max_workers_per_fit", "max_workers_per_role")
 """Rows of the DBA's table ``limits``; defaults: :func:`default_worker_limits`."""
 POLL_WORKERS = 0.5
 

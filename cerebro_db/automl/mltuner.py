@@ -584,6 +584,7 @@ class MLtuner(Tuner):
 
     def _window_end(self, g: Group, epoch: int, loss: float) -> list[Decision]:
         cur = g.current
+        assert cur is not None  # a window ends on the group's current trial
         lineage = g.base + epoch
         remaining = self.num_iterations - lineage
         trace, secs = self._window(cur, g.window_start)

@@ -54,7 +54,7 @@ def get_tuner(name: str, automl_params: str | None, *, model_ids: Sequence[int],
               random_state: int | None) -> Tuner:
     """A new tuner from SQL's arguments. ``automl_params`` is ``key=value, ...``, read by
     the class (:meth:`~.base.Tuner.parse_params`) and checked by its constructor."""
-    klass = tuner_class(name)
+    klass: Any = tuner_class(name)  # each tuner's own keyword parameters
     return klass(model_ids=list(model_ids), compile_grid=compile_grid, fit_grid=fit_grid,
                  num_workers=num_workers, random_state=random_state,
                  **klass.parse_params(automl_params))

@@ -11,7 +11,7 @@ in the calling session with bound parameters.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from . import Catalog
@@ -132,7 +132,7 @@ def requested_workers(cat: Catalog, fit_id: int) -> str:
                           "WHERE fit_id = %L::bigint", [fit_id], ["int8"])
 
 
-def record_worker(cat: Catalog, fit_id: int, worker: int, partitions: Sequence[int] | None,
+def record_worker(cat: Catalog, fit_id: int, worker: int, partitions: Iterable[int] | None,
                   status: str, pid: int | None) -> str:
     """A worker's row in ``fit_workers`` (``partitions`` None: keep the recorded ones)."""
     return cat.format_sql(
@@ -221,7 +221,7 @@ def add_options(cat: Catalog, fit_id: int, options: dict[str, Any]) -> str:
         "WHERE fit_id = %L::bigint", [json.dumps(options), fit_id], ["text", "int8"])
 
 
-def forget_trials(cat: Catalog, fit_id: int, keep: Sequence[int], seq: int) -> list[str]:
+def forget_trials(cat: Catalog, fit_id: int, keep: Iterable[int], seq: int) -> list[str]:
     """Remove what an AutoML run decided after its last saved step (step ``seq``, trials
     ``keep``): trials, their configurations and states, later decisions."""
     out = [cat.format_sql(f"DELETE FROM {ext(cat, t)} WHERE fit_id = %L::bigint AND "

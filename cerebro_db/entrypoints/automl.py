@@ -98,6 +98,7 @@ def madlib_keras_automl(
                      ("fit_params_grid", fit_params_grid)):
         if v is None:
             raise CerebroError(f"{label} must not be NULL", NULL_VALUE_NOT_ALLOWED)
+    assert compile_params_grid is not None and fit_params_grid is not None  # checked above
     method = (automl_method or "hyperband").strip().lower()
     seed = resolve_seed(random_state)
     src = packed_table(cat, source_table, "source_table")
@@ -203,6 +204,7 @@ def hyperband_schedule(cat: Catalog, *, schedule_table: str, r: int | None, eta:
     for label, v in (("r", r), ("eta", eta), ("skip_last", skip_last)):
         if v is None:
             raise CerebroError(f"{label} must not be NULL", NULL_VALUE_NOT_ALLOWED)
+    assert r is not None and eta is not None and skip_last is not None  # checked above
     rows = schedule(int(r), int(eta), int(skip_last))
     require_output_schema(cat, table, "schedule_table")
     if cat.relation_oid(table) is not None:

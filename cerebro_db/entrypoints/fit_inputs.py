@@ -62,7 +62,9 @@ def packed_table(cat: Catalog, name: str, what: str,
         "xs": xcols, "ys": ycols, "x_sizes": sizes[:len(xcols)],
         "y_widths": sizes[len(xcols):], "kinds": list(s["dependent_kind"])}
     x_size, y_width = int(np.prod(shapes[0][1:])), int(np.prod(shapes[len(xcols)][1:]))
-    qualified = sql.qualified_name(cat, cat.relation_oid(t))
+    oid = cat.relation_oid(t)
+    assert oid is not None  # the caller found the table
+    qualified = sql.qualified_name(cat, oid)
     if s.get("madlib"):
         p = int(partitions or s["num_partitions"])
         s = {**s, "num_partitions": p}
