@@ -295,7 +295,8 @@ class SimulatedExecutor(BaseSimulatedExecutor):
             self.trials.level[a.config] = level
             if options.get("snapshot"):
                 self._snapshots[(a.config, a.epoch)] = level
-            return {"loss": loss, "rows": self.rows, "train_seconds": end - start}
+            return {"loss": loss, "rows": self.rows, "seconds": end - start,
+                    "train_seconds": end - start}
         kinds = list(options["eval_kinds"])
         train, valid = model.evaluate(spec, self._snapshots[(a.config, a.epoch)], a.epoch,
                                       "eval_valid" in kinds)
