@@ -322,8 +322,9 @@ class _Cluster(SimulatedExecutor):
             self._adds.append((ch.worker, ch.partitions))
             return []
         w = self.ids.get(ch.worker)
-        if w is None or w not in self.progress.workers or w in self.dead | self.retired:
-            raise SchedulingError(f"cannot remove absent worker {ch.worker}")
+        gone = self.dead | (self.retired if ch.action == "retire" else set())
+        if w is None or w not in self.progress.workers or w in gone:
+            raise SchedulingError(f"cannot {ch.action} absent worker {ch.worker}")
         if ch.action == "retire":
             self._retires.append(w)
             return []
@@ -339,10 +340,10 @@ class _Cluster(SimulatedExecutor):
         self.retired &= set(self.progress.workers)
         active = sorted(set(self.progress.workers) - self.dead - self.retired)
         for w in self._retires:
-            if w != active[-1]:
+            if not active or w != active[-1]:
                 raise SchedulingError(
                     f"cannot retire worker {w}: the coordinator retires the highest worker "
-                    f"id first ({active[-1]})")
+                    f"id first ({active[-1] if active else 'none left'})")
             active.pop()
             self.retired.add(w)
         # a retiring worker asked to stay takes the place of a joining one

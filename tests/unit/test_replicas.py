@@ -189,3 +189,11 @@ def test_coordinator_lost_worker_without_replicas_hands_over():
     assert out.units == 18
     assert pool.events == [("leave", 1, "lost"), ("grant", 0, [0, 1])]
     assert progress.workers == {0: {0, 1}}
+
+
+def test_the_simulator_follows_the_coordinators_choice_of_who_retires():
+    """The coordinator retires the highest worker id; a change naming another one is refused
+    rather than silently retiring a different worker."""
+    with pytest.raises(SchedulingError, match="highest worker id"):
+        simulate(get_policy("mop", random_state=0), [1, 2], 2, 2, 1.0,
+                 worker_changes=[WorkerChange(0.5, "retire", 0)])

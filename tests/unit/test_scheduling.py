@@ -902,3 +902,16 @@ def test_mop_as_fits_use_it_over_random_heterogeneous_profiles():
         vs_ring.append(mop.makespan / ring.makespan)
     assert max(vs_ring) <= 1.0 + 1e-9, max(vs_ring)
     assert statistics.mean(ratios) <= 1.05, statistics.mean(ratios)
+
+
+def test_a_unit_failing_past_the_retry_limit_fails_the_simulated_fit():
+    """Failures go through the coordinator's retry limit (max_unit_retries)."""
+    from cerebro_db.coordinator import WorkerFailed
+
+    always = lambda c, e, q, w, kind, attempt: 0.5
+    with pytest.raises(WorkerFailed, match="lost its worker session 3 times"):
+        simulate(get_policy("mop", random_state=0), [1], 2, 1, 1.0, failures=always,
+                 max_unit_retries=2)
+    res = simulate(get_policy("mop", random_state=0), [1], 2, 1, 1.0,
+                   failures=random_failures(1.0, max_attempts=3), max_unit_retries=2)
+    assert res.completed and sum(not r.ok for r in res.log) == 4
