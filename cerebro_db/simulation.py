@@ -338,7 +338,7 @@ class _Cluster(SimulatedExecutor):
         if not (self._adds or self._retires):
             return None
         self.retired &= set(self.progress.workers)
-        active = sorted(set(self.progress.workers) - self.dead - self.retired)
+        active = sorted(set(self.progress.workers) - self.retired)  # as the coordinator counts
         for w in self._retires:
             if not active or w != active[-1]:
                 raise SchedulingError(
@@ -354,7 +354,7 @@ class _Cluster(SimulatedExecutor):
             leaving.discard(w)
             self.retired.discard(w)
         self._joining.extend(self._adds[stay:])
-        want = len(active) + len(self._adds) + len(self.dead & set(self.progress.workers))
+        want = len(active) + len(self._adds)
         self._adds, self._retires = [], []
         return want
 
