@@ -7,7 +7,7 @@ training unit's measured duration (config, epoch, partition: first units include
 their model build and trace; the cold read of a worker's first unit, its ``load``, goes to
 whatever unit a worker runs first in the replay) and each evaluation unit's (all its kinds
 together)
-drive :func:`cerebro_db.scheduling.simulate` with the policy fits use (``'mop'`` with
+drive :func:`cerebro_db.simulation.simulate` with the policy fits use (``'mop'`` with
 ``prefer_lagging``, ``seeded_order``, ``cost_aware``, ``rotated_order``; ``--seeds`` seeds)
 and with ``'ring'``, without and with the run's evaluations. Printed per workload: the mean
 and max makespan of MOP, its mean and max ratio to
@@ -27,7 +27,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from cerebro_db.scheduling import get_policy, simulate
+from cerebro_db.scheduling import get_policy
+from cerebro_db.simulation import simulate
 
 FIT_OPTIONS = {"prefer_lagging": True, "seeded_order": True, "cost_aware": True,
                "rotated_order": True}

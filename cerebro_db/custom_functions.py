@@ -10,7 +10,7 @@ in a module installed in the server's environment::
                                             (a class is instantiated with them)
     builtin:top_k_accuracy(k=3)             what load_top_k_accuracy_function writes
 
-References are parsed by the literal-only parser of :mod:`cerebro_db.params` (nothing is
+References are parsed by the literal-only parser of :mod:`cerebro_db.literals` (nothing is
 evaluated). Importing a module runs its code, so a module may be imported only when the
 DBA allowed it: ``cerebro_db.custom_function_modules`` lists module names (a name allows
 the module and its submodules) and the role each is granted to; only superusers can write
@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import INSUFFICIENT_PRIVILEGE, CerebroError, invalid
+from .literals import Call, call_value, parse_tree
 
 __all__ = [
     "BUILTIN",
@@ -81,8 +82,6 @@ def parse_reference(text: Any, what: str = "reference") -> Reference:
 
     Raises :class:`CerebroError` (22023) for anything else; nothing is imported here.
     """
-    from .params import _Call, _call_value, _parse_tree  # the literal-only parser
-
     if not isinstance(text, str) or not text.strip():
         raise invalid(f"{what} must be a non-empty string, got {text!r}", hint=_REFERENCE_HINT)
     module, sep, rest = text.strip().partition(":")
@@ -90,11 +89,11 @@ def parse_reference(text: Any, what: str = "reference") -> Reference:
     if not sep or not all(p.isidentifier() for p in parts):
         raise invalid(f"{what} must name a module and an object as module.path:name, got "
                       f"{text!r}", hint=_REFERENCE_HINT)
-    node = _parse_tree(rest.strip(), what, _REFERENCE_HINT).body if rest.strip() else None
+    node = parse_tree(rest.strip(), what, _REFERENCE_HINT).body if rest.strip() else None
     if isinstance(node, ast.Name):
-        call = _Call(node.id, {})
+        call = Call(node.id, {})
     elif isinstance(node, ast.Call):
-        call = _call_value(node, what)
+        call = call_value(node, what)
     else:
         raise invalid(f"{what} must name an object after the colon, e.g. "
                       f"'{module}:my_function', got {text!r}", hint=_REFERENCE_HINT)

@@ -18,7 +18,6 @@ import inspect
 import json
 import math
 import sys
-import warnings
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Union
@@ -31,6 +30,13 @@ from .errors import (
     CerebroError,
     invalid,
     syntax,
+)
+from .literals import (
+    MAX_NESTING,
+    Call,
+    call_value,
+    literal,
+    parse_tree,
 )
 
 __all__ = [
@@ -58,11 +64,6 @@ __all__ = [
 
 MAX_INPUT_CHARS = 100_000
 """Longest parameter string accepted (characters)."""
-
-MAX_NESTING = 32
-"""Deepest nesting of lists/tuples/dicts/sets accepted in a value."""
-
-_LITERAL_KINDS = "number, string, True, False, None, list, tuple, dict or set"
 
 # Keys of model.compile() that are safe to take from a string (literal values only).
 COMPILE_KEYS: tuple[str, ...] = (
@@ -151,117 +152,7 @@ _STATIC_OPTIMIZERS: dict[str, tuple[str, ...]] = {
 # --------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _Call:
-    """A bare ``Name(key=literal, ...)`` call, kept as data (only for ``optimizer``)."""
-
-    name: str
-    kwargs: dict[str, Any]
-
-
-def _describe(node: ast.AST) -> tuple[str, str | None]:
-    """A short description of a disallowed node and an optional hint."""
-    if isinstance(node, ast.Name):
-        return f"name {node.id!r}", f"put quotes around strings, e.g. '{node.id}'"
-    if isinstance(node, ast.Call):
-        return "a function call", None
-    if isinstance(node, ast.Attribute):
-        return "attribute access", None
-    if isinstance(node, ast.Lambda):
-        return "a lambda", None
-    if isinstance(node, ast.JoinedStr):
-        return "an f-string", "use a plain quoted string"
-    if isinstance(node, (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
-        return "a comprehension", "write the values out"
-    if isinstance(node, ast.Starred):
-        return "unpacking with *", None
-    if isinstance(node, ast.Subscript):
-        return "a subscript", None
-    if isinstance(node, (ast.BinOp, ast.BoolOp, ast.Compare)):
-        return "an expression", "write the value out as a single number"
-    return "an expression", None
-
-
-def _not_literal(where: str, node: ast.AST) -> CerebroError:
-    desc, hint = _describe(node)
-    return invalid(f"{where} must be a literal ({_LITERAL_KINDS}), got {desc}", hint=hint)
-
-
-def _check_number(where: str, value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        raise invalid(f"{where} must be a finite number, got {value!r}")
-    return value
-
-
-def _literal(node: ast.AST, where: str, depth: int = 0) -> Any:
-    """Convert one syntax-tree node to a Python value, accepting literals only."""
-    if depth > MAX_NESTING:
-        raise invalid(f"{where} is nested too deeply (more than {MAX_NESTING} levels)")
-    if isinstance(node, ast.Constant):
-        value = node.value
-        if value is None or isinstance(value, (bool, str)):
-            return value
-        if isinstance(value, (int, float)):
-            return _check_number(where, value)
-        raise invalid(
-            f"{where} must be a literal ({_LITERAL_KINDS}), got a {type(value).__name__} literal"
-        )
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-        operand = node.operand
-        number = operand.value if isinstance(operand, ast.Constant) else None
-        if isinstance(number, (int, float)) and not isinstance(number, bool):
-            return _check_number(where, -number if isinstance(node.op, ast.USub) else number)
-        raise invalid(f"{where}: a sign must be followed by a number")
-    if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
-        items = [_literal(elt, where, depth + 1) for elt in node.elts]
-        if isinstance(node, ast.List):
-            return items
-        if isinstance(node, ast.Tuple):
-            return tuple(items)
-        try:
-            return set(items)
-        except TypeError:
-            msg = f"{where}: set elements must be hashable (numbers, strings, tuples)"
-            raise invalid(msg) from None
-    if isinstance(node, ast.Dict):
-        out: dict[Any, Any] = {}
-        for key_node, value_node in zip(node.keys, node.values):
-            if key_node is None:
-                raise invalid(
-                    f"{where} must be a literal ({_LITERAL_KINDS}), got unpacking with **"
-                )
-            key = _literal(key_node, where, depth + 1)
-            try:
-                duplicate = key in out
-            except TypeError:
-                msg = f"{where}: dict keys must be hashable (numbers, strings, tuples)"
-                raise invalid(msg) from None
-            if duplicate:
-                raise invalid(f"{where} has a duplicate dict key {key!r}")
-            out[key] = _literal(value_node, where, depth + 1)
-        return out
-    raise _not_literal(where, node)
-
-
 _KWARGS_HINT = "expected key=value pairs separated by commas, e.g. loss='mse', epochs=1"
-
-
-def _parse_tree(source: str, what: str, hint: str | None = None) -> ast.Expression:
-    """``ast.parse`` in eval mode, with every parser failure turned into a CerebroError."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # SyntaxWarning/DeprecationWarning on odd literals
-            return ast.parse(source, mode="eval")
-    except SyntaxError as e:
-        msg = e.msg if isinstance(e.msg, str) else ""
-        if len(msg) > 120:
-            msg = msg[:117] + "..."
-        detail = "" if msg in ("", "invalid syntax") else f" ({msg})"
-        raise syntax(f"{what}: invalid syntax{detail}", hint=hint) from None
-    except (ValueError, TypeError) as e:  # null bytes, int digit limit on some versions
-        raise syntax(f"{what}: invalid syntax ({str(e)[:120]})", hint=hint) from None
-    except (RecursionError, MemoryError):
-        raise syntax(f"{what}: input is too deeply nested or too complex to parse") from None
 
 
 def _check_text(text: Any, what: str) -> str | None:
@@ -301,7 +192,7 @@ def parse_keyword_string(
     checked = _check_text(text, what)
     if checked is None:
         return {}
-    tree = _parse_tree("_(\n" + checked + "\n)", what, _KWARGS_HINT)
+    tree = parse_tree("_(\n" + checked + "\n)", what, _KWARGS_HINT)
     call = tree.body
     if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "_"):
         raise syntax(f"{what}: invalid syntax", hint=_KWARGS_HINT)
@@ -324,36 +215,15 @@ def parse_keyword_string(
         if key in bare_name_keys and isinstance(node, ast.Name):
             out[key] = node.id
         elif key in call_keys and isinstance(node, ast.Name):
-            out[key] = _Call(node.id, {})
+            out[key] = Call(node.id, {})
         elif key in call_keys and isinstance(node, ast.Call):
-            out[key] = _call_value(node, where)
+            out[key] = call_value(node, where)
         elif key in call_list_keys and isinstance(node, (ast.List, ast.Tuple)):
-            out[key] = [_call_value(e, where) if isinstance(e, ast.Call) else
-                        _literal(e, where, 1) for e in node.elts]
+            out[key] = [call_value(e, where) if isinstance(e, ast.Call) else
+                        literal(e, where, 1) for e in node.elts]
         else:
-            out[key] = _literal(node, where)
+            out[key] = literal(node, where)
     return out
-
-
-def _call_value(node: ast.Call, where: str) -> _Call:
-    if not isinstance(node.func, ast.Name):
-        raise invalid(
-            f"{where}: expected a name such as Adam(...), got {_describe(node.func)[0]}",
-            hint="write the optimizer as 'Adam(learning_rate=0.001)'",
-        )
-    if node.args:
-        raise invalid(
-            f"{where}: {node.func.id}() takes keyword arguments only",
-            hint=f"write {node.func.id}(learning_rate=0.001)",
-        )
-    kwargs: dict[str, Any] = {}
-    for kw in node.keywords:
-        if kw.arg is None:
-            raise invalid(f"{where}: unpacking with ** is not allowed")
-        if kw.arg in kwargs:
-            raise CerebroError(f"{where}: duplicate argument {kw.arg!r}", SYNTAX_ERROR)
-        kwargs[kw.arg] = _literal(kw.value, f"{where}: {kw.arg}", 1)
-    return _Call(node.func.id, kwargs)
 
 
 def parse_literal(text: str | None, what: str) -> Any:
@@ -367,8 +237,8 @@ def parse_literal(text: str | None, what: str) -> Any:
     checked = _check_text(text, what)
     if checked is None:
         raise invalid(f"{what} must not be empty")
-    tree = _parse_tree(checked.strip(), what)
-    return _literal(tree.body, what)
+    tree = parse_tree(checked.strip(), what)
+    return literal(tree.body, what)
 
 
 # --------------------------------------------------------------------------------------------
@@ -618,7 +488,7 @@ def default_learning_rate(name: str) -> float | None:
     return None
 
 
-def _optimizer_from_call(call: _Call, what: str) -> OptimizerSpec:
+def _optimizer_from_call(call: Call, what: str) -> OptimizerSpec:
     name = resolve_optimizer_name(call.name, what)
     kwargs = dict(call.kwargs)
     if "lr" in kwargs:
@@ -670,7 +540,7 @@ def parse_optimizer_spec(value: Any, what: str = "compile_params") -> OptimizerS
     """
     if isinstance(value, OptimizerSpec):
         return value
-    if isinstance(value, _Call):
+    if isinstance(value, Call):
         return _optimizer_from_call(value, what)
     if not isinstance(value, str):
         raise invalid(
@@ -682,12 +552,12 @@ def parse_optimizer_spec(value: Any, what: str = "compile_params") -> OptimizerS
     if checked is None:
         raise invalid(f"{where} must not be empty", hint="e.g. optimizer='Adam'")
     example = "e.g. optimizer='SGD(learning_rate=0.01, momentum=0.9)'"
-    tree = _parse_tree(checked.strip(), where, example)
+    tree = parse_tree(checked.strip(), where, example)
     node = tree.body
     if isinstance(node, ast.Name):
-        return _optimizer_from_call(_Call(node.id, {}), what)
+        return _optimizer_from_call(Call(node.id, {}), what)
     if isinstance(node, ast.Call):
-        return _optimizer_from_call(_call_value(node, where), what)
+        return _optimizer_from_call(call_value(node, where), what)
     raise invalid(
         f"{where} must be an optimizer name with optional keyword arguments, got {value!r}",
         hint="e.g. optimizer='SGD(learning_rate=0.01, momentum=0.9)'",
@@ -1124,7 +994,7 @@ def parse_fit_params(text: str | None, what: str = "fit_params") -> FitParams:
         names = []
         given = d["callbacks"] if isinstance(d["callbacks"], list) else [d["callbacks"]]
         for item in given:
-            if isinstance(item, _Call):
+            if isinstance(item, Call):
                 if item.name.lower() != "tensorboard":
                     raise invalid(f"{what}: callback {item.name!r} is not allowed",
                                   hint="allowed callbacks: " + ", ".join(

@@ -3,7 +3,8 @@
 :func:`simulate_tuner` runs the engine the server runs (:mod:`.engine`: the fit loop
 :func:`cerebro_db.coordinator.run_fit` with the ``'mop'`` policy, a
 :class:`~.trials.TrialBook` and :class:`~.engine.AutoMLHooks`) with a fake executor,
-:class:`SimulatedExecutor`: a unit's result comes from a :class:`LossModel` (by default
+:class:`SimulatedExecutor` (on the event-driven executor and clock of
+:mod:`cerebro_db.simulation`, which the scheduling simulations share): a unit's result comes from a :class:`LossModel` (by default
 :class:`SyntheticLoss`, a learning curve per configuration that depends on the learning
 rate) and its duration from a time function; the clock jumps from one unit's end to the next.
 The rules a procedure meets (launch, extend, stop and free; paused trials; evaluated
@@ -24,7 +25,6 @@ one worker per partition.
 from __future__ import annotations
 
 import functools
-import heapq
 import json
 import math
 import zlib
@@ -36,6 +36,7 @@ import numpy as np
 
 from ..coordinator import FitOutcome
 from ..scheduling import TRAIN, Assignment, RunningUnit, UnitRecord
+from ..simulation import SimulatedExecutor as BaseSimulatedExecutor
 from .base import (
     Decision,
     EngineView,
@@ -259,70 +260,49 @@ class _Trials:
         self.records.append((seq, kind, trial_id, target, reason, dict(meta), now))
 
 
-class SimulatedExecutor:
-    """A :class:`cerebro_db.coordinator.Executor` on a simulated clock (:meth:`clock`).
+class SimulatedExecutor(BaseSimulatedExecutor):
+    """The :class:`cerebro_db.simulation.SimulatedExecutor` of an AutoML run (clock:
+    :meth:`clock`).
 
-    :meth:`submit` starts a unit that ends ``unit_time(spec, partition)`` seconds later
-    (evaluation: ``eval_time``); :meth:`wait` moves the clock to the next end and returns
-    that unit's result: a training unit trains its trial's level by one
-    :meth:`LossModel.step` (and keeps the end-of-epoch level when the loop asks for a
-    snapshot), an evaluation unit evaluates that snapshot. No unit loses its worker.
+    A unit ends ``unit_time(spec, partition)`` seconds after :meth:`submit` (evaluation:
+    ``eval_time``); :meth:`wait` moves the clock to the next end and returns that one unit's
+    result: a training unit trains its trial's level by one :meth:`LossModel.step` (and
+    keeps the end-of-epoch level when the loop asks for a snapshot), an evaluation unit
+    evaluates that snapshot. No unit loses its worker.
     """
 
     def __init__(self, trials: _Trials, num_partitions: int,
                  unit_time: Callable[[TrialSpec, int], float],
                  eval_time: Callable[[TrialSpec, int], float], rows_per_partition: int,
                  max_steps: int) -> None:
+        super().__init__(max_steps=max_steps)
         self.trials, self.num_partitions = trials, num_partitions
-        self.unit_time, self.eval_time = unit_time, eval_time
-        self.rows, self.max_steps = rows_per_partition, max_steps
-        self.now = 0.0
-        self.steps = 0
-        self.log: list[UnitRecord] = []
-        self._events: list[tuple[float, int, int]] = []
-        self._seq = 0
-        self._running: dict[int, tuple[Assignment, dict[str, Any], float]] = {}
+        self.train_time, self.eval_time = unit_time, eval_time
+        self.rows = rows_per_partition
         self._snapshots: dict[tuple[int, int], float] = {}
 
-    def clock(self) -> float:
-        return self.now
-
-    def submit(self, a: Assignment, options: dict[str, Any]) -> None:
+    def unit_time(self, a: Assignment, options: dict[str, Any]) -> float:
         spec = self.trials.specs[a.config]
-        secs = float((self.unit_time if a.kind == TRAIN else self.eval_time)(spec, a.partition))
-        if secs < 0:
-            raise ValueError(f"negative unit time {secs} for {a}")
-        self._running[a.worker] = (a, options, self.now)
-        heapq.heappush(self._events, (self.now + secs, self._seq, a.worker))
-        self._seq += 1
+        return (self.train_time if a.kind == TRAIN else self.eval_time)(spec, a.partition)
 
-    def wait(self, timeout: float | None = None) -> list[tuple[int, bool, dict[str, Any]]]:
-        self.steps += 1
-        if self.steps > self.max_steps:
-            raise RuntimeError(f"the simulated run did not end within {self.max_steps} steps")
-        end, _, worker = heapq.heappop(self._events)
-        self.now = end
-        a, opts, start = self._running.pop(worker)
+    def result(self, a: Assignment, options: dict[str, Any], start: float, end: float
+               ) -> dict[str, Any]:
         spec = self.trials.specs[a.config]
         model = self.trials.model
-        data: dict[str, Any]
         if a.kind == TRAIN:
             loss, level = model.step(spec, self.trials.level[a.config], a.epoch, a.partition,
                                      self.num_partitions)
             self.trials.level[a.config] = level
-            if opts.get("snapshot"):
+            if options.get("snapshot"):
                 self._snapshots[(a.config, a.epoch)] = level
-            data = {"loss": loss, "rows": self.rows, "train_seconds": end - start}
-        else:
-            kinds = list(opts["eval_kinds"])
-            train, valid = model.evaluate(spec, self._snapshots[(a.config, a.epoch)], a.epoch,
-                                          "eval_valid" in kinds)
-            losses = {"eval_train": train, "eval_valid": valid}
-            data = {"evals": {k: {"loss": losses[k], "rows": self.rows, "metrics": {}}
-                              for k in kinds}}
-        self.log.append(UnitRecord(a.config, a.epoch, a.partition, worker, a.kind, start, end,
-                                   True))
-        return [(worker, True, data)]
+            return {"loss": loss, "rows": self.rows, "seconds": end - start,
+                    "train_seconds": end - start}
+        kinds = list(options["eval_kinds"])
+        train, valid = model.evaluate(spec, self._snapshots[(a.config, a.epoch)], a.epoch,
+                                      "eval_valid" in kinds)
+        losses = {"eval_train": train, "eval_valid": valid}
+        return {"evals": {k: {"loss": losses[k], "rows": self.rows, "metrics": {}}
+                          for k in kinds}}
 
     def recover(self, worker: int) -> bool:
         raise RuntimeError("a simulated unit never loses its worker session")

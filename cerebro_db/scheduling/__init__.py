@@ -7,8 +7,9 @@
 - :mod:`.registry`: :func:`get_policy` from the names SQL uses;
 - :mod:`.replicas`: which worker holds which partitions (replication factor, cover);
 - :mod:`.progress`: the bookkeeping shared by the coordinator and the simulator;
-- :mod:`.simulate` and :mod:`.invariants`: a fake executor, the invariant checks and the
-  makespan lower bound.
+- :mod:`.invariants`: the invariant checks and the makespan lower bound (the simulations
+  that run a policy through the fit loop on a fake executor are in
+  :mod:`cerebro_db.simulation`).
 """
 from __future__ import annotations
 
@@ -35,7 +36,6 @@ from .randomized import RandomizedMOP
 from .registry import DEFAULT_POLICY, POLICIES, get_policy, policy_class, policy_names
 from .replicas import cover, initial_workers, replica_partitions, uncovered
 from .ring import RingPolicy
-from .simulate import SimulationResult, WorkerChange, random_failures, simulate
 
 __all__ = [
     "DEFAULT_POLICY",
@@ -51,10 +51,8 @@ __all__ = [
     "RingPolicy",
     "RunningUnit",
     "SchedulingError",
-    "SimulationResult",
     "Snapshot",
     "UnitRecord",
-    "WorkerChange",
     "check_invariants",
     "cover",
     "evaluation_epochs",
@@ -64,8 +62,6 @@ __all__ = [
     "lower_bound",
     "policy_class",
     "policy_names",
-    "random_failures",
     "replica_partitions",
-    "simulate",
     "uncovered",
 ]

@@ -262,10 +262,6 @@ class Policy(ABC):
     def assign(self, snapshot: Snapshot) -> list[Assignment]:
         """Decide what some idle workers run next."""
 
-    def done(self, snapshot: Snapshot) -> bool:
-        """Whether all work is finished."""
-        return snapshot.all_done()
-
     @abstractmethod
     def options(self) -> dict[str, Any]:
         """The constructor options, JSON-serialisable (``type(p)(**p.options())`` is a fresh p)."""

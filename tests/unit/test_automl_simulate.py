@@ -358,3 +358,23 @@ def test_the_sql_entry_point_runs_the_same_engine() -> None:
 
     assert issubclass(CatalogHooks, AutoMLHooks)
     assert {n for n in vars(CatalogHooks) if not n.startswith("__")} == {"persist"}
+
+
+def test_unit_times_reach_the_cost_aware_policy(monkeypatch):
+    """The engine's 'mop' policy is cost-aware: a simulated unit reports its duration as a
+    worker does, so the policy's estimate sees the simulated times."""
+    from cerebro_db.scheduling import Progress
+
+    seen: list[tuple[int, float | None]] = []
+    observe = Progress.observe
+
+    def spy(self, config, seconds, epoch=None):
+        seen.append((config, seconds))
+        return observe(self, config, seconds, epoch)
+
+    monkeypatch.setattr(Progress, "observe", spy)
+    times = {1: 1.0, 2: 3.0}
+    r = simulate_tuner(Script([Launch(spec(1), 1), Launch(spec(2), 1)]), num_partitions=2,
+                       num_workers=2, unit_time=lambda s, p: times[s.trial_id])
+    assert sorted(seen) == sorted((u.config, times[u.config]) for u in r.units
+                                  if u.kind == "train")

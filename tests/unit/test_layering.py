@@ -104,10 +104,7 @@ def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 # Cycles that other parts of issue 12 remove; delete a line when its cycle is gone (the test
 # fails then, so the list cannot go stale).
-KNOWN_CYCLES = [
-    # the literal-only parser and custom function references import each other lazily
-    ["cerebro_db.custom_functions", "cerebro_db.params"],
-]
+KNOWN_CYCLES: list[list[str]] = []
 
 
 def test_no_import_cycles():

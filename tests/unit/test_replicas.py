@@ -11,15 +11,14 @@ from cerebro_db.coordinator import run_fit
 from cerebro_db.scheduling import (
     Progress,
     SchedulingError,
-    WorkerChange,
     check_invariants,
     cover,
     get_policy,
     initial_workers,
     replica_partitions,
-    simulate,
     uncovered,
 )
+from cerebro_db.simulation import WorkerChange, simulate
 
 from .test_coordinator_faults import FakeExecutor
 
@@ -58,9 +57,8 @@ def test_progress_grant():
 
 @pytest.mark.parametrize("seed", range(5))
 def test_removed_worker_served_by_replicas(seed):
-    """r = 2: a worker removed mid-run (its unit fails) leaves; the replicas finish the fit
-    without reassigning anything; with r = 1 the same removal strands its partition
-    unless cover_lost hands it over."""
+    """r = 2: a worker removed mid-run (its unit fails) leaves; the replicas finish the fit;
+    with r = 1 the coordinator hands its partition to the workers left."""
     p, configs = 4, [1, 2, 3, 4, 5]
     churn = [WorkerChange(2.5, "remove", 1)]
     pol = get_policy("mop", random_state=seed, seeded_order=True)
@@ -72,14 +70,11 @@ def test_removed_worker_served_by_replicas(seed):
     # its unit in flight, if any, failed at the removal
     assert all(not r.ok and r.end == 2.5 for r in res.log if r.worker == 1 and r.end > 2.5)
     assert any(r.worker == 1 for r in res.log)
-    stuck = simulate(get_policy("mop", random_state=seed, seeded_order=True), configs, p, 2,
-                     1.0, workers=initial_workers(4, p, 1), worker_changes=churn)
-    assert not stuck.completed
     covered = simulate(get_policy("mop", random_state=seed, seeded_order=True), configs, p, 2,
-                       1.0, workers=initial_workers(4, p, 1), worker_changes=churn,
-                       cover_lost=True)
+                       1.0, workers=initial_workers(4, p, 1), worker_changes=churn)
     assert covered.completed
     check_invariants(covered.log, num_partitions=p, epochs=2)
+    assert not [r for r in covered.log if r.worker == 1 and r.start >= 2.5]
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -89,11 +84,11 @@ def test_retire_waits_for_the_unit_in_flight_and_added_workers_help(seed):
              WorkerChange(3.2, "retire", 5)]
     pol = get_policy("mop", random_state=seed, seeded_order=True)
     res = simulate(pol, configs, p, 3, 1.0, workers=initial_workers(2, p, 1),
-                   worker_changes=churn, cover_lost=True)
+                   worker_changes=churn)
     assert res.completed and all(r.ok for r in res.log)  # no unit killed by a retirement
     check_invariants(res.log, num_partitions=p, epochs=3)
     assert [r.end for r in res.log if r.worker == 1] == [1.0]
-    on5 = [r for r in res.log if r.worker == 5]
+    on5 = [r for r in res.log if r.worker == 2]  # worker "5" joins with a fresh id
     assert on5 and min(r.start for r in on5) >= 1.5 and max(r.start for r in on5) < 3.2
     assert max(r.end for r in on5) <= 4.0
 
@@ -194,3 +189,11 @@ def test_coordinator_lost_worker_without_replicas_hands_over():
     assert out.units == 18
     assert pool.events == [("leave", 1, "lost"), ("grant", 0, [0, 1])]
     assert progress.workers == {0: {0, 1}}
+
+
+def test_the_simulator_follows_the_coordinators_choice_of_who_retires():
+    """The coordinator retires the highest worker id; a change naming another one is refused
+    rather than silently retiring a different worker."""
+    with pytest.raises(SchedulingError, match="highest worker id"):
+        simulate(get_policy("mop", random_state=0), [1, 2], 2, 2, 1.0,
+                 worker_changes=[WorkerChange(0.5, "retire", 0)])

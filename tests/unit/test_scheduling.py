@@ -39,16 +39,14 @@ from cerebro_db.scheduling import (
     RunningUnit,
     SchedulingError,
     Snapshot,
-    WorkerChange,
     check_invariants,
     evaluation_epochs,
     find_violations,
     get_policy,
     lower_bound,
     policy_names,
-    random_failures,
-    simulate,
 )
+from cerebro_db.simulation import WorkerChange, random_failures, simulate
 
 # Every registered name, plus the non-default options worth exercising.
 POLICY_CASES: list[tuple[str, dict[str, Any]]] = [
@@ -167,8 +165,8 @@ def test_invariants_hold_under_worker_churn(name, options, p, n, epochs, seed, c
     for t, w, back in churn:
         w %= 2 * p
         changes += [WorkerChange(t, "remove", w), WorkerChange(t + back, "add", w, (w % p,))]
-    changes = _feasible(changes)
-    assert not churn or changes
+    changes = _feasible(changes, 2 * p)
+    assert not churn or changes or p == 1
     res = simulate(make(name, options, seed), list(range(n)), p, epochs,
                    table_times(seed, "per_unit"), workers=workers, worker_changes=changes,
                    eval_epochs={epochs})
@@ -176,11 +174,14 @@ def test_invariants_hold_under_worker_churn(name, options, p, n, epochs, seed, c
     check_invariants(res.log, num_partitions=p, epochs=epochs, eval_epochs={epochs})
 
 
-def _feasible(changes: list[WorkerChange]) -> list[WorkerChange]:
-    """Drop changes that would remove an absent worker or add a present one."""
+def _feasible(changes: list[WorkerChange], num_workers: int) -> list[WorkerChange]:
+    """Drop changes that would remove an absent worker or the last one (the coordinator
+    fails a fit that has no worker left), or add a present one."""
     removed: set[int] = set()
     out = []
     for c in sorted(changes, key=lambda c: (c.time, c.action != "remove")):
+        if c.action == "remove" and len(removed) + 1 >= num_workers:
+            continue
         if (c.action == "remove") == (c.worker not in removed):
             (removed.add if c.action == "remove" else removed.discard)(c.worker)
             out.append(c)
@@ -188,19 +189,35 @@ def _feasible(changes: list[WorkerChange]) -> list[WorkerChange]:
 
 
 @pytest.mark.parametrize(("name", "options"), POLICY_CASES, ids=CASE_IDS)
-def test_losing_the_only_copy_of_a_partition_cannot_finish(name, options):
+def test_a_lost_only_copy_of_a_partition_goes_to_the_workers_left(name, options):
+    """Worker 1 holds the only copy of partition 1 and leaves (its unit fails): the
+    coordinator hands partition 1 to the workers left and the fit finishes."""
     res = simulate(make(name, options), list(range(4)), 3, 2, 1.0,
                    worker_changes=[WorkerChange(2.5, "remove", 1)])
-    assert not res.completed
+    assert res.completed
     assert any(not r.ok and r.worker == 1 and r.end == 2.5 for r in res.log)
-    check_invariants(res.log, num_partitions=3, complete=False)
-    # ... and re-adding a worker holding it lets the fit finish.
+    assert not [r for r in res.log if r.worker == 1 and r.start >= 2.5]
+    assert any(r.ok and r.partition == 1 and r.worker != 1 and r.start >= 2.5
+               for r in res.log)
+    check_invariants(res.log, num_partitions=3, epochs=2)
+
+
+@pytest.mark.parametrize(("name", "options"), POLICY_CASES, ids=CASE_IDS)
+def test_losing_every_worker_cannot_finish_and_a_joining_worker_helps(name, options):
     res = simulate(make(name, options), list(range(4)), 3, 2, 1.0,
-                   worker_changes=[WorkerChange(2.5, "remove", 1),
-                                   WorkerChange(7.0, "add", 9, (1,))])
+                   worker_changes=[WorkerChange(2.5, "remove", w) for w in range(3)])
+    assert not res.completed
+    check_invariants(res.log, num_partitions=3, complete=False)
+    # a worker joining holding partition 1 gets a fresh id (3) and serves only partition 1
+    # (a policy with a barrier may leave it idle)
+    res = simulate(make(name, options), list(range(4)), 3, 2, 1.0,
+                   worker_changes=[WorkerChange(0.5, "add", 9, (1,))])
     assert res.completed
     check_invariants(res.log, num_partitions=3, epochs=2)
-    assert any(r.worker == 9 for r in res.log)
+    on3 = [r for r in res.log if r.worker == 3]
+    assert {r.partition for r in on3} <= {1} and all(r.start >= 0.5 for r in on3)
+    if name == "mop":
+        assert on3
 
 
 @pytest.mark.parametrize(("name", "options"), POLICY_CASES, ids=CASE_IDS)
@@ -885,3 +902,16 @@ def test_mop_as_fits_use_it_over_random_heterogeneous_profiles():
         vs_ring.append(mop.makespan / ring.makespan)
     assert max(vs_ring) <= 1.0 + 1e-9, max(vs_ring)
     assert statistics.mean(ratios) <= 1.05, statistics.mean(ratios)
+
+
+def test_a_unit_failing_past_the_retry_limit_fails_the_simulated_fit():
+    """Failures go through the coordinator's retry limit (max_unit_retries)."""
+    from cerebro_db.coordinator import WorkerFailed
+
+    always = lambda c, e, q, w, kind, attempt: 0.5
+    with pytest.raises(WorkerFailed, match="lost its worker session 3 times"):
+        simulate(get_policy("mop", random_state=0), [1], 2, 1, 1.0, failures=always,
+                 max_unit_retries=2)
+    res = simulate(get_policy("mop", random_state=0), [1], 2, 1, 1.0,
+                   failures=random_failures(1.0, max_attempts=3), max_unit_retries=2)
+    assert res.completed and sum(not r.ok for r in res.log) == 4

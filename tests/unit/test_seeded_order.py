@@ -6,7 +6,8 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cerebro_db.scheduling import RandomizedMOP, check_invariants, simulate
+from cerebro_db.scheduling import RandomizedMOP, check_invariants
+from cerebro_db.simulation import simulate
 
 
 def orders(log):
