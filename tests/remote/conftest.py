@@ -205,3 +205,26 @@ def dask_cluster(passfile) -> Iterator[DaskCluster]:
     cluster = DaskCluster(env)
     yield cluster
     cluster.stop()
+
+
+# --------------------------------------------------------------------------- Ray
+
+RAY_CALLS = Path(__file__).resolve().parent / "ray_calls"
+
+
+@pytest.fixture(scope="package")
+def ray_cluster(passfile):
+    """A real local Ray cluster (``ray start --head`` of this venv on loopback, 2 CPUs, the
+    Ray Client server on a free port, no dashboard; tooling/ray_cluster.py), with the test
+    roles' PGPASSFILE in its environment; stopped at the end (its own processes only)."""
+    pytest.importorskip("ray")
+    from tooling.ray_cluster import RayHead
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
+    # the actors import the test's own call functions from RAY_CALLS (the package comes
+    # from the venv, as on a real node)
+    env.update(PGPASSFILE=str(passfile), TF_CPP_MIN_LOG_LEVEL="2", PYTHONDONTWRITEBYTECODE="1",
+               PYTHONPATH=str(RAY_CALLS))
+    head = RayHead(num_cpus=2, env=env)
+    yield head
+    head.stop()
