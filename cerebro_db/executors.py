@@ -401,6 +401,22 @@ class DblinkExecutor:
         if key is not None:
             self._keys[worker] = key
 
+    def submit_unit(self, worker: int, fit_id: int, mst_key: int, epoch: int,
+                    partition: int, kind: str, options: dict[str, Any],
+                    key: tuple[Any, str] | None = None) -> None:
+        """Send one unit (``__run_unit`` in the worker's session)."""
+        sql = self.cat.format_sql(
+            "SELECT %s(%s::bigint, %s, %s, %s, %s, %L, %L)",
+            [self.cat.ext("__run_unit"), int(fit_id), int(mst_key), int(epoch),
+             int(partition), int(worker), kind, json.dumps(options)],
+            ["text", "int8", "int4", "int4", "int4", "int4", "text", "text"])
+        self.submit(worker, sql, key=key)
+
+    def submit_check(self, worker: int, spec: dict[str, Any]) -> None:
+        """Send the fit's checks (``__check_fit``; the answer is JSON like a unit's)."""
+        self.submit(worker, self.cat.format_sql("SELECT %s(%L)", [
+            self.cat.ext("__check_fit"), json.dumps(spec)], ["text", "text"]))
+
     def _limit(self, key: tuple[Any, str] | None) -> float | None:
         rule = self.unit_timeout
         if not isinstance(rule, StallRule):
@@ -463,7 +479,8 @@ class DblinkExecutor:
         through dblink that the server's deadlock detector cannot see (e.g. DROP TABLE,
         TRUNCATE or ALTER TABLE of the source table while the fit's transaction holds its
         lock, or a table the workers read locked by the calling transaction itself)."""
-        pids = [self.pids[w] for w in self.busy if w in self.pids]
+        backends = self.backend_pids()
+        pids = list(backends.values())
         if not pids:
             return
         rows = self.cat.query(
@@ -476,7 +493,7 @@ class DblinkExecutor:
         if not rows:
             return
         wpid, bpid = rows[0]["worker_pid"], rows[0]["blocker"]
-        worker = next((w for w, p in self.pids.items() if p == wpid), "?")
+        worker = next((w for w, p in backends.items() if p == wpid), "?")
         fit = f"fit {self.fit_id}" if self.fit_id is not None else "the fit"
         resume = f"madlib_keras_fit_resume({self.fit_id})" if self.fit_id else "a resume"
         if bpid == self.cat.query("SELECT pg_catalog.pg_backend_pid() AS p")[0]["p"]:
@@ -502,6 +519,10 @@ class DblinkExecutor:
             hint="Run DDL on a fit's tables after the fit. To keep the fit instead, cancel "
             f"that statement (SELECT pg_cancel_backend({bpid})) and resume the fit with "
             f"{resume}.")
+
+    def backend_pids(self) -> dict[int, int]:
+        """The database backends of the busy workers (their sessions' pids)."""
+        return {w: self.pids[w] for w in self.busy if w in self.pids}
 
     def _lost(self, worker: int, message: str, pid: int | None = None) -> WorkerResult:
         self.busy.pop(worker, None)

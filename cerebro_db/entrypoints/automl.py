@@ -37,6 +37,7 @@ from ..errors import (
 )
 from ..executors import DblinkExecutor
 from ..names import TableName
+from ..remote.executor import RemoteExecutor, executor_url
 from ..scheduling import Progress
 from . import entrypoint, require_output_schema
 from .compat import custom_references, grid_names
@@ -387,8 +388,10 @@ def _execute(cat: Catalog, req: FitRequest, tuner: Tuner,
     retries, timeout, forward = _fault_settings(cat)
     check_worker_limits(cat, p, resume.fit_id if resume else None)
     state_chunk_size(cat)
-    ex = DblinkExecutor(cat, f"{os.getpid()}_{int(time.time() * 1000) % 10**9}", p,
-                        _conninfo(cat), unit_timeout=timeout)
+    tag = f"{os.getpid()}_{int(time.time() * 1000) % 10**9}"
+    remote = executor_url(cat)
+    ex = RemoteExecutor(cat, tag, p, _conninfo(cat), remote, unit_timeout=timeout) if remote \
+        else DblinkExecutor(cat, tag, p, _conninfo(cat), unit_timeout=timeout)
     ex.keep_idle = idle_timeout(cat)
     t0 = time.time()
     fit_id = None

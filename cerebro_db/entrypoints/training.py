@@ -38,6 +38,7 @@ from ..errors import (
 )
 from ..executors import DblinkExecutor, StallRule, end_sessions, is_cancel
 from ..names import TableName, quote_ident
+from ..remote.executor import RemoteExecutor, executor_url
 from ..scheduling import (
     EVAL,
     TRAIN,
@@ -314,9 +315,8 @@ def check_configs(spec: dict[str, Any], cat: Catalog | None = None) -> None:
 def worker_checks(ex: DblinkExecutor, spec: dict[str, Any]) -> None:
     """Run :func:`check_configs` in every worker session at once (each imports TensorFlow in
     parallel: a cold fit's start-up), and raise the first error one of them reports."""
-    sql = f"SELECT {ex.cat.ext('__check_fit')}({ex.cat.literal(json.dumps(spec))})"
     for w in ex.idle():
-        ex.submit(w, sql)
+        ex.submit_check(w, spec)
     answers: dict[int, dict[str, Any]] = {}
     while ex.busy:
         for r in ex.wait():
@@ -612,10 +612,8 @@ class _UnitExecutor:
 
     def submit(self, a: Assignment, options: dict[str, Any]) -> None:
         kind = "train" if a.kind != EVAL else "eval"
-        sql = (f"SELECT {self.cat.ext('__run_unit')}({self.fit_id}::bigint, {int(a.config)}, "
-               f"{int(a.epoch)}, {int(a.partition)}, {int(a.worker)}, {self.cat.literal(kind)}, "
-               f"{self.cat.literal(json.dumps(options))})")
-        self.ex.submit(a.worker, sql, key=(a.config, kind))
+        self.ex.submit_unit(a.worker, self.fit_id, a.config, a.epoch, a.partition, kind,
+                            options, key=(a.config, kind))
 
     def wait(self, timeout: float | None = None) -> list[tuple[int, bool, dict[str, Any]]]:
         return [(r.worker, r.ok, r.data) for r in self.ex.wait(timeout)]
@@ -946,8 +944,11 @@ def execute_fit(cat: Catalog, req: FitRequest,
     retries, timeout, forward = _fault_settings(cat)
     state_chunk_size(cat)
     check_worker_limits(cat, len(workers), resume.fit_id if resume else None)
-    ex = DblinkExecutor(cat, f"{os.getpid()}_{int(time.time() * 1000) % 10**9}",
-                        len(workers), _conninfo(cat), unit_timeout=timeout)
+    tag = f"{os.getpid()}_{int(time.time() * 1000) % 10**9}"
+    remote = executor_url(cat)
+    ex = RemoteExecutor(cat, tag, len(workers), _conninfo(cat), remote,
+                        unit_timeout=timeout) if remote \
+        else DblinkExecutor(cat, tag, len(workers), _conninfo(cat), unit_timeout=timeout)
     ex.refuse_reopen = _refused_reopen(cat)
     ex.keep_idle = idle_timeout(cat)
     t0 = time.time()

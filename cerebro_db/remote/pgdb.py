@@ -16,7 +16,8 @@ import contextlib
 import itertools
 import logging
 import re
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 log = logging.getLogger("cerebro_db.remote")
 

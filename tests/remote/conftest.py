@@ -23,6 +23,8 @@ from ..conftest import _connect, create_database, drop_database, server_params
 from ..integration.mnist_rows import load_mnist_rows
 
 PARTITIONS = 2
+COMPILE = ("loss='categorical_crossentropy', optimizer='Adam(learning_rate=0.01)', "
+           "metrics=['accuracy']")
 SEED = 23
 
 
@@ -108,8 +110,7 @@ def role(radmin, rdb, passfile) -> Iterator[Role]:
          "NULL, %s, 2)", (PARTITIONS,))
     q(c, "SELECT load_keras_model('rm_arch', %s)", (mlp_json(),))
     q(c, "SELECT load_model_selection_table('rm_arch', 'rm_mst', ARRAY[1], %s, %s)",
-      (["loss='categorical_crossentropy', optimizer='Adam(learning_rate=0.01)', "
-        "metrics=['accuracy']"], ["batch_size=50"]))
+      ([COMPILE], ["batch_size=50"]))
     c.close()
     yield r
     _drop_role(radmin, r)
