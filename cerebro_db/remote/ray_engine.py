@@ -34,11 +34,13 @@ import importlib
 import logging
 import os
 import sys
+import time
 import traceback
 from typing import Any
 
 from ..errors import SYSTEM_ERROR, CerebroError
 from .engine import EngineUnavailable, WorkerLost
+from .executor import CANNOT_CONNECT
 
 ENTRY = "cerebro_db.remote.unit:run_call"
 NAMESPACE = "cerebro_db"
@@ -77,10 +79,13 @@ class RayEngine:
 
     ``address``: the Ray Client address, ``ray://host:port``. ``entry``: what the actors run
     per call (``module:function``; the tests give a function of their own).
-    ``actor_options``: more options for the actors (e.g. ``resources``, ``memory``)."""
+    ``actor_options``: more options for the actors (e.g. ``resources``, ``memory``).
+    ``start_timeout``: seconds to wait for a new actor to be placed and answer (a cluster
+    without a free CPU leaves it pending)."""
 
     def __init__(self, address: str, *, entry: str = ENTRY, namespace: str = NAMESPACE,
-                 actor_options: dict[str, Any] | None = None) -> None:
+                 actor_options: dict[str, Any] | None = None,
+                 start_timeout: float = 120.0) -> None:
         try:
             import ray
         except ImportError as e:
@@ -93,21 +98,17 @@ class RayEngine:
         self._ray = ray
         self.address = address
         self.entry = entry
+        self.start_timeout = start_timeout
         self._actors: dict[int, Any] = {}
         self._pids: dict[int, int] = {}
         self._calls: dict[int, Any] = {}
         try:
-            # Ray Client reports through logging; anything printed goes to stderr (the
-            # server's log), never to the backend's stdout
-            with contextlib.redirect_stdout(sys.stderr):
-                self._ctx = ray.init(address=address, allow_multiple=True,
-                                     namespace=namespace, logging_level=logging.WARNING,
-                                     log_to_driver=False)
+            self._ctx = self._connect(namespace)
         except Exception as e:  # noqa: BLE001 - the cluster is unreachable or refuses us
+            why = " ".join(str(e).split())
             raise CerebroError(
                 f"could not connect to the Ray cluster at {address}: "
-                f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".rstrip(": "),
-                SYSTEM_ERROR,
+                f"{type(e).__name__}{': ' + why if why else ''}", CANNOT_CONNECT,
                 hint="Check that the cluster runs with its Ray Client server on that port "
                 "(ray start --head --ray-client-server-port ...), is reachable from the "
                 "database server, and runs the same Ray and Python versions.") from None
@@ -117,16 +118,37 @@ class RayEngine:
             self._actor_class = ray.remote(**opts)(UnitActor)
         self._lost = _lost_errors(ray)
 
+    def _connect(self, namespace: str, attempts: int = 3) -> Any:
+        """The client context. The cluster's client server starts a driver process per
+        client, whose own ``ray.init`` can fail on a busy head (``ConnectionAbortedError``,
+        "Initialization failure from server"): that is tried again; an unreachable address
+        fails after Ray Client's own timeout (about 30 s)."""
+        for attempt in range(attempts):
+            try:
+                # Ray Client reports through logging; anything printed goes to stderr (the
+                # server's log), never to the backend's stdout
+                with contextlib.redirect_stdout(sys.stderr):
+                    return self._ray.init(address=self.address, allow_multiple=True,
+                                          namespace=namespace, logging_level=logging.WARNING,
+                                          log_to_driver=False)
+            except ConnectionAbortedError:
+                if attempt == attempts - 1:
+                    raise
+                time.sleep(1.0 + attempt)
+        raise AssertionError("unreachable")
+
     def start_worker(self, worker: int) -> None:
         """Place the slot's actor and wait until it runs (its pid known); a previous actor of
-        the slot is killed first. :class:`EngineUnavailable` when none can be placed."""
+        the slot is killed first. :class:`EngineUnavailable` when none can be placed
+        within ``start_timeout`` seconds."""
         self.stop_worker(worker)
         ray = self._ray
         try:
             with self._ctx:
                 actor = self._actor_class.remote(worker, self.entry)
                 self._actors[worker] = actor
-                self._pids[worker] = int(ray.get(actor.pid.remote()))
+                self._pids[worker] = int(ray.get(actor.pid.remote(),
+                                                  timeout=self.start_timeout))
         except Exception as e:  # noqa: BLE001 - the slot stays empty
             self.stop_worker(worker)
             raise EngineUnavailable(f"no Ray actor for worker {worker}: "

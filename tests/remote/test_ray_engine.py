@@ -115,6 +115,6 @@ def test_unreachable_cluster_is_a_clear_error():
         port = s.getsockname()[1]
     with pytest.raises(CerebroError) as e:
         RayEngine(f"ray://127.0.0.1:{port}")
-    assert e.value.sqlstate == "58000"
+    assert e.value.sqlstate == "08001"
     assert f"could not connect to the Ray cluster at ray://127.0.0.1:{port}" in e.value.message
     assert e.value.hint
