@@ -21,6 +21,10 @@ pytestmark = pytest.mark.db
 pytest.importorskip("ray")
 
 
+CGRID = ("{'loss': ['categorical_crossentropy'], 'optimizer_params_list': [{'optimizer': "
+         "['Adam'], 'lr': [0.001, 0.05, 'log']}], 'metrics': ['accuracy']}")
+
+
 def use(conn, executor):
     if executor is None:
         q(conn, "RESET cerebro_db.executor")
@@ -109,9 +113,7 @@ def test_automl_on_ray(role, radmin, ray_cluster):
     try:
         q(c, "SELECT madlib_keras_automl('rm_p', 'ray_am', 'rm_arch', 'ray_am_mst', ARRAY[1], "
              "%s, %s, 'hyperband', 'R=2, eta=2, skip_last=1', 5)",
-          ("{'loss': ['categorical_crossentropy'], 'optimizer_params_list': [{'optimizer': "
-           "['Adam'], 'lr': [0.001, 0.05, 'log']}], 'metrics': ['accuracy']}",
-           "{'batch_size': [50]}"))
+          (CGRID, "{'batch_size': [50]}"))
     finally:
         use(c, None)
     assert any(f"units of this fit run on {ray_cluster.client_address}" in n

@@ -17,7 +17,7 @@ from cerebro_db.remote.engine import WorkerLost
 
 pytest.importorskip("ray")
 
-from cerebro_db.remote.ray_engine import RayEngine  # noqa: E402
+from cerebro_db.remote.ray_engine import RayEngine
 
 
 def wait_done(engine, worker: int, timeout: float = 60.0) -> None:
