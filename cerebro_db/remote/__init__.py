@@ -46,8 +46,9 @@ class ExecutorURL:
 
 
 def _bad(text: str, why: str) -> CerebroError:
+    shown = re.sub(r"//[^/]*@", "//***@", text)  # never repeat credentials
     return CerebroError(
-        f'invalid value for {EXECUTOR_SETTING}: "{text}" ({why})', INVALID_PARAMETER_VALUE,
+        f'invalid value for {EXECUTOR_SETTING}: "{shown}" ({why})', INVALID_PARAMETER_VALUE,
         hint="Use 'sessions' (the default), 'dask://host:port' (a Dask scheduler), "
         "'dask+tls://host:port' or 'ray://host:port' (a Ray cluster's client address).")
 

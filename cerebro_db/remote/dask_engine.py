@@ -40,7 +40,7 @@ def _run(call: dict[str, Any]) -> dict[str, Any]:
 class DaskEngine:
     """An :class:`~cerebro_db.remote.engine.Engine` over a ``distributed.Client``."""
 
-    def __init__(self, address: str, timeout: float = 30.0) -> None:
+    def __init__(self, address: str, timeout: float = 10.0) -> None:
         from distributed import Client
 
         self.address = address

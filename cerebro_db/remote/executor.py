@@ -257,8 +257,14 @@ class RemoteExecutor(DblinkExecutor):
         return WorkerResult(worker, bool(data.get("ok")), data)
 
     def close(self, keep: bool = False) -> None:
-        """Cancel every call in flight, close the engine's client, then the control
-        session (safe to call twice)."""
+        """Cancel every call in flight (its database backend is terminated, so the unit
+        commits nothing more, as a cancelled statement of a worker session), close the
+        engine's client, then the control session (safe to call twice)."""
+        for w in list(self.busy):
+            try:
+                self.terminate(w)
+            except Exception:  # noqa: BLE001, S110 - closing anyway
+                pass
         engine, self.engine = self.engine, None
         self.busy.clear()
         self._keys.clear()

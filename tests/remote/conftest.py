@@ -132,7 +132,7 @@ def fit(conn, out: str, iterations: int = 2, source: str = "rm_p", mst: str = "r
             "NULL, NULL, TRUE, 'mop', 'seeded_order=True', %s)",
       (source, out, mst, iterations, SEED))
     return q(conn, "SELECT fit_id FROM cerebro_db.fits WHERE model_output_table LIKE %s "
-                   "ORDER BY fit_id DESC LIMIT 1", (f"%{out}",))[0][0]
+                   "ORDER BY fit_id DESC LIMIT 1", (f"%{out.split('.')[-1]}",))[0][0]
 
 
 def weights(conn, out: str) -> dict[int, bytes]:

@@ -4,6 +4,12 @@ SQL fit gives bitwise the weights of the sessions executor for a fixed seed, its
 ran in the Dask worker processes, and no password reaches a table or a notice."""
 from __future__ import annotations
 
+import json
+import os
+import signal
+import threading
+import time
+
 import pytest
 
 from .conftest import fit, q, weights
@@ -53,3 +59,64 @@ def test_dask_fit_equals_sessions_fit(role, radmin, dask_cluster, sessions_weigh
     text += " ".join(c.notices)
     assert role.password not in text
     c.close()
+
+
+def test_dask_worker_killed_mid_unit(su_role, role, radmin, dask_cluster, sessions_weights):
+    """A Dask worker process killed (SIGKILL) while it runs a unit: that unit comes back
+    lost and is run again on a live worker (the nanny's restarted process or the other);
+    the fit ends done with every unit logged once and the same weights."""
+    c = su_role.connect()
+    # role's tables first, the output in su_role's own schema
+    q(c, f'SET search_path = "{role.name}", "{su_role.name}", public, cerebro_db')
+    use(c, "dask://" + dask_cluster.address.split("://")[1])
+    q(c, "SET cerebro_db.test_hook = %s", (json.dumps(
+        {"point": "before_train", "seconds": 30, "mst_key": 1, "epoch": 1, "partition": 0}),))
+    out: dict = {}
+
+    def run():
+        try:
+            out["fit_id"] = fit(c, f'"{su_role.name}".kill_dask')
+        except Exception as e:  # noqa: BLE001 - reported by the assertion below
+            out["error"] = e
+
+    t = threading.Thread(target=run)
+    t.start()
+    try:
+        victim = None
+        end = time.monotonic() + 120
+        while victim is None and time.monotonic() < end and t.is_alive():
+            rows = q(radmin, "SELECT w.pid FROM pg_stat_activity a JOIN cerebro_db.fits f ON "
+                             "a.application_name LIKE 'cerebro_db ' || "
+                             "(f.options->>'executor_tag') || ' worker %%' JOIN "
+                             "cerebro_db.fit_workers w ON w.fit_id = f.fit_id AND "
+                             "a.application_name = 'cerebro_db ' || (f.options->>'executor_tag') "
+                             "|| ' worker ' || w.worker WHERE a.usename = %s AND "
+                             "a.wait_event = 'PgSleep'", (su_role.name,))
+            if rows:
+                victim = rows[0][0]
+            else:
+                time.sleep(0.2)
+        assert victim is not None, ("no unit reached the test hook", q(
+            radmin, "SELECT application_name, state, wait_event, query FROM pg_stat_activity "
+                    "WHERE usename = %s", (su_role.name,)), str(out.get("error"))[-1500:])
+        assert victim in dask_cluster.worker_pids().values()
+        os.kill(victim, signal.SIGKILL)
+    finally:
+        t.join(timeout=300)
+    assert not t.is_alive()
+    assert "error" not in out, out.get("error")
+    fit_id = out["fit_id"]
+    rows = q(radmin, "SELECT kind, count(*), count(DISTINCT (mst_key, epoch, partition)) FROM "
+                     "cerebro_db.units WHERE fit_id = %s GROUP BY 1 ORDER BY 1", (fit_id,))
+    assert rows == [("eval_train", 4, 4), ("train", 4, 4)]
+    fails = q(radmin, "SELECT mst_key, epoch, partition, worker_pid, message FROM "
+                      "cerebro_db.unit_failures WHERE fit_id = %s", (fit_id,))
+    assert [(m, e, p, pid) for m, e, p, pid, _ in fails] == [(1, 1, 0, victim)], fails
+    assert "was lost" in fails[0][4]
+    assert q(radmin, "SELECT status FROM cerebro_db.fits WHERE fit_id = %s", (fit_id,)) == \
+        [("done",)]
+    assert weights(c, f'"{su_role.name}".kill_dask') == sessions_weights
+    q(c, "RESET cerebro_db.test_hook")
+    use(c, None)
+    c.close()
+    dask_cluster.wait_workers(2)
