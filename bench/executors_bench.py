@@ -171,6 +171,10 @@ def main() -> None:
     # local Ray clusters (the executor's and Ray Tune's) on loopback, not the routable address
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    # and without token authentication: a local ray.init() (Ray Tune's) would otherwise
+    # write a token to ~/.ray/auth_token, which turns it on for every later `ray start`
+    # of this user
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     scale = SCALES[SCALE_OF[a.scale]]
     (w,) = workloads(scale, {WORKLOAD})
     admin = connect()

@@ -13,7 +13,8 @@ process of the machine, other users' included.
 
 Ray binds the node to the machine's routable address by default, even for ``127.0.0.1``;
 ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` makes it use loopback (a single-node cluster, which
-is all this is). Never imported by ``cerebro_db``.
+is all this is). Token authentication is off (``RAY_AUTH_MODE=disabled``) unless ``env``
+says otherwise. Never imported by ``cerebro_db``.
 """
 from __future__ import annotations
 
@@ -86,8 +87,11 @@ class RayHead:
                "--temp-dir", self.temp_dir]
         for name, port in ports.items():
             cmd += [f"--{name}", str(port)]
-        self.env = {**os.environ, **(env or {}), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
-                    "RAY_USAGE_STATS_ENABLED": "0"}
+        # token authentication off explicitly: Ray turns it on for a head whose user has
+        # a ~/.ray/auth_token (a local ray.init() writes one), and the coordinator, a
+        # database backend of another OS user, has no token (a loopback test cluster)
+        self.env = {**os.environ, "RAY_AUTH_MODE": "disabled", **(env or {}),
+                    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
         self.log = open(Path(self.temp_dir) / "head.log", "w+b")  # noqa: SIM115
         self.proc = subprocess.Popen(cmd, env=self.env, stdout=self.log,
                                      stderr=subprocess.STDOUT, start_new_session=True)
