@@ -113,7 +113,7 @@ def test_dask_worker_killed_mid_unit(su_role, role, radmin, dask_cluster, sessio
     fails = q(radmin, "SELECT mst_key, epoch, partition, worker_pid, message FROM "
                       "cerebro_db.unit_failures WHERE fit_id = %s", (fit_id,))
     assert [(m, e, p, pid) for m, e, p, pid, _ in fails] == [(1, 1, 0, victim)], fails
-    assert "was lost" in fails[0][4]
+    assert "was lost" in fails[0][4] and su_role.password not in fails[0][4]
     assert q(radmin, "SELECT status FROM cerebro_db.fits WHERE fit_id = %s", (fit_id,)) == \
         [("done",)]
     assert weights(c, f'"{su_role.name}".kill_dask') == sessions_weights
@@ -204,4 +204,32 @@ def test_cancel_releases_remote_resources(su_role, role, radmin, dask_cluster):
              (fit_id,)) == units
     q(c, "RESET cerebro_db.test_hook")
     use(c, None)
+    c.close()
+
+
+def test_stalled_remote_unit_is_ended_and_retried(su_role, role, radmin, dask_cluster,
+                                                  sessions_weights):
+    """A unit past cerebro_db.unit_timeout on Dask: its database backend is terminated, the
+    unit comes back lost and runs again; the fit is done with the same weights."""
+    c = su_role.connect()
+    q(c, f'SET search_path = "{role.name}", "{su_role.name}", public, cerebro_db')
+    use(c, "dask://" + dask_cluster.address.split("://")[1])
+    q(c, "SET cerebro_db.unit_timeout = 15")
+    q(c, "SET cerebro_db.test_hook = %s", (json.dumps(
+        {"point": "before_train", "seconds": 120, "mst_key": 1, "epoch": 2, "partition": 1}),))
+    try:
+        t0 = time.monotonic()
+        fit_id = fit(c, f'"{su_role.name}".stall_dask')
+        assert time.monotonic() - t0 < 100
+    finally:
+        q(c, "RESET cerebro_db.test_hook")
+        q(c, "RESET cerebro_db.unit_timeout")
+        use(c, None)
+    fails = q(radmin, "SELECT mst_key, epoch, partition, message FROM cerebro_db.unit_failures "
+                      "WHERE fit_id = %s", (fit_id,))
+    assert [f[:3] for f in fails] == [(1, 2, 1)], fails
+    assert "cerebro_db.unit_timeout (15 s)" in fails[0][3]
+    assert q(radmin, "SELECT count(*), count(DISTINCT (mst_key, epoch, partition, kind)) FROM "
+                     "cerebro_db.units WHERE fit_id = %s", (fit_id,)) == [(8, 8)]
+    assert weights(c, f'"{su_role.name}".stall_dask') == sessions_weights
     c.close()
