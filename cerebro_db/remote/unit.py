@@ -44,35 +44,61 @@ def _forget_caches() -> None:
         worker._evict_oldest()
 
 
+IDLE_APPLICATION = "cerebro_db remote worker (idle)"
+"""The connection's ``application_name`` between units (during a unit: the worker's, as a
+worker session's, so a resume of an interrupted fit finds and ends it)."""
+
+
+def _apply(db: Any, call: dict[str, Any]) -> None:
+    """The call's ``application_name`` and, when they changed, its session settings."""
+    settings = json.dumps(call.get("settings") or {}, sort_keys=True)
+    plan = db.prepare("SELECT pg_catalog.set_config($1, $2, false)", ["text", "text"])
+    pairs = [("application_name", str(call.get("application_name") or IDLE_APPLICATION))]
+    if settings != _state["applied"]:
+        pairs += [*FIXED_SETTINGS, *(call.get("settings") or {}).items()]
+    db.rollback()
+    for k, v in pairs:
+        db.execute(plan, [k, str(v)])
+    db.commit()
+    _state["applied"] = settings
+
+
 def _database(call: dict[str, Any]) -> Any:
     """This process's connection for ``call`` (opened, or reopened when it broke or the
     call names another database or role), with the call's session settings applied."""
-    from .pgdb import PgDB, connect
+    from .pgdb import PgDB, SPIError, connect
 
-    db_spec = call["db"]
-    key = json.dumps(db_spec, sort_keys=True)
-    db = _state["db"]
-    if db is not None and (key != _state["key"] or db.closed):
-        db.close()
-        db = None
-    if db is None:
-        if _state["key"] is not None and key != _state["key"]:
-            _forget_caches()
-        db = PgDB(connect(db_spec, str(call.get("application_name") or "cerebro_db remote")))
-        _state.update(key=key, db=db, applied=None)
-    applied = (call.get("application_name"), json.dumps(call.get("settings") or {},
-                                                        sort_keys=True))
-    if applied != _state["applied"]:
+    key = json.dumps(call["db"], sort_keys=True)
+    for attempt in (0, 1):
+        db = _state["db"]
+        if db is not None and (key != _state["key"] or db.closed or attempt):
+            db.close()
+            db = None
+        fresh = db is None
+        if fresh:
+            _state.update(db=None, applied=None)
+            if _state["key"] is not None and key != _state["key"]:
+                _forget_caches()
+            db = PgDB(connect(call["db"], IDLE_APPLICATION))
+            _state.update(key=key, db=db)
+        try:
+            _apply(db, call)
+            return db
+        except SPIError:
+            if fresh:  # a new connection that fails is not stale: report it
+                raise
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _idle(db: Any) -> None:
+    """Between units the connection shows it serves no fit."""
+    try:
         db.rollback()
-        plan = db.prepare("SELECT pg_catalog.set_config($1, $2, false)", ["text", "text"])
-        pairs = [*FIXED_SETTINGS, *(call.get("settings") or {}).items()]
-        if call.get("application_name"):
-            pairs.append(("application_name", str(call["application_name"])))
-        for k, v in pairs:
-            db.execute(plan, [k, str(v)])
+        db.execute(db.prepare("SELECT pg_catalog.set_config($1, $2, false)", ["text", "text"]),
+                   ["application_name", IDLE_APPLICATION])
         db.commit()
-        _state["applied"] = applied
-    return db
+    except Exception:  # noqa: BLE001 - a broken connection is reopened by the next call
+        db.rollback()
 
 
 def run_call(call: dict[str, Any]) -> dict[str, Any]:
@@ -108,12 +134,14 @@ def run_call(call: dict[str, Any]) -> dict[str, Any]:
                 db.commit()
             except Exception as e:  # noqa: BLE001 - the unit's writes are gone
                 db.rollback()
+                _idle(db)
                 return {"ok": False, "message": f"committing the unit failed: "
                         f"{getattr(e, 'message', None) or e}",
                         "sqlstate": getattr(e, "sqlstate", None) or "08006",
                         "detail": traceback.format_exc(), "worker": w}
         else:
             db.rollback()
+        _idle(db)
         return res
 
 
@@ -143,6 +171,6 @@ def check_call(call: dict[str, Any]) -> dict[str, Any]:
                     f"{e}", "sqlstate": getattr(e, "sqlstate", None) or "XX000",
                     "detail": traceback.format_exc()}
         finally:
-            db.rollback()
+            _idle(db)
         return {"ok": True}
 

@@ -5,6 +5,7 @@ session's ``__run_unit`` gives; failures roll back and come back as results."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -58,13 +59,14 @@ def test_run_call_equals_worker_session_unit(role, radmin, passfile, monkeypatch
     row = q(radmin, "SELECT owner::text, worker, kind, rows FROM cerebro_db.units WHERE "
                     "fit_id = %s AND epoch = 2", (fit_id,))
     assert row == [(role.name, 0, "train", res["rows"])]
-    # the connection is the calling role's, with the worker sessions' settings
+    # the connection is the calling role's, with the worker sessions' settings (between
+    # units it shows no fit's worker name)
     db = remote_unit._state["db"]
     got = db.execute("SELECT current_user::text AS u, current_setting('search_path') AS p, "
                      "current_setting('application_name') AS a")[0]
     db.rollback()
     assert got == {"u": role.name, "p": "pg_catalog, pg_temp",
-                   "a": "cerebro_db test remote worker 0"}
+                   "a": remote_unit.IDLE_APPLICATION}
 
     # the same unit in a worker session (__run_unit), from the same state
     set_state(radmin, fit_id, before)
@@ -92,6 +94,13 @@ def test_failed_unit_rolls_back_and_reports(role, radmin, passfile, monkeypatch)
              (fit_id,))[0][0] == n
     # the connection is usable after the failures
     assert remote_unit.run_call(call(role, fit_id))["ok"]
+    # a connection whose backend was ended between units (a resume ends an interrupted
+    # fit's workers) is opened again by the next call, which runs through
+    assert q(radmin, "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE "
+                     "usename = %s AND application_name = %s",
+             (role.name, remote_unit.IDLE_APPLICATION)) == [(1,)]
+    time.sleep(0.5)
+    assert remote_unit.run_call(call(role, fit_id, epoch=3))["ok"]
     c.close()
 
 
