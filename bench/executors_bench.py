@@ -10,8 +10,9 @@ Data is packed once into p = 2 partitions. Then, one after another on this machi
 
   sessions  madlib_keras_fit_multiple_model on worker sessions (the default executor)
   ray       the same call with cerebro_db.executor = 'ray://...': a local Ray cluster
-            (``ray start --head`` on loopback, 2 CPUs, tooling/ray_cluster.py), one actor
-            per worker slot
+            (``ray start --head`` on loopback, 2 CPUs, tooling/ray_cluster.py; one actor per
+            slot placed and removed once before the fit, so the cluster has settled), one
+            actor per worker slot
   dask      the same with 'dask://...': a local scheduler and 2 worker processes
             (``--nthreads 1``)
   tune      Ray Tune on the same arrays and configurations (bench/ray_runner.py: 2
@@ -142,6 +143,20 @@ class RoleDb(Db):
         return res
 
 
+def settle_ray(address: str) -> None:
+    """Place and remove one actor per slot from this process: the cluster has started its
+    agents and worker processes before the fit is timed (a long-running cluster would
+    have)."""
+    from cerebro_db.remote.ray_engine import RayEngine
+
+    engine = RayEngine(address, entry="os:getpid")
+    try:
+        for w in (0, 1):
+            engine.start_worker(w)
+    finally:
+        engine.close()
+
+
 def per_worker(mem: dict[str, Any], prefix: str) -> float | None:
     """The largest peak RSS (GiB) of the processes whose label starts with ``prefix``."""
     vals = [v for lab, v in mem["procs"] if lab.startswith(prefix)]
@@ -206,6 +221,7 @@ def main() -> None:
 
                 head = RayHead(num_cpus=2, env=env)
                 try:
+                    settle_ray(head.client_address)
                     log(f"ray ({head.client_address})")
                     res = db.run(head.client_address, lambda: {
                         p: f"ray actor {i}" for i, p in enumerate(head.worker_pids())})
