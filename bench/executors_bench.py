@@ -140,6 +140,8 @@ class RoleDb(Db):
             q(self.fit_conn, "RESET cerebro_db.executor")
             self.extra_pids = dict
         res["weights"] = self.weights()
+        res["unit_failures"] = q(self.conn, "SELECT count(*) FROM cerebro_db.unit_failures "
+                                            "WHERE fit_id = %s", (self.fit_ids[-1],))[0][0]
         return res
 
 
@@ -157,6 +159,11 @@ def settle_ray(address: str) -> None:
         engine.close()
 
 
+def differing(base: dict[str, Any], res: dict[str, Any]) -> list[int]:
+    """The mst_keys whose weights differ from the sessions executor's."""
+    return sorted(k for k in base["weights"] if res["weights"].get(k) != base["weights"][k])
+
+
 def per_worker(mem: dict[str, Any], prefix: str) -> float | None:
     """The largest peak RSS (GiB) of the processes whose label starts with ``prefix``."""
     vals = [v for lab, v in mem["procs"] if lab.startswith(prefix)]
@@ -166,6 +173,7 @@ def per_worker(mem: dict[str, Any], prefix: str) -> float | None:
 def summarize(system: str, res: dict[str, Any], worker_prefix: str) -> dict[str, Any]:
     mem = res["memory"]
     return {"system": system, "makespan": res["makespan"],
+            "unit_failures": res.get("unit_failures"),
             "first_unit_s": res.get("first_unit_s"),
             "worker_peak_gib": per_worker(mem, worker_prefix),
             "db_backend_peak_gib": per_worker(mem, "db backend"),
@@ -229,6 +237,7 @@ def main() -> None:
                     head.stop()
                 results["runs"]["ray"] = summarize("ray", res, "ray actor")
                 results["runs"]["ray"]["same_weights"] = res["weights"] == base["weights"]
+                results["runs"]["ray"]["differing_configs"] = differing(base, res)
             if "dask" not in skip:
                 from tests.remote.conftest import DaskCluster
 
@@ -242,6 +251,7 @@ def main() -> None:
                     cluster.stop()
                 results["runs"]["dask"] = summarize("dask", res, "dask worker")
                 results["runs"]["dask"]["same_weights"] = res["weights"] == base["weights"]
+                results["runs"]["dask"]["differing_configs"] = differing(base, res)
             if "tune" not in skip:
                 data = work / f"{w.name}.npz"
                 w.save(data)
@@ -287,6 +297,10 @@ def report(r: dict[str, Any]) -> str:
     ]
     for name, x in r["runs"].items():
         same = {True: "yes", False: "NO"}.get(x.get("same_weights"), "-")
+        if x.get("differing_configs"):
+            same += f" (configs {', '.join(map(str, x['differing_configs']))} differ)"
+        if x.get("unit_failures"):
+            same += f"; {x['unit_failures']} unit(s) retried"
         first = "-" if x.get("first_unit_s") is None else f"{x['first_unit_s']:.1f}"
         lines.append(f"| {name} | {x['makespan']:.1f} | {x['ratio']:.2f} | {first} | "
                      f"{gib(x['worker_peak_gib'])} | {gib(x['db_backend_peak_gib'])} | "
