@@ -193,3 +193,58 @@ def test_killed_actor_mid_fit_loses_one_unit(role, su_role, radmin, ray_cluster,
     assert weights(su, "ray_kill") == sessions_weights
     wait_until(lambda: ray_cluster.worker_pids() == [], 30, "actors gone")
     su.close()
+
+
+def test_cancel_releases_ray_actors(su_role, role, radmin, ray_cluster):
+    """cerebro_db_cancel_fit while a unit runs on Ray: the fit ends cancelled (57014), the
+    unit's database backend is ended (nothing more is committed) and every actor of the fit
+    is gone."""
+    c = su_role.connect()
+    q(c, f'SET search_path = "{su_role.name}", "{role.name}", public, cerebro_db')
+    use(c, ray_cluster.client_address)
+    q(c, "SET cerebro_db.test_hook = %s", (json.dumps(
+        {"point": "before_train", "seconds": 60, "mst_key": 1, "epoch": 1}),))
+    out: dict = {}
+
+    def run() -> None:
+        try:
+            fit(c, f'"{su_role.name}".ray_cancel')
+        except Exception as e:  # noqa: BLE001 - checked below
+            out["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    try:
+        def sleeping():
+            assert t.is_alive(), f"the fit ended before the cancel: {out}"
+            return q(radmin, "SELECT application_name FROM pg_stat_activity WHERE "
+                             "usename = %s AND wait_event = 'PgSleep'", (su_role.name,))
+
+        app = wait_until(sleeping, 120, "hooked unit")[0][0]
+        assert len(ray_cluster.worker_pids()) == 2
+        fit_id = q(radmin, "SELECT max(fit_id) FROM cerebro_db.fits WHERE owner = %s",
+                   (su_role.name,))[0][0]
+        q(radmin, "SELECT cerebro_db.cerebro_db_cancel_fit(%s)", (fit_id,))
+        t.join(120)
+        assert not t.is_alive(), "the fit did not end"
+    finally:
+        q(c, "RESET cerebro_db.test_hook")
+        use(c, None)
+    assert getattr(out.get("error"), "pgcode", None) == "57014", out
+    assert q(radmin, "SELECT status FROM cerebro_db.fits WHERE fit_id = %s", (fit_id,)) == \
+        [("cancelled",)]
+    units = q(radmin, "SELECT count(*) FROM cerebro_db.units WHERE fit_id = %s", (fit_id,))
+    wait_until(lambda: ray_cluster.worker_pids() == [], 30, "actors gone")
+    try:
+        wait_until(lambda: q(radmin, "SELECT count(*) FROM pg_stat_activity WHERE "
+                                     "application_name = %s", (app,))[0][0] == 0, 30,
+                   "the unit's backend ended")
+    except AssertionError:
+        raise AssertionError(str(q(radmin, "SELECT pid, usename, application_name, state, "
+                                           "wait_event, backend_start, query FROM "
+                                           "pg_stat_activity WHERE usename = %s",
+                                   (su_role.name,))) + " app=" + app) from None
+    time.sleep(1)
+    assert q(radmin, "SELECT count(*) FROM cerebro_db.units WHERE fit_id = %s",
+             (fit_id,)) == units
+    c.close()
