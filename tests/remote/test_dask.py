@@ -233,3 +233,61 @@ def test_stalled_remote_unit_is_ended_and_retried(su_role, role, radmin, dask_cl
                      "cerebro_db.units WHERE fit_id = %s", (fit_id,)) == [(8, 8)]
     assert weights(c, f'"{su_role.name}".stall_dask') == sessions_weights
     c.close()
+
+
+def test_workers_added_and_removed_on_dask(su_role, role, radmin, dask_cluster,
+                                           sessions_weights):
+    """cerebro_db_fit_workers from another session grows a Dask fit from 2 workers to 3
+    (a new remote worker slot), then shrinks it to 1; no unit fails, the weights are the
+    sessions executor's."""
+    c = su_role.connect()
+    q(c, f'SET search_path = "{role.name}", "{su_role.name}", public, cerebro_db')
+    use(c, "dask://" + dask_cluster.address.split("://")[1])
+    q(c, "SET cerebro_db.replicas = 2")
+    q(c, "SET cerebro_db.test_hook = %s", (json.dumps({"point": "before_train", "seconds": 1}),))
+    n0 = q(radmin, "SELECT coalesce(max(fit_id), 0) FROM cerebro_db.fits")[0][0]
+    errors: list = []
+
+    def go():
+        try:
+            fit(c, f'"{su_role.name}".elastic_dask')
+        except psycopg2.Error as e:
+            errors.append(e)
+
+    def wait_for(sql, args):
+        end = time.monotonic() + 120
+        while time.monotonic() < end:
+            r = q(radmin, sql, args)
+            if r and r[0][0]:
+                return r[0][0]
+            time.sleep(0.1)
+        raise AssertionError(f"timed out waiting for: {sql}")
+
+    t = threading.Thread(target=go)
+    t.start()
+    try:
+        fit_id = wait_for("SELECT max(fit_id) FROM cerebro_db.fits WHERE fit_id > %s AND "
+                          "owner = %s", (n0, su_role.name))
+        wait_for("SELECT count(*) FROM cerebro_db.units WHERE fit_id = %s", (fit_id,))
+        q(radmin, "SELECT cerebro_db.cerebro_db_fit_workers(%s, 3)", (fit_id,))
+        wait_for("SELECT count(*) FROM cerebro_db.units WHERE fit_id = %s AND worker = 2",
+                 (fit_id,))
+        q(radmin, "SELECT cerebro_db.cerebro_db_fit_workers(%s, 1)", (fit_id,))
+    finally:
+        t.join(timeout=300)
+        for s in ("test_hook", "replicas"):
+            q(c, f"RESET cerebro_db.{s}")
+        use(c, None)
+    assert not t.is_alive() and not errors, errors
+    assert q(radmin, "SELECT count(*), count(DISTINCT (mst_key, epoch, partition, kind)) FROM "
+                     "cerebro_db.units WHERE fit_id = %s", (fit_id,)) == [(8, 8)]
+    assert q(radmin, "SELECT count(*) FROM cerebro_db.unit_failures WHERE fit_id = %s",
+             (fit_id,)) == [(0,)]
+    statuses = dict(q(radmin, "SELECT worker, status FROM cerebro_db.fit_workers WHERE "
+                              "fit_id = %s", (fit_id,)))
+    assert statuses == {0: "closed", 1: "removed", 2: "removed"}, statuses
+    dask_pids = set(dask_cluster.worker_pids().values())
+    assert {p for (p,) in q(radmin, "SELECT pid FROM cerebro_db.fit_workers WHERE fit_id = %s",
+                            (fit_id,))} <= dask_pids
+    assert weights(c, f'"{su_role.name}".elastic_dask') == sessions_weights
+    c.close()

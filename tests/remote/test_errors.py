@@ -3,6 +3,8 @@ cerebro_db.executor (22023), an engine whose package the server lacks (58000, wi
 pip hint), an unreachable cluster (08001); no output table, no fit row, no worker left."""
 from __future__ import annotations
 
+import time
+
 import psycopg2
 import pytest
 
@@ -72,5 +74,38 @@ def test_unreachable_cluster(role, radmin):
     before = state(radmin, role)
     e = fails(c, f"dask://127.0.0.1:{_free_port()}")
     assert e.pgcode == "08001" and "could not connect to the executor" in e.pgerror, e.pgerror
+    assert state(radmin, role) == before
+    c.close()
+
+
+def test_remote_connection_settings_are_the_dbas(role, radmin, dask_cluster):
+    """cerebro_db.remote_conninfo / remote_dbhost count only as the DBA set them
+    (ALTER SYSTEM): a role's SET is ignored (it cannot point the nodes' credentials at
+    another server), and a password in the DBA's value is refused before any work."""
+    c = role.connect()
+    executor = "dask://" + dask_cluster.address.split("://")[1]
+    q(c, "SET cerebro_db.remote_dbhost = 'attacker.example.org'")
+    q(c, "SET cerebro_db.remote_conninfo = 'host=attacker.example.org'")
+    q(c, "SET cerebro_db.executor = %s", (executor,))
+    try:
+        q(c, "DROP TABLE IF EXISTS dba_only, dba_only_info, dba_only_summary")
+        q(c, "SELECT madlib_keras_fit_multiple_model('rm_p', 'dba_only', 'rm_mst', 1)")
+    finally:
+        q(c, "RESET ALL")
+    assert q(c, "SELECT count(*) FROM dba_only") == [(1,)]
+    before = state(radmin, role)
+    # PostgreSQL 15's ALTER SYSTEM wants the custom setting known in its session
+    q(radmin, "SELECT set_config('cerebro_db.remote_conninfo', '', false)")
+    q(radmin, "ALTER SYSTEM SET cerebro_db.remote_conninfo = 'sslmode=prefer password=s3cret'")
+    q(radmin, "SELECT pg_reload_conf()")
+    try:
+        time.sleep(0.5)
+        e = fails(c, executor)
+    finally:
+        q(radmin, "ALTER SYSTEM RESET cerebro_db.remote_conninfo")
+        q(radmin, "SELECT pg_reload_conf()")
+    assert e.pgcode == "22023" and "cerebro_db.remote_conninfo may not hold a password" \
+        in e.pgerror, e.pgerror
+    assert "s3cret" not in e.pgerror
     assert state(radmin, role) == before
     c.close()
