@@ -80,12 +80,13 @@ class RayEngine:
     ``address``: the Ray Client address, ``ray://host:port``. ``entry``: what the actors run
     per call (``module:function``; the tests give a function of their own).
     ``actor_options``: more options for the actors (e.g. ``resources``, ``memory``).
-    ``start_timeout``: seconds to wait for a new actor to be placed and answer (a cluster
-    without a free CPU leaves it pending)."""
+    ``place_wait``: seconds to wait for a free CPU before a slot is refused (a killed
+    actor's CPU comes back within a moment; a full cluster does not).
+    ``start_timeout``: seconds to wait for a new actor to be placed and answer."""
 
     def __init__(self, address: str, *, entry: str = ENTRY, namespace: str = NAMESPACE,
                  actor_options: dict[str, Any] | None = None,
-                 start_timeout: float = 120.0) -> None:
+                 place_wait: float = 10.0, start_timeout: float = 120.0) -> None:
         try:
             import ray
         except ImportError as e:
@@ -98,6 +99,7 @@ class RayEngine:
         self._ray = ray
         self.address = address
         self.entry = entry
+        self.place_wait = place_wait
         self.start_timeout = start_timeout
         self._actors: dict[int, Any] = {}
         self._pids: dict[int, int] = {}
@@ -114,6 +116,7 @@ class RayEngine:
                 "database server, and runs the same Ray and Python versions.") from None
         opts = {"num_cpus": 1, "max_restarts": 0, "max_task_retries": 0,
                 "scheduling_strategy": "SPREAD", **(actor_options or {})}
+        self._cpus = float(opts.get("num_cpus") or 0)
         with self._ctx:
             self._actor_class = ray.remote(**opts)(UnitActor)
         self._lost = _lost_errors(ray)
@@ -143,6 +146,7 @@ class RayEngine:
         within ``start_timeout`` seconds."""
         self.stop_worker(worker)
         ray = self._ray
+        self._wait_for_cpu(worker)
         try:
             with self._ctx:
                 actor = self._actor_class.remote(worker, self.entry)
@@ -153,6 +157,25 @@ class RayEngine:
             self.stop_worker(worker)
             raise EngineUnavailable(f"no Ray actor for worker {worker}: "
                                     f"{type(e).__name__}: {e}") from None
+
+    def _wait_for_cpu(self, worker: int) -> None:
+        """:class:`EngineUnavailable` unless the cluster has the CPUs an actor needs free
+        within ``place_wait`` seconds (an actor that cannot be placed would stay pending)."""
+        end = time.monotonic() + self.place_wait
+        while True:
+            try:
+                with self._ctx:
+                    free = float(self._ray.available_resources().get("CPU", 0.0))
+            except Exception as e:  # noqa: BLE001 - the cluster is gone
+                raise EngineUnavailable(f"no Ray actor for worker {worker}: "
+                                        f"{type(e).__name__}: {e}") from None
+            if free >= self._cpus:
+                return
+            if time.monotonic() >= end:
+                raise EngineUnavailable(
+                    f"the Ray cluster has no free CPU for worker {worker} ({free:g} free, "
+                    f"{self._cpus:g} needed)")
+            time.sleep(0.2)
 
     def submit(self, worker: int, call: dict[str, Any]) -> None:
         actor = self._actors.get(worker)

@@ -248,3 +248,61 @@ def test_cancel_releases_ray_actors(su_role, role, radmin, ray_cluster):
     assert q(radmin, "SELECT count(*) FROM cerebro_db.units WHERE fit_id = %s",
              (fit_id,)) == units
     c.close()
+
+
+@pytest.mark.slow
+def test_workers_on_ray_grow_refused_when_full_then_shrink(su_role, role, radmin, ray_cluster,
+                                                           sessions_weights):
+    """cerebro_db_fit_workers from another session asks a Ray fit (on a 2-CPU cluster, both
+    CPUs taken) for a third worker: the cluster has no free CPU, so the join is refused at
+    once (worker 2 'lost') and the fit goes on; then it shrinks to 1 worker. No unit fails,
+    the weights are the sessions executor's."""
+    c = su_role.connect()
+    q(c, f'SET search_path = "{su_role.name}", "{role.name}", public, cerebro_db')
+    use(c, ray_cluster.client_address)
+    q(c, "SET cerebro_db.replicas = 2")
+    q(c, "SET cerebro_db.test_hook = %s", (json.dumps({"point": "before_train", "seconds": 1}),))
+    n0 = q(radmin, "SELECT coalesce(max(fit_id), 0) FROM cerebro_db.fits")[0][0]
+    out: dict = {}
+
+    def go() -> None:
+        try:
+            fit(c, f'"{su_role.name}".elastic_ray')
+        except Exception as e:  # noqa: BLE001 - checked below
+            out["error"] = e
+
+    def one(sql, args):
+        r = q(radmin, sql, args)
+        return r[0][0] if r and r[0][0] else None
+
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    try:
+        fit_id = wait_until(lambda: one("SELECT max(fit_id) FROM cerebro_db.fits WHERE "
+                                        "fit_id > %s AND owner = %s", (n0, su_role.name)),
+                            120, "the fit")
+        wait_until(lambda: one("SELECT count(*) FROM cerebro_db.units WHERE fit_id = %s",
+                               (fit_id,)), 120, "a unit")
+        q(radmin, "SELECT cerebro_db.cerebro_db_fit_workers(%s, 3)", (fit_id,))
+        wait_until(lambda: one("SELECT status FROM cerebro_db.fit_workers WHERE fit_id = %s "
+                               "AND worker = 2 AND status = 'lost'", (fit_id,)), 60,
+                   "worker 2 refused")
+        q(radmin, "SELECT cerebro_db.cerebro_db_fit_workers(%s, 1)", (fit_id,))
+        t.join(300)
+    finally:
+        for s in ("test_hook", "replicas"):
+            q(c, f"RESET cerebro_db.{s}")
+        use(c, None)
+    assert not t.is_alive() and "error" not in out, out
+    assert q(radmin, "SELECT count(*), count(DISTINCT (mst_key, epoch, partition, kind)) FROM "
+                     "cerebro_db.units WHERE fit_id = %s", (fit_id,)) == [(8, 8)]
+    assert q(radmin, "SELECT count(*) FROM cerebro_db.unit_failures WHERE fit_id = %s",
+             (fit_id,)) == [(0,)]
+    assert q(radmin, "SELECT count(*) FROM cerebro_db.units WHERE fit_id = %s AND worker = 2",
+             (fit_id,)) == [(0,)]
+    statuses = dict(q(radmin, "SELECT worker, status FROM cerebro_db.fit_workers WHERE "
+                              "fit_id = %s", (fit_id,)))
+    assert statuses == {0: "closed", 1: "removed", 2: "lost"}, statuses
+    assert weights(c, f'"{su_role.name}".elastic_ray') == sessions_weights
+    wait_until(lambda: ray_cluster.worker_pids() == [], 30, "actors gone")
+    c.close()

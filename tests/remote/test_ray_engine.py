@@ -13,7 +13,7 @@ import time
 import pytest
 
 from cerebro_db.errors import CerebroError
-from cerebro_db.remote.engine import WorkerLost
+from cerebro_db.remote.engine import EngineUnavailable, WorkerLost
 
 pytest.importorskip("ray")
 
@@ -61,6 +61,12 @@ def test_actor_per_slot_keeps_state_and_close_releases(ray_cluster):
                 assert res == {"ok": True, "call": {"n": n, "worker": w},
                                "pid": engine.pid(w), "calls": n + 1}
         assert engine.done(0)  # nothing in flight
+        # the cluster's 2 CPUs are taken: a third slot is refused, not left pending
+        t0 = time.monotonic()
+        with pytest.raises(EngineUnavailable, match="no free CPU for worker 2"):
+            engine.start_worker(2)
+        assert time.monotonic() - t0 < 30
+        assert engine.pid(2) is None and len(ray_cluster.worker_pids()) == 2
     finally:
         engine.close()
     wait_until(lambda: ray_cluster.worker_pids() == [])
