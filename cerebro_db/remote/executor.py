@@ -242,6 +242,12 @@ class RemoteExecutor(DblinkExecutor):
         try:
             data = self.engine.result(worker)
         except WorkerLost as e:
+            # the dead worker's database backend may still run the unit's statement (and
+            # hold its locks) until it notices: end it before the unit is retried
+            try:
+                self.terminate(worker)
+            except Exception as te:  # noqa: BLE001 - reported lost all the same
+                reraise_cancel(te)
             return self._lost(worker, f"remote worker {worker} was lost: {e}")
         except Exception as e:  # noqa: BLE001 - the engine could not say: lost
             reraise_cancel(e)

@@ -190,6 +190,9 @@ def test_killed_actor_mid_fit_loses_one_unit(role, su_role, radmin, ray_cluster,
     assert [(k, n, d) for k, n, d, _ in rows] == [("eval_train", 4, 4), ("train", 4, 4)]
     # a new actor took the killed one's slot
     assert pid in seen and len(seen) == 3, seen
+    # the killed actor's database backend (asleep in the hook) was ended, not left to run
+    assert q(radmin, "SELECT count(*) FROM pg_stat_activity WHERE usename = %s AND "
+                     "wait_event = 'PgSleep'", (su_role.name,)) == [(0,)]
     assert weights(su, "ray_kill") == sessions_weights
     wait_until(lambda: ray_cluster.worker_pids() == [], 30, "actors gone")
     su.close()
