@@ -6,7 +6,8 @@ PY := $(VENV)/bin/python
 PGDIR := $(CURDIR)/.pg
 
 .PHONY: help deps install start stop psql demo test test-unit test-sql test-integration \
-        test-upgrade bench bench-deps bench-preprocess bench-fit clean env lint
+        test-upgrade bench bench-deps bench-preprocess bench-fit bench-executors clean env \
+        lint
 
 help:
 	@echo "make demo     set up (Debian packages, venv, private PostgreSQL) and run the demo"
@@ -74,6 +75,17 @@ bench-preprocess: start
 
 bench-fit: start
 	@$(PY) bench/fit_bench.py
+
+# Sessions vs Ray vs Dask executors vs Ray Tune on one workload (full Fashion-MNIST by
+# default; BENCH_EXECUTORS_SCALE=tiny for a smoke run): bench/results/executors.md.
+BENCH_EXECUTORS_SCALE ?= realistic
+
+bench-executors: start bench-deps
+	@$(PY) -c "import ray.util.client, distributed" 2>/dev/null || \
+	    $(PY) -m pip install -q -r requirements-remote.txt
+	@$(CEREBRO) createdb $(BENCH_DB)
+	@CEREBRO_BENCH_DB=$(BENCH_DB) $(PY) bench/executors_bench.py \
+	    --scale $(BENCH_EXECUTORS_SCALE) $(BENCH_ARGS)
 
 
 # ruff on the code and tests, mypy on the package (settings in pyproject.toml).

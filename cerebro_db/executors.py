@@ -413,6 +413,11 @@ class DblinkExecutor:
         self.submit(worker, sql.run_unit(self.cat, fit_id, mst_key, epoch, partition, worker,
                                          kind, options), key=key)
 
+    def submit_check(self, worker: int, spec: dict[str, Any]) -> None:
+        """Send the fit's checks (``__check_fit``; the answer is JSON like a unit's);
+        executors that run units elsewhere override this method too."""
+        self.submit(worker, sql.check_fit(self.cat, spec))
+
     def _limit(self, key: tuple[Any, str] | None) -> float | None:
         rule = self.unit_timeout
         if not isinstance(rule, StallRule):
@@ -474,14 +479,15 @@ class DblinkExecutor:
         through dblink that the server's deadlock detector cannot see (e.g. DROP TABLE,
         TRUNCATE or ALTER TABLE of the source table while the fit's transaction holds its
         lock, or a table the workers read locked by the calling transaction itself)."""
-        pids = [self.pids[w] for w in self.busy if w in self.pids]
+        backends = self.backend_pids()
+        pids = list(backends.values())
         if not pids:
             return
         row = sql.blocked_by_coordinator(self.cat, pids)
         if row is None:
             return
         wpid, bpid = row["worker_pid"], row["blocker"]
-        worker = next((w for w, p in self.pids.items() if p == wpid), "?")
+        worker = next((w for w, p in backends.items() if p == wpid), "?")
         fit = f"fit {self.fit_id}" if self.fit_id is not None else "the fit"
         resume = f"madlib_keras_fit_resume({self.fit_id})" if self.fit_id else "a resume"
         if bpid == sql.backend_pid(self.cat):
@@ -506,6 +512,10 @@ class DblinkExecutor:
             hint="Run DDL on a fit's tables after the fit. To keep the fit instead, cancel "
             f"that statement (SELECT pg_cancel_backend({bpid})) and resume the fit with "
             f"{resume}.")
+
+    def backend_pids(self) -> dict[int, int]:
+        """The database backends of the busy workers (their sessions' pids)."""
+        return {w: self.pids[w] for w in self.busy if w in self.pids}
 
     def _lost(self, worker: int, message: str, pid: int | None = None) -> WorkerResult:
         self.busy.pop(worker, None)

@@ -326,7 +326,7 @@ def check_spec(src: PackedTable, items: list[dict[str, Any]], num_workers: int,
                validate_compile: bool = False,
                custom_functions: dict[str, str] | None = None) -> dict[str, Any]:
     """What the worker sessions check before a fit writes anything
-    (``entrypoints.training.check_configs``); also their warm-up: the check imports
+    (``fit_checks.check_configs``); also their warm-up: the check imports
     TensorFlow with the fit's thread count. ``custom_functions``: the fit's
     ``{name: reference}`` (imported by the workers only)."""
     return {"configs": items, "x_size": src.x_size, "y_width": src.y_width, "kind": src.kind,
@@ -338,9 +338,8 @@ def check_spec(src: PackedTable, items: list[dict[str, Any]], num_workers: int,
 def worker_checks(ex: DblinkExecutor, spec: dict[str, Any]) -> None:
     """Run the checks of ``spec`` in every worker session at once (each imports TensorFlow
     in parallel: a cold fit's start-up), and raise the first error one of them reports."""
-    statement = session_sql.check_fit(ex.cat, spec)
     for w in ex.idle():
-        ex.submit(w, statement)
+        ex.submit_check(w, spec)
     answers: dict[int, dict[str, Any]] = {}
     while ex.busy:
         for r in ex.wait():

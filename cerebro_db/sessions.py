@@ -40,23 +40,28 @@ DEFAULT_MAX_UNIT_RETRIES = 3
 """Rows of the DBA's table ``limits``; defaults: :func:`default_worker_limits`."""
 POLL_WORKERS = 0.5
 
-EXECUTORS: dict[str, type[DblinkExecutor]] = {"dblink": DblinkExecutor}
-"""The executor kinds :func:`make_executor` knows. Every kind is a :class:`DblinkExecutor`
-(it keeps the control session that writes the fit's catalog rows) and may override how a
-unit runs (:meth:`DblinkExecutor.submit_unit`, :meth:`~DblinkExecutor.wait`)."""
-
-
-def make_executor(cat: Catalog, num_workers: int, *, kind: str = "dblink") -> DblinkExecutor:
+def make_executor(cat: Catalog, num_workers: int) -> DblinkExecutor:
     """The executor of one fit, with its settings read and checked (:func:`fault_settings`,
-    :func:`conninfo`, :func:`idle_timeout`); not opened yet. The only place a fit gets its
-    executor: another kind of executor is registered in :data:`EXECUTORS` and chosen here
-    by ``kind``."""
-    cls = EXECUTORS.get(kind)
-    if cls is None:
-        raise invalid(f"unknown executor {kind!r}", hint=f"Use one of {', '.join(EXECUTORS)}.")
+    :func:`conninfo`, :func:`idle_timeout`, ``cerebro_db.executor``); not opened yet. The
+    only place a fit gets its executor: worker sessions of this server
+    (:class:`DblinkExecutor`, the default) or, when ``cerebro_db.executor`` names a Dask or
+    Ray cluster, :class:`cerebro_db.remote.executor.RemoteExecutor` (a subclass that keeps
+    the control session and runs units on the cluster). The remote module is imported only
+    then, and the engines' packages only by it."""
+    from .remote import EXECUTOR_SETTING
+
     _, timeout, _ = fault_settings(cat)
-    ex = cls(cat, f"{os.getpid()}_{int(time.time() * 1000) % 10**9}", num_workers,
-             conninfo(cat), unit_timeout=timeout)
+    tag = f"{os.getpid()}_{int(time.time() * 1000) % 10**9}"
+    ex: DblinkExecutor
+    if cat.setting(EXECUTOR_SETTING) in (None, "sessions"):
+        ex = DblinkExecutor(cat, tag, num_workers, conninfo(cat), unit_timeout=timeout)
+    else:
+        from .remote.executor import RemoteExecutor, executor_url
+
+        url = executor_url(cat)
+        ex = RemoteExecutor(cat, tag, num_workers, conninfo(cat), url, unit_timeout=timeout) \
+            if url is not None else \
+            DblinkExecutor(cat, tag, num_workers, conninfo(cat), unit_timeout=timeout)
     ex.refuse_reopen = refused_reopen(cat)
     ex.keep_idle = idle_timeout(cat)
     return ex

@@ -134,7 +134,7 @@ def outputs_absent(cat: Catalog, out: TableName, suffixes: Sequence[str], warm: 
 
 
 def check_item(c: Config, what: str = "compile_params") -> dict[str, Any]:
-    """One configuration as the worker-side checks (``training.check_configs``) take it."""
+    """One configuration as the worker-side checks (``fit_checks.check_configs``) take it."""
     return {"mst_key": c.mst_key, "model_id": c.model_id, "compile_params": c.compile_params,
             "fit_params": c.fit_params, "arch": c.arch, "what": what}
 

@@ -18,13 +18,13 @@ def run_unit(plpy: Any, schema: str, *, fit_id: int, mst_key: int, epoch: int, p
 
 
 def check_fit(plpy: Any, schema: str, *, spec: str) -> str:
-    """The checks of a fit that need Keras (``entrypoints.training.check_configs``), run in a
+    """The checks of a fit that need Keras (``fit_checks.check_configs``), run in a
     worker session before the fit writes anything; the JSON answer says ok or carries the
     error (message, SQLSTATE, hint, detail) for the coordinator to raise."""
     import traceback
 
     from ..errors import INTERNAL_ERROR, CerebroError
-    from .training import check_configs
+    from ..fit_checks import check_configs
 
     try:
         check_configs(json.loads(spec or "{}"), Catalog(plpy, schema))

@@ -8,7 +8,7 @@ from typing import Any
 
 from cerebro_db.executors import DblinkExecutor
 from cerebro_db.scheduling import EVAL, TRAIN, Assignment
-from cerebro_db.sessions import EXECUTORS, UnitExecutor
+from cerebro_db.sessions import UnitExecutor
 
 
 class _Elsewhere(DblinkExecutor):
@@ -40,4 +40,3 @@ def test_submit_unit_has_the_signature_other_executors_override():
     assert list(sig.parameters) == ["self", "worker", "fit_id", "mst_key", "epoch",
                                     "partition", "kind", "options", "key"]
     assert sig.parameters["key"].default is None
-    assert EXECUTORS["dblink"] is DblinkExecutor

@@ -1,0 +1,288 @@
+"""Units on a distributed engine: :class:`RemoteExecutor`.
+
+The coordinator stays in the calling session and keeps everything it does with worker
+sessions (policy, catalog, unit log, progress, notices, outputs, resume, elasticity, and
+the control session that commits the fit's catalog rows at once). Only how a unit reaches
+a worker changes: each worker slot is a long-lived remote worker placed by an
+:class:`~cerebro_db.remote.engine.Engine`, and a unit is a call of
+:func:`cerebro_db.remote.unit.run_call` there, which runs the same
+:func:`cerebro_db.worker.run_unit` as a worker session over the remote worker's own
+database connection, as the calling role.
+
+What a call carries: the database's address as cluster nodes reach it (host, port, dbname,
+user = ``current_user``) and non-secret libpq options, the extension's schema, the
+worker's ``application_name`` (``cerebro_db <tag> worker <w>``, as a worker session's: a
+resume ends an interrupted fit's remote connections like its sessions), the settings
+forwarded to worker sessions, and the unit. The password is never sent: the remote
+workers take it from their own environment (PGPASSFILE, PGPASSWORD, a service file).
+
+The address: ``cerebro_db.remote_dbhost`` (the host the cluster nodes connect to; default
+this server's first ``listen_addresses`` entry, ``localhost`` for a wildcard) and
+``cerebro_db.remote_conninfo`` (extra libpq options, e.g. ``sslmode=verify-full``; a
+password there is refused). Both are read from the server's configuration files only
+(``ALTER SYSTEM``, postgresql.conf: :meth:`~cerebro_db.catalog.Catalog.dba_setting`): a
+role cannot point the remote workers, and whatever credentials they hold, at another
+server.
+
+Faults. A remote worker that dies mid-unit (or whose engine reports it unreachable) gives
+a lost unit, which the coordinator re-queues as for a lost session; :meth:`reopen` asks the
+engine for a replacement worker for the slot. A unit past its time limit has its database
+connection terminated (``pg_terminate_backend`` of the backend with the worker's
+``application_name``), its call released, and comes back lost. Closing the executor (fit
+done, failed or cancelled) cancels every call in flight and closes the engine's client.
+"""
+from __future__ import annotations
+
+import re
+import time
+from typing import Any
+
+from ..catalog import Catalog
+from ..errors import (
+    INVALID_PARAMETER_VALUE,
+    SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION,
+    CerebroError,
+)
+from ..executors import RETRYABLE, DblinkExecutor, StallRule, WorkerResult, reraise_cancel
+from . import EXECUTOR_SETTING, ExecutorURL, engine_for, parse_executor, require_package
+from .engine import WorkerLost
+
+DBHOST_SETTING = "cerebro_db.remote_dbhost"
+CONNINFO_SETTING = "cerebro_db.remote_conninfo"
+CONNECTION_FAILURE = "08006"
+CANNOT_CONNECT = SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION
+
+_OPTION = re.compile(r"\s*([A-Za-z_]+)\s*=\s*('(?:[^'\\]|\\.)*'|[^\s']+)")
+
+
+def parse_conninfo(text: str | None) -> dict[str, str]:
+    """libpq ``keyword=value`` pairs (values may be single-quoted); a 22023 error for a
+    malformed string or one that names a password (the value is never shown)."""
+    out: dict[str, str] = {}
+    raw = (text or "").strip()
+    at = 0
+    while at < len(raw):
+        m = _OPTION.match(raw, at)
+        if m is None:
+            raise CerebroError(f"invalid value for {CONNINFO_SETTING} at position {at + 1}",
+                               INVALID_PARAMETER_VALUE,
+                               hint="Use libpq keyword=value pairs, e.g. 'sslmode=verify-full'.")
+        key, value = m.group(1).lower(), m.group(2)
+        if key == "password" or "password" in key:
+            raise CerebroError(f"{CONNINFO_SETTING} may not hold a password",
+                               INVALID_PARAMETER_VALUE,
+                               hint="Give the remote workers' nodes the role's password in "
+                               "their own PGPASSFILE (or PGPASSWORD, a service file); the "
+                               "database never sends it.")
+        if value.startswith("'"):
+            value = re.sub(r"\\(.)", r"\1", value[1:-1])
+        out[key] = value
+        at = m.end()
+        while at < len(raw) and raw[at].isspace():
+            at += 1
+    return out
+
+
+def executor_url(cat: Catalog) -> ExecutorURL | None:
+    """The fit's executor from ``cerebro_db.executor``: None for worker sessions; for a
+    remote engine, checked before any work (the URL, the engine's package on this server,
+    ``cerebro_db.remote_conninfo``)."""
+    url = parse_executor(cat.setting(EXECUTOR_SETTING))
+    if url is not None:
+        require_package(url)
+        parse_conninfo(cat.dba_setting(CONNINFO_SETTING))
+    return url
+
+
+def remote_database(cat: Catalog) -> dict[str, Any]:
+    """Where the remote workers connect, as whom, with which libpq options (no secret)."""
+    row = cat.query("SELECT current_database()::text AS d, current_user::text AS u, "
+                    "pg_catalog.current_setting('port') AS p, "
+                    "pg_catalog.current_setting('listen_addresses') AS l")[0]
+    host = cat.dba_setting(DBHOST_SETTING)
+    if not host:
+        first = (row["l"] or "").split(",")[0].strip()
+        host = "localhost" if first in ("", "*", "0.0.0.0", "::") else first
+    return {"host": host, "port": int(row["p"]), "dbname": row["d"], "user": row["u"],
+            "options": parse_conninfo(cat.dba_setting(CONNINFO_SETTING))}
+
+
+class RemoteExecutor(DblinkExecutor):
+    """Worker slots on a remote engine, plus this server's control session (dblink).
+
+    ``engine``: an :class:`~cerebro_db.remote.engine.Engine` to use instead of
+    :func:`~cerebro_db.remote.engine_for` of ``url`` (made in :meth:`open`)."""
+
+    def __init__(self, cat: Catalog, tag: str, num_workers: int, conninfo: str | None,
+                 url: ExecutorURL | str, unit_timeout: float | StallRule | None = None,
+                 engine: Any = None, **kw: Any) -> None:
+        super().__init__(cat, tag, num_workers, conninfo, unit_timeout=unit_timeout, **kw)
+        parsed = parse_executor(url) if isinstance(url, str) else url
+        if parsed is None:
+            raise CerebroError("the remote executor needs a dask:// or ray:// address",
+                               INVALID_PARAMETER_VALUE)
+        self.url = parsed
+        self.engine = engine
+        self.db: dict[str, Any] = {}
+
+    # remote workers are not database sessions: none is kept for the next fit
+    @property
+    def keep_idle(self) -> float:
+        return 0.0
+
+    @keep_idle.setter
+    def keep_idle(self, value: float) -> None:
+        pass
+
+    def open(self, settings: dict[str, str] | None = None) -> None:
+        """Open the control session, connect the engine's client and place a remote worker
+        for every slot."""
+        self.settings = dict(settings or {})
+        self._connect("ctl")
+        self.db = remote_database(self.cat)
+        if self.engine is None:
+            try:
+                self.engine = engine_for(self.url)
+            except CerebroError:
+                raise
+            except Exception as e:  # noqa: BLE001 - the cluster cannot be reached
+                reraise_cancel(e)
+                raise CerebroError(f'could not connect to the executor "{self.url}": '
+                                   f"{type(e).__name__}: {e}", CANNOT_CONNECT,
+                                   hint=f"Check that the cluster runs and this server can "
+                                   f"reach it, or RESET {EXECUTOR_SETTING}.") from None
+        for w in self.workers:
+            try:
+                self._connect(w)
+            except Exception as e:  # noqa: BLE001
+                reraise_cancel(e)
+                raise CerebroError(f'could not start remote worker {w} on "{self.url}": '
+                                   f"{type(e).__name__}: {e}", CANNOT_CONNECT,
+                                   hint="The cluster needs at least one live worker.") from None
+        self.cat.notice(f"units of this fit run on {self.url} ({len(self.workers)} remote "
+                        "workers)")
+
+    def _connect(self, w: int | str) -> None:
+        if w == "ctl":
+            super()._connect(w)
+            return
+        self.engine.start_worker(int(w))
+        pid = self.engine.pid(int(w))
+        if pid is not None:
+            self.pids[w] = int(pid)
+
+    def _drop(self, worker: int | str) -> None:
+        if worker == "ctl":
+            super()._drop(worker)
+            return
+        self.pids.pop(worker, None)
+        if self.engine is not None:
+            try:
+                self.engine.stop_worker(int(worker))
+            except Exception as e:  # noqa: BLE001 - already gone
+                reraise_cancel(e)
+
+    def terminate(self, worker: int | str) -> bool:
+        """End the database backend of the remote worker's connection (its unit then fails
+        at its next statement); the caller's role may always end its own backends."""
+        # pg_stat_activity is a snapshot taken once per transaction: take a fresh one
+        self.cat.query("SELECT pg_catalog.pg_stat_clear_snapshot()")
+        rows = self.cat.query(
+            "SELECT pg_catalog.pg_terminate_backend(pid) AS t FROM "
+            "pg_catalog.pg_stat_activity WHERE usename = current_user AND "
+            "application_name = $1 AND pid <> pg_catalog.pg_backend_pid()",
+            [self.application_name(worker)], ["text"])
+        return any(r["t"] for r in rows)
+
+    def backend_pids(self) -> dict[int, int]:
+        names = {self.application_name(w): w for w in self.busy}
+        if not names:
+            return {}
+        self.cat.query("SELECT pg_catalog.pg_stat_clear_snapshot()")
+        rows = self.cat.query("SELECT pid, application_name AS a FROM "
+                              "pg_catalog.pg_stat_activity WHERE usename = current_user AND "
+                              "application_name = ANY($1)", [list(names)], ["text[]"])
+        return {names[r["a"]]: int(r["pid"]) for r in rows}
+
+    def _call(self, worker: int, **what: Any) -> dict[str, Any]:
+        return {"db": self.db, "schema": self.cat.schema,
+                "application_name": self.application_name(worker),
+                "settings": dict(self.settings), "worker": int(worker), **what}
+
+    def submit(self, worker: int, sql: str, key: tuple[Any, str] | None = None) -> None:
+        raise CerebroError("a remote executor runs units, not SQL statements", "XX000")
+
+    def submit_unit(self, worker: int, fit_id: int, mst_key: int, epoch: int,
+                    partition: int, kind: str, options: dict[str, Any],
+                    key: tuple[Any, str] | None = None) -> None:
+        self._send(worker, self._call(worker, fit_id=int(fit_id), mst_key=int(mst_key),
+                                      epoch=int(epoch), partition=int(partition), kind=kind,
+                                      options=dict(options)), key)
+
+    def submit_check(self, worker: int, spec: dict[str, Any]) -> None:
+        self._send(worker, self._call(worker, check=True, spec=spec), None)
+
+    def _send(self, worker: int, call: dict[str, Any], key: tuple[Any, str] | None) -> None:
+        if worker in self.busy:
+            raise CerebroError(f"worker {worker} is busy", "XX000")
+        try:
+            self.engine.submit(worker, call)
+        except Exception as e:  # noqa: BLE001 - reported as a lost unit by wait()
+            reraise_cancel(e)
+            self._send_failed[worker] = f"remote worker {worker}: {type(e).__name__}: {e}"
+        self.busy[worker] = time.monotonic()
+        self.limits[worker] = self._limit(key)
+        if key is not None:
+            self._keys[worker] = key
+
+    def _is_busy(self, worker: int) -> bool:
+        try:
+            return not self.engine.done(worker)
+        except Exception as e:  # noqa: BLE001 - collect says why
+            reraise_cancel(e)
+            return False
+
+    def _collect(self, worker: int) -> WorkerResult:
+        try:
+            data = self.engine.result(worker)
+        except WorkerLost as e:
+            # the dead worker's database backend may still run the unit's statement (and
+            # hold its locks) until it notices: end it before the unit is retried
+            try:
+                self.terminate(worker)
+            except Exception as te:  # noqa: BLE001 - reported lost all the same
+                reraise_cancel(te)
+            return self._lost(worker, f"remote worker {worker} was lost: {e}")
+        except Exception as e:  # noqa: BLE001 - the engine could not say: lost
+            reraise_cancel(e)
+            return self._lost(worker, f"remote worker {worker} failed: {type(e).__name__}: {e}")
+        if not isinstance(data, dict):
+            return self._lost(worker, f"remote worker {worker} gave no result")
+        seconds = time.monotonic() - self.busy.pop(worker)
+        key = self._keys.pop(worker, None)
+        if data.get("ok") and key is not None:
+            self.unit_times.setdefault(key, []).append(seconds)
+        state = str(data.get("sqlstate") or "")
+        if not data.get("ok") and (state in RETRYABLE or state.startswith("08")):
+            data["lost"] = True
+            data.setdefault("worker_pid", self.pids.get(worker))
+        return WorkerResult(worker, bool(data.get("ok")), data)
+
+    def close(self, keep: bool = False) -> None:
+        """Cancel every call in flight (its database backend is terminated, so the unit
+        commits nothing more, as a cancelled statement of a worker session), close the
+        engine's client, then the control session (safe to call twice)."""
+        for w in list(self.busy):
+            try:
+                self.terminate(w)
+            except Exception:  # noqa: BLE001, S110 - closing anyway
+                pass
+        engine, self.engine = self.engine, None
+        self.busy.clear()
+        self._keys.clear()
+        if engine is not None:
+            try:
+                engine.close()
+            except Exception:  # noqa: BLE001, S110 - closing anyway
+                pass
+        super().close(keep=False)
