@@ -38,7 +38,10 @@ import time
 from typing import Any
 
 from ..catalog import Catalog
+from ..catalog import remote as remote_sql
 from ..errors import (
+    INSUFFICIENT_PRIVILEGE,
+    INTERNAL_ERROR,
     INVALID_PARAMETER_VALUE,
     SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION,
     CerebroError,
@@ -48,8 +51,8 @@ from . import EXECUTOR_SETTING, ExecutorURL, engine_for, parse_executor, require
 from .engine import WorkerLost
 
 DBHOST_SETTING = "cerebro_db.remote_dbhost"
+ALLOWED_SETTING = "cerebro_db.allowed_executors"
 CONNINFO_SETTING = "cerebro_db.remote_conninfo"
-CONNECTION_FAILURE = "08006"
 CANNOT_CONNECT = SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION
 
 _OPTION = re.compile(r"\s*([A-Za-z_]+)\s*=\s*('(?:[^'\\]|\\.)*'|[^\s']+)")
@@ -89,16 +92,40 @@ def executor_url(cat: Catalog) -> ExecutorURL | None:
     ``cerebro_db.remote_conninfo``)."""
     url = parse_executor(cat.setting(EXECUTOR_SETTING))
     if url is not None:
+        require_allowed(url, cat.dba_setting(ALLOWED_SETTING))
         require_package(url)
         parse_conninfo(cat.dba_setting(CONNINFO_SETTING))
     return url
 
 
+def require_allowed(url: ExecutorURL, allowed: str | None) -> None:
+    """A remote engine's client unpickles what the cluster sends, inside this server's
+    backend: a cluster can run code as the database server's OS user. So a fit may use only
+    the clusters the DBA lists in ``cerebro_db.allowed_executors`` (postgresql.conf or ALTER
+    SYSTEM, comma-separated ``cerebro_db.executor`` values; a value a role SETs is ignored):
+    42501 for any other, before any work."""
+    listed = set()
+    for text in (allowed or "").split(","):
+        if text.strip():
+            try:
+                u = parse_executor(text)
+            except CerebroError:
+                continue  # a malformed entry allows nothing
+            if u is not None:
+                listed.add((u.engine, u.address))
+    if (url.engine, url.address) not in listed:
+        raise CerebroError(
+            f'{EXECUTOR_SETTING} "{url}" is not a cluster this server may use',
+            INSUFFICIENT_PRIVILEGE,
+            hint=f"A superuser lists the clusters fits may run on in {ALLOWED_SETTING} "
+            "(ALTER SYSTEM or postgresql.conf, then SELECT pg_reload_conf()); list only "
+            "clusters as trusted as the database server itself: a cluster's nodes can run code "
+            "in it.")
+
+
 def remote_database(cat: Catalog) -> dict[str, Any]:
     """Where the remote workers connect, as whom, with which libpq options (no secret)."""
-    row = cat.query("SELECT current_database()::text AS d, current_user::text AS u, "
-                    "pg_catalog.current_setting('port') AS p, "
-                    "pg_catalog.current_setting('listen_addresses') AS l")[0]
+    row = remote_sql.remote_database(cat)
     host = cat.dba_setting(DBHOST_SETTING)
     if not host:
         first = (row["l"] or "").split(",")[0].strip()
@@ -185,24 +212,14 @@ class RemoteExecutor(DblinkExecutor):
     def terminate(self, worker: int | str) -> bool:
         """End the database backend of the remote worker's connection (its unit then fails
         at its next statement); the caller's role may always end its own backends."""
-        # pg_stat_activity is a snapshot taken once per transaction: take a fresh one
-        self.cat.query("SELECT pg_catalog.pg_stat_clear_snapshot()")
-        rows = self.cat.query(
-            "SELECT pg_catalog.pg_terminate_backend(pid) AS t FROM "
-            "pg_catalog.pg_stat_activity WHERE usename = current_user AND "
-            "application_name = $1 AND pid <> pg_catalog.pg_backend_pid()",
-            [self.application_name(worker)], ["text"])
-        return any(r["t"] for r in rows)
+        return remote_sql.terminate_application(self.cat, self.application_name(worker))
 
     def backend_pids(self) -> dict[int, int]:
         names = {self.application_name(w): w for w in self.busy}
         if not names:
             return {}
-        self.cat.query("SELECT pg_catalog.pg_stat_clear_snapshot()")
-        rows = self.cat.query("SELECT pid, application_name AS a FROM "
-                              "pg_catalog.pg_stat_activity WHERE usename = current_user AND "
-                              "application_name = ANY($1)", [list(names)], ["text[]"])
-        return {names[r["a"]]: int(r["pid"]) for r in rows}
+        pids = remote_sql.backends_of_applications(self.cat, list(names))
+        return {names[a]: pid for a, pid in pids.items()}
 
     def _call(self, worker: int, **what: Any) -> dict[str, Any]:
         return {"db": self.db, "schema": self.cat.schema,
@@ -210,7 +227,7 @@ class RemoteExecutor(DblinkExecutor):
                 "settings": dict(self.settings), "worker": int(worker), **what}
 
     def submit(self, worker: int, sql: str, key: tuple[Any, str] | None = None) -> None:
-        raise CerebroError("a remote executor runs units, not SQL statements", "XX000")
+        raise CerebroError("a remote executor runs units, not SQL statements", INTERNAL_ERROR)
 
     def submit_unit(self, worker: int, fit_id: int, mst_key: int, epoch: int,
                     partition: int, kind: str, options: dict[str, Any],
@@ -224,7 +241,7 @@ class RemoteExecutor(DblinkExecutor):
 
     def _send(self, worker: int, call: dict[str, Any], key: tuple[Any, str] | None) -> None:
         if worker in self.busy:
-            raise CerebroError(f"worker {worker} is busy", "XX000")
+            raise CerebroError(f"worker {worker} is busy", INTERNAL_ERROR)
         try:
             self.engine.submit(worker, call)
         except Exception as e:  # noqa: BLE001 - reported as a lost unit by wait()

@@ -19,9 +19,14 @@ import re
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from ..errors import (
+    CONNECTION_FAILURE,
+    INVALID_AUTHORIZATION_SPECIFICATION,
+    UNDEFINED_PARAMETER,
+)
+
 log = logging.getLogger("cerebro_db.remote")
 
-CONNECTION_FAILURE = "08006"
 _PARAM = re.compile(r"\$(\d+)")
 _cursors = itertools.count()
 
@@ -62,7 +67,7 @@ class Plan:
         def mark(m: re.Match[str]) -> str:
             i = int(m.group(1))
             if not 1 <= i <= len(self.types):
-                raise SPIError(f"there is no parameter ${i}", "42P02")
+                raise SPIError(f"there is no parameter ${i}", UNDEFINED_PARAMETER)
             return f"(%(p{i})s::{self.types[i - 1]})"
 
         self.sql = _PARAM.sub(mark, sql.replace("%", "%%")) if self.types else sql
@@ -179,7 +184,7 @@ def connect(db: dict[str, Any], application_name: str) -> Any:
     for k, v in (db.get("options") or {}).items():
         if "password" in str(k).lower():
             raise SPIError("a remote worker's connection options may not hold a password",
-                           "28000")
+                           INVALID_AUTHORIZATION_SPECIFICATION)
         kw[k] = v
     with _errors():
         conn = psycopg2.connect(application_name=application_name, **kw)

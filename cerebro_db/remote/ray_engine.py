@@ -38,7 +38,12 @@ import time
 import traceback
 from typing import Any
 
-from ..errors import SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION, SYSTEM_ERROR, CerebroError
+from ..errors import (
+    INTERNAL_ERROR,
+    SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION,
+    SYSTEM_ERROR,
+    CerebroError,
+)
 from .engine import EngineUnavailable, WorkerLost
 
 ENTRY = "cerebro_db.remote.unit:run_call"
@@ -212,7 +217,7 @@ class RayEngine:
             return {"ok": False, "worker": worker,
                     "message": f"the Ray actor of worker {worker} failed: "
                                f"{type(cause).__name__}: {cause}".splitlines()[0],
-                    "sqlstate": getattr(cause, "sqlstate", None) or "XX000",
+                    "sqlstate": getattr(cause, "sqlstate", None) or INTERNAL_ERROR,
                     "detail": str(e)}
         except self._lost as e:
             raise WorkerLost(f"the Ray actor of worker {worker} (pid "

@@ -25,6 +25,12 @@ import threading
 import traceback
 from typing import Any
 
+from ..catalog.remote import set_config_plan
+from ..errors import (
+    CONNECTION_FAILURE,
+    INTERNAL_ERROR,
+)
+
 LOCK = threading.Lock()
 _state: dict[str, Any] = {"key": None, "db": None, "applied": None}
 
@@ -52,7 +58,7 @@ worker session's, so a resume of an interrupted fit finds and ends it)."""
 def _apply(db: Any, call: dict[str, Any]) -> None:
     """The call's ``application_name`` and, when they changed, its session settings."""
     settings = json.dumps(call.get("settings") or {}, sort_keys=True)
-    plan = db.prepare("SELECT pg_catalog.set_config($1, $2, false)", ["text", "text"])
+    plan = set_config_plan(db)
     pairs = [("application_name", str(call.get("application_name") or IDLE_APPLICATION))]
     if settings != _state["applied"]:
         pairs += [*FIXED_SETTINGS, *(call.get("settings") or {}).items()]
@@ -94,8 +100,7 @@ def _idle(db: Any) -> None:
     """Between units the connection shows it serves no fit."""
     try:
         db.rollback()
-        db.execute(db.prepare("SELECT pg_catalog.set_config($1, $2, false)", ["text", "text"]),
-                   ["application_name", IDLE_APPLICATION])
+        db.execute(set_config_plan(db), ["application_name", IDLE_APPLICATION])
         db.commit()
     except Exception:  # noqa: BLE001 - a broken connection is reopened by the next call
         db.rollback()
@@ -119,7 +124,7 @@ def run_call(call: dict[str, Any]) -> dict[str, Any]:
             _state.update(db=None, applied=None)
             return {"ok": False, "message": "the remote worker could not connect to the "
                     f"database: {getattr(e, 'message', None) or e}",
-                    "sqlstate": getattr(e, "sqlstate", None) or "08006",
+                    "sqlstate": getattr(e, "sqlstate", None) or CONNECTION_FAILURE,
                     "detail": traceback.format_exc(), "worker": w}
         cat = Catalog(db, str(call["schema"]))
         try:
@@ -137,7 +142,7 @@ def run_call(call: dict[str, Any]) -> dict[str, Any]:
                 _idle(db)
                 return {"ok": False, "message": f"committing the unit failed: "
                         f"{getattr(e, 'message', None) or e}",
-                        "sqlstate": getattr(e, "sqlstate", None) or "08006",
+                        "sqlstate": getattr(e, "sqlstate", None) or CONNECTION_FAILURE,
                         "detail": traceback.format_exc(), "worker": w}
         else:
             db.rollback()
@@ -160,7 +165,7 @@ def check_call(call: dict[str, Any]) -> dict[str, Any]:
             _state.update(db=None, applied=None)
             return {"ok": False, "message": "the remote worker could not connect to the "
                     f"database: {getattr(e, 'message', None) or e}",
-                    "sqlstate": getattr(e, "sqlstate", None) or "08006"}
+                    "sqlstate": getattr(e, "sqlstate", None) or CONNECTION_FAILURE}
         try:
             check_configs(call.get("spec") or {}, Catalog(db, str(call["schema"])))
         except CerebroError as e:
@@ -168,7 +173,7 @@ def check_call(call: dict[str, Any]) -> dict[str, Any]:
                     "detail": e.detail}
         except Exception as e:  # noqa: BLE001 - reported as an internal error
             return {"ok": False, "message": f"checking the fit failed: {type(e).__name__}: "
-                    f"{e}", "sqlstate": getattr(e, "sqlstate", None) or "XX000",
+                    f"{e}", "sqlstate": getattr(e, "sqlstate", None) or INTERNAL_ERROR,
                     "detail": traceback.format_exc()}
         finally:
             _idle(db)

@@ -198,13 +198,34 @@ class DaskCluster:
                 p.wait()
 
 
+_allowed: list[str] = []
+
+
+def allow_executor(admin, executor: str, allow: bool = True) -> None:
+    """The DBA lets fits use ``executor`` (or, ``allow`` False, no longer):
+    ``cerebro_db.allowed_executors`` by ALTER SYSTEM."""
+    if allow:
+        _allowed.append(executor)
+    elif executor in _allowed:
+        _allowed.remove(executor)
+    # PostgreSQL 15's ALTER SYSTEM wants the custom setting known in its session
+    q(admin, "SELECT set_config('cerebro_db.allowed_executors', '', false)")
+    if _allowed:
+        q(admin, "ALTER SYSTEM SET cerebro_db.allowed_executors = %s", (",".join(_allowed),))
+    else:
+        q(admin, "ALTER SYSTEM RESET cerebro_db.allowed_executors")
+    q(admin, "SELECT pg_reload_conf()")
+
+
 @pytest.fixture(scope="package")
-def dask_cluster(passfile) -> Iterator[DaskCluster]:
+def dask_cluster(passfile, radmin) -> Iterator[DaskCluster]:
     pytest.importorskip("distributed")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
     env.update(PGPASSFILE=str(passfile), TF_CPP_MIN_LOG_LEVEL="2", PYTHONDONTWRITEBYTECODE="1")
     cluster = DaskCluster(env)
+    allow_executor(radmin, "dask://" + cluster.address.split("://")[1])
     yield cluster
+    allow_executor(radmin, "dask://" + cluster.address.split("://")[1], allow=False)
     cluster.stop()
 
 
@@ -214,7 +235,7 @@ RAY_CALLS = Path(__file__).resolve().parent / "ray_calls"
 
 
 @pytest.fixture(scope="package")
-def ray_cluster(passfile):
+def ray_cluster(passfile, radmin):
     """A real local Ray cluster (``ray start --head`` of this venv on loopback, 2 CPUs, the
     Ray Client server on a free port, no dashboard; tooling/ray_cluster.py), with the test
     roles' PGPASSFILE in its environment; stopped at the end (its own processes only)."""
@@ -227,5 +248,7 @@ def ray_cluster(passfile):
     env.update(PGPASSFILE=str(passfile), TF_CPP_MIN_LOG_LEVEL="2", PYTHONDONTWRITEBYTECODE="1",
                PYTHONPATH=str(RAY_CALLS))
     head = RayHead(num_cpus=2, env=env)
+    allow_executor(radmin, head.client_address)
     yield head
+    allow_executor(radmin, head.client_address, allow=False)
     head.stop()

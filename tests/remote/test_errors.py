@@ -8,7 +8,7 @@ import time
 import psycopg2
 import pytest
 
-from .conftest import _free_port, q
+from .conftest import _free_port, allow_executor, q
 
 pytestmark = pytest.mark.db
 
@@ -61,7 +61,11 @@ def test_engine_package_missing_on_server(role, radmin):
     scheme, extra = missing[0]
     c = role.connect()
     before = state(radmin, role)
-    e = fails(c, f"{scheme}://127.0.0.1:1")
+    allow_executor(radmin, f"{scheme}://127.0.0.1:1")
+    try:
+        e = fails(c, f"{scheme}://127.0.0.1:1")
+    finally:
+        allow_executor(radmin, f"{scheme}://127.0.0.1:1", allow=False)
     assert e.pgcode == "58000" and "is not installed on the database server" in e.pgerror
     assert f"pip install 'cerebro_db[{extra}]'" in e.pgerror
     assert state(radmin, role) == before
@@ -72,7 +76,12 @@ def test_unreachable_cluster(role, radmin):
     pytest.importorskip("distributed")
     c = role.connect()
     before = state(radmin, role)
-    e = fails(c, f"dask://127.0.0.1:{_free_port()}")
+    url = f"dask://127.0.0.1:{_free_port()}"
+    allow_executor(radmin, url)
+    try:
+        e = fails(c, url)
+    finally:
+        allow_executor(radmin, url, allow=False)
     assert e.pgcode == "08001" and "could not connect to the executor" in e.pgerror, e.pgerror
     assert state(radmin, role) == before
     c.close()
@@ -108,4 +117,28 @@ def test_remote_connection_settings_are_the_dbas(role, radmin, dask_cluster):
         in e.pgerror, e.pgerror
     assert "s3cret" not in e.pgerror
     assert state(radmin, role) == before
+    c.close()
+
+
+def test_only_clusters_the_dba_allowed(role, radmin, dask_cluster):
+    """A remote engine's client unpickles what the cluster sends inside the database
+    server: a role may not point a fit at a cluster of its choice. Only the DBA's
+    cerebro_db.allowed_executors counts (a role's own SET of it is ignored): 42501 before
+    any work, nothing created."""
+    listed = "dask://" + dask_cluster.address.split("://")[1]
+    elsewhere = f"dask://127.0.0.1:{_free_port()}"
+    c = role.connect()
+    before = state(radmin, role)
+    q(c, "SET cerebro_db.allowed_executors = %s", (elsewhere,))
+    try:
+        e = fails(c, elsewhere)
+    finally:
+        q(c, "RESET cerebro_db.allowed_executors")
+    assert e.pgcode == "42501" and "is not a cluster this server may use" in e.pgerror, \
+        e.pgerror
+    assert "cerebro_db.allowed_executors" in e.pgerror
+    assert state(radmin, role) == before
+    # the same address as the listed cluster but another scheme or port is not listed either
+    e = fails(c, listed.replace("dask://", "ray://"))
+    assert e.pgcode == "42501", e.pgerror
     c.close()
