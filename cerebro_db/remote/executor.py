@@ -181,6 +181,8 @@ class RemoteExecutor(DblinkExecutor):
     def terminate(self, worker: int | str) -> bool:
         """End the database backend of the remote worker's connection (its unit then fails
         at its next statement); the caller's role may always end its own backends."""
+        # pg_stat_activity is cached for the transaction: see the application names now
+        self.cat.query("SELECT pg_catalog.pg_stat_clear_snapshot()")
         rows = self.cat.query(
             "SELECT pg_catalog.pg_terminate_backend(pid) AS t FROM "
             "pg_catalog.pg_stat_activity WHERE usename = current_user AND "
