@@ -71,12 +71,19 @@ class DaskEngine:
         for a in self.slots.values():
             if a in used:
                 used[a] += 1
-        address = min(live, key=lambda a: (used[a], live.index(a)))
-        pid = self.client.run(_pid, workers=[address], on_error="return").get(address)
-        if not isinstance(pid, int):
-            raise EngineUnavailable(f"Dask worker {address} did not answer: {pid}")
-        self.slots[worker] = address
-        self.pids[worker] = pid
+        why = "no answer"
+        # the least used live worker that answers (one that just joined, or is leaving, may not)
+        for address in sorted(live, key=lambda a: (used[a], live.index(a))):
+            try:
+                pid = self.client.run(_pid, workers=[address], on_error="return").get(address)
+            except Exception as e:  # noqa: BLE001 - try the next one
+                pid = e
+            if isinstance(pid, int):
+                self.slots[worker] = address
+                self.pids[worker] = pid
+                return
+            why = f"{address}: {pid}"
+        raise EngineUnavailable(f"no Dask worker of {self.address} answered ({why})")
 
     def submit(self, worker: int, call: dict[str, Any]) -> None:
         address = self.slots.get(worker)

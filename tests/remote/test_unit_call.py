@@ -96,9 +96,12 @@ def test_failed_unit_rolls_back_and_reports(role, radmin, passfile, monkeypatch)
     assert remote_unit.run_call(call(role, fit_id))["ok"]
     # a connection whose backend was ended between units (a resume ends an interrupted
     # fit's workers) is opened again by the next call, which runs through
+    db = remote_unit._state["db"]
+    pid = db.execute("SELECT pg_backend_pid() AS p")[0]["p"]
+    db.rollback()
     assert q(radmin, "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE "
-                     "usename = %s AND application_name = %s",
-             (role.name, remote_unit.IDLE_APPLICATION)) == [(1,)]
+                     "usename = %s AND application_name = %s AND pid = %s",
+             (role.name, remote_unit.IDLE_APPLICATION, pid)) == [(1,)]
     time.sleep(0.5)
     assert remote_unit.run_call(call(role, fit_id, epoch=3))["ok"]
     c.close()
