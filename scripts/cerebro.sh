@@ -49,9 +49,9 @@ cmd_deps() {
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
   fi
   local want
-  want=$(cat "$ROOT/requirements.txt" "$ROOT/requirements-dev.txt" | sha256sum | cut -c1-16)
+  want=$(cat "$ROOT/requirements.txt" "$ROOT/requirements-dev.txt" "$ROOT/requirements-remote.txt" | sha256sum | cut -c1-16)
   if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$VENV/.cerebro-req" 2>/dev/null)" != "$want" ]; then
-    log "preparing the server's Python environment in $VENV (tensorflow-cpu, numpy, test tools)"
+    log "preparing the server's Python environment in $VENV (tensorflow-cpu, numpy, test tools, dask and ray for the remote executors' tests)"
     [ -x "$VENV/bin/python" ] || "$SERVER_PY" -m venv "$VENV"
     "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r "$ROOT/requirements.txt" -r "$ROOT/requirements-dev.txt" 2> >(grep -v '^WARNING: Location' >&2)
     echo "$want" > "$VENV/.cerebro-req"
