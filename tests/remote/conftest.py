@@ -16,29 +16,24 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg2
 import pytest
 
-from ..conftest import _connect, create_database, drop_database, server_params
-from ..integration.mnist_rows import load_mnist_rows
+from ..helpers import (
+    connect,
+    create_database,
+    drop_database,
+    load_mnist_rows,
+    mlp_json,
+    q,
+    server_params,
+)
+
+psycopg2 = pytest.importorskip("psycopg2")
 
 PARTITIONS = 2
 COMPILE = ("loss='categorical_crossentropy', optimizer='Adam(learning_rate=0.01)', "
            "metrics=['accuracy']")
 SEED = 23
-
-
-def q(conn, sql, args=None):
-    with conn.cursor() as cur:
-        cur.execute(sql, args)
-        return cur.fetchall() if cur.description else None
-
-
-def mlp_json(hidden: int = 4) -> str:
-    import keras
-
-    return keras.Sequential([keras.Input((784,)), keras.layers.Dense(hidden, activation="relu"),
-                             keras.layers.Dense(10, activation="softmax")]).to_json()
 
 
 @pytest.fixture(scope="package")
@@ -50,7 +45,7 @@ def rdb() -> Iterator[str]:
 
 @pytest.fixture(scope="package")
 def radmin(rdb):
-    c = _connect(rdb)
+    c = connect(rdb)
     c.autocommit = True
     yield c
     c.close()
@@ -108,7 +103,7 @@ def role(radmin, rdb, passfile) -> Iterator[Role]:
     q(c, "SET client_min_messages = warning")
     q(c, "SELECT training_preprocessor_dl('rm_train', 'rm_p', 'y', 'x', NULL, 255.0, NULL, "
          "NULL, %s, 2)", (PARTITIONS,))
-    q(c, "SELECT load_keras_model('rm_arch', %s)", (mlp_json(),))
+    q(c, "SELECT load_keras_model('rm_arch', %s)", (mlp_json(4),))
     q(c, "SELECT load_model_selection_table('rm_arch', 'rm_mst', ARRAY[1], %s, %s)",
       ([COMPILE], ["batch_size=50"]))
     c.close()

@@ -10,10 +10,11 @@ import signal
 import threading
 import time
 
-import psycopg2
 import pytest
 
 from .conftest import fit, q, weights
+
+psycopg2 = pytest.importorskip("psycopg2")
 
 pytestmark = pytest.mark.db
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import time
 
-import psycopg2
 import pytest
 
 from .conftest import _free_port, allow_executor, q
+
+psycopg2 = pytest.importorskip("psycopg2")
 
 pytestmark = pytest.mark.db
 

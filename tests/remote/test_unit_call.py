@@ -11,7 +11,7 @@ import pytest
 
 from cerebro_db.remote import unit as remote_unit
 
-from ..conftest import server_params
+from ..helpers import server_params
 from .conftest import fit, q
 
 pytestmark = pytest.mark.db
