@@ -105,6 +105,7 @@ class RoleDb(Db):
     """The suite's tables and fits (bench/suite.py ``Db``), owned and run by the bench role."""
 
     def __init__(self, role: BenchRole, w) -> None:
+        self.admin = role.admin
         self.conn, self.w = role.connect(), w
         self.t = "bench_" + w.name.replace("-", "_")
         self.fit_conn = role.connect()
@@ -126,6 +127,18 @@ class RoleDb(Db):
         f.close = base.close  # type: ignore[attr-defined]
         return f
 
+    def allow(self, executor: str | None) -> None:
+        """As the DBA: let fits use the cluster ``executor`` (None: no cluster);
+        ``cerebro_db.allowed_executors`` counts only from the server's configuration."""
+        # PostgreSQL 15's ALTER SYSTEM wants the custom setting known in its session
+        q(self.admin, "SELECT set_config('cerebro_db.allowed_executors', '', false)")
+        if executor:
+            q(self.admin, "ALTER SYSTEM SET cerebro_db.allowed_executors = %s", (executor,))
+        else:
+            q(self.admin, "ALTER SYSTEM RESET cerebro_db.allowed_executors")
+        q(self.admin, "SELECT pg_reload_conf()")
+        time.sleep(0.2)
+
     def weights(self) -> dict[int, bytes]:
         return {k: bytes(v) for k, v in q(self.conn, f"SELECT mst_key, model_weights FROM "
                                                     f"{self.t}_out")}
@@ -134,11 +147,13 @@ class RoleDb(Db):
             ) -> dict[str, Any]:
         q(self.fit_conn, "SET cerebro_db.executor = %s", (executor or "sessions",))
         self.extra_pids = pids or dict
+        self.allow(executor)
         try:
             res = self.fit("mop", PARAMS)
         finally:
             q(self.fit_conn, "RESET cerebro_db.executor")
             self.extra_pids = dict
+            self.allow(None)
         res["weights"] = self.weights()
         res["unit_failures"] = q(self.conn, "SELECT count(*) FROM cerebro_db.unit_failures "
                                             "WHERE fit_id = %s", (self.fit_ids[-1],))[0][0]
