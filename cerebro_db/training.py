@@ -56,11 +56,14 @@ reshaped to the model's input, XX000 (with the traceback in ``detail``) for unex
 from __future__ import annotations
 
 import collections
+import contextlib
 import gc
 import math
+import random
+import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Union
 
@@ -1071,6 +1074,28 @@ def empty_unit(state_bytes: BytesLike, completes_epoch: bool = False) -> tuple[b
                                  seconds=time.perf_counter() - start)
 
 
+_SEEDS_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _own_default_seeds(seed: int) -> Iterator[None]:
+    """Keras draws the seed of every initializer built without one from Python's global
+    ``random`` (seeded by ``set_random_seed``). In a process with other threads (a Dask
+    worker's event loop, a Ray actor's) those may draw from it too, between the seeding and
+    the build, and the initial weights then differ from run to run. During the build Keras
+    draws from a private generator seeded the same way instead: the same numbers a
+    single-threaded process gets, whatever the other threads do."""
+    from keras.src.random import seed_generator
+
+    with _SEEDS_LOCK:
+        shared = seed_generator.python_random
+        seed_generator.python_random = random.Random(seed)  # type: ignore[assignment]
+        try:
+            yield
+        finally:
+            seed_generator.python_random = shared
+
+
 def initial_state(
     arch_json: Any,
     compile_params: CompileInput,
@@ -1091,7 +1116,8 @@ def initial_state(
     cp = _compile_params(compile_params)
     seed = _seed(seed)
     keras.utils.set_random_seed(seed)
-    model = keras_arch.build_from_json(arch_json)
+    with _own_default_seeds(seed):
+        model = keras_arch.build_from_json(arch_json)
     if init_weights is not None:
         keras_arch.set_weights_from_bytes(model, init_weights)
     optimizer = cp.optimizer.to_keras()

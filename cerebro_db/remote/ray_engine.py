@@ -155,7 +155,7 @@ class RayEngine:
             with self._ctx:
                 actor = self._actor_class.remote(worker, self.entry)
                 self._actors[worker] = actor
-                self._pids[worker] = int(ray.get(actor.pid.remote(),
+                self._pids[worker] = int(ray.get(actor.pid.remote(),  # type: ignore[attr-defined]
                                                   timeout=self.start_timeout))
         except Exception as e:  # noqa: BLE001 - the slot stays empty
             self.stop_worker(worker)

@@ -111,6 +111,29 @@ def test_fit_input_shape_reshapes_rows():
 # --------------------------------------------------------------------------- initial state
 
 
+def test_initial_state_does_not_depend_on_other_threads_drawing_random_numbers():
+    """A remote worker process (Dask, Ray) has other threads that draw from Python's global
+    ``random`` while a unit builds the initial model; the weights must not change."""
+    import random
+    import threading
+
+    base = T.initial_state(ARCH, CP, seed=5)
+    stop = threading.Event()
+
+    def draw() -> None:
+        while not stop.is_set():
+            random.random()
+
+    t = threading.Thread(target=draw, daemon=True)
+    t.start()
+    try:
+        states = [T.initial_state(ARCH, CP, seed=5) for _ in range(5)]
+    finally:
+        stop.set()
+        t.join()
+    assert all(s == base for s in states)
+
+
 def test_initial_state_is_reproducible_and_has_optimizer_vars():
     a = T.initial_state(ARCH, CP, seed=5)
     b = T.initial_state(ARCH, CP, seed=5)
