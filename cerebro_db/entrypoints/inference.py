@@ -353,7 +353,7 @@ def madlib_keras_evaluate(cat: Catalog, *, model_table: str, test_table: str, ou
     """Loss and metrics of a trained model over a packed (validation-format) table."""
     from ..training import ModelCache, evaluate
     from ..worker import labels_for, partition_data
-    from .training import packed_table
+    from .fit_inputs import packed_table
 
     out = cat.table(output_table, "output_table")
     t, row, summ = _model_row(cat, model_table, mst_key)

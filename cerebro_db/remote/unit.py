@@ -96,6 +96,14 @@ def _database(call: dict[str, Any]) -> Any:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
+def _no_connection(e: BaseException) -> dict[str, Any]:
+    """The failed answer of a call whose connection to the database could not be made."""
+    return {"ok": False, "message": "the remote worker could not connect to the database: "
+            f"{getattr(e, 'message', None) or e}",
+            "sqlstate": getattr(e, "sqlstate", None) or CONNECTION_FAILURE,
+            "detail": traceback.format_exc()}
+
+
 def _idle(db: Any) -> None:
     """Between units the connection shows it serves no fit."""
     try:
@@ -122,10 +130,7 @@ def run_call(call: dict[str, Any]) -> dict[str, Any]:
             db = _database(call)
         except Exception as e:  # noqa: BLE001 - reported to the coordinator
             _state.update(db=None, applied=None)
-            return {"ok": False, "message": "the remote worker could not connect to the "
-                    f"database: {getattr(e, 'message', None) or e}",
-                    "sqlstate": getattr(e, "sqlstate", None) or CONNECTION_FAILURE,
-                    "detail": traceback.format_exc(), "worker": w}
+            return {**_no_connection(e), "worker": w}
         cat = Catalog(db, str(call["schema"]))
         try:
             res = worker.run_unit(cat, int(call["fit_id"]), int(call["mst_key"]),
@@ -163,9 +168,7 @@ def check_call(call: dict[str, Any]) -> dict[str, Any]:
             db = _database(call)
         except Exception as e:  # noqa: BLE001 - reported to the coordinator
             _state.update(db=None, applied=None)
-            return {"ok": False, "message": "the remote worker could not connect to the "
-                    f"database: {getattr(e, 'message', None) or e}",
-                    "sqlstate": getattr(e, "sqlstate", None) or CONNECTION_FAILURE}
+            return _no_connection(e)
         try:
             check_configs(call.get("spec") or {}, Catalog(db, str(call["schema"])))
         except CerebroError as e:
