@@ -1,11 +1,16 @@
 """Plain Keras baselines of the suite, run as a subprocess (so its memory is its own).
 
-    python bench/keras_runner.py sequential DATA.npz --threads N [--shard I/P]
+    python bench/keras_runner.py sequential DATA.npz --threads N [--pipeline P] [--shard I/P]
     python bench/keras_runner.py averaging DATA.npz --config I --epochs E --partitions P
 
 ``sequential``: every configuration of DATA.json one after another in this one process, on
 the numpy arrays in memory, ``epochs`` passes each, training and validation metrics after
-every epoch (what cerebro_db computes too); with ``--shard I/P`` only rows I, I+P, ... of the
+every epoch (what cerebro_db computes too); ``--pipeline numpy`` hands Keras the numpy
+arrays (its usual input: Keras builds a new pipeline per call), ``--pipeline dataset``
+builds tf.data pipelines once from tensors and reuses them (a seeded reshuffle of row
+indices each epoch, batches gathered from the tensors, prefetched; evaluation batches of
+1,024 sliced from the tensors), faster by about 5% in training and 40% in evaluation on
+Fashion-MNIST (the suite measures both and keeps the faster); with ``--shard I/P`` only rows I, I+P, ... of the
 training and validation arrays (p such processes side by side: the limit of data-parallel
 work on this machine). ``averaging``: MADlib's single-model training
 (``madlib_keras_fit``): each of P partitions trains a copy of the current weights for one
@@ -49,7 +54,28 @@ def build(cfg: dict, seed: int = 1):
     return m
 
 
-def sequential(path: str, threads: int, shard: str | None = None) -> dict:
+def pipelines(x, y, vx, vy):
+    """(train(batch_size, seed), train_eval, valid_eval): tf.data pipelines over tensors made
+    once; the training one reshuffles its row indices every pass."""
+    import tensorflow as tf
+
+    tx, ty, tvx, tvy = (tf.constant(a) for a in (x, y, vx, vy))
+    n = len(x)
+
+    def train(batch_size: int, seed: int):
+        return (tf.data.Dataset.range(n).shuffle(n, seed=seed, reshuffle_each_iteration=True)
+                .batch(batch_size).map(lambda i: (tf.gather(tx, i), tf.gather(ty, i)))
+                .prefetch(tf.data.AUTOTUNE))
+
+    def evaluation(a, b):
+        return tf.data.Dataset.from_tensor_slices((a, b)).batch(1024).prefetch(
+            tf.data.AUTOTUNE)
+
+    return train, evaluation(tx, ty), evaluation(tvx, tvy)
+
+
+def sequential(path: str, threads: int, shard: str | None = None,
+               pipeline: str = "numpy") -> dict:
     from cerebro_db.training import configure_runtime
 
     configure_runtime(threads)
@@ -60,22 +86,32 @@ def sequential(path: str, threads: int, shard: str | None = None) -> dict:
     import keras  # noqa: F401 - imported before the clock starts, like a warm process
 
     t0 = time.perf_counter()
+    if pipeline == "dataset":
+        train, train_eval, valid_eval = pipelines(x, y, vx, vy)
     runs = []
     for cfg in meta["configs"]:
         m = build(cfg)
         curve, train_s, eval_s = [], 0.0, 0.0
+        if pipeline == "dataset":
+            ds = train(cfg["batch_size"], 1)
         for _ in range(meta["epochs"]):
             t = time.perf_counter()
-            m.fit(x, y, batch_size=cfg["batch_size"], epochs=1, verbose=0, shuffle=True)
-            t2 = time.perf_counter()
-            m.evaluate(x, y, batch_size=1024, verbose=0)
-            r = m.evaluate(vx, vy, batch_size=1024, verbose=0, return_dict=True)
+            if pipeline == "dataset":
+                m.fit(ds, epochs=1, verbose=0)
+                t2 = time.perf_counter()
+                m.evaluate(train_eval, verbose=0)
+                r = m.evaluate(valid_eval, verbose=0, return_dict=True)
+            else:
+                m.fit(x, y, batch_size=cfg["batch_size"], epochs=1, verbose=0, shuffle=True)
+                t2 = time.perf_counter()
+                m.evaluate(x, y, batch_size=1024, verbose=0)
+                r = m.evaluate(vx, vy, batch_size=1024, verbose=0, return_dict=True)
             eval_s += time.perf_counter() - t2
             train_s += t2 - t
             curve.append(float(r["accuracy"]))
         runs.append({"curve": curve, "train_s": train_s, "eval_s": eval_s})
-    return {"makespan": time.perf_counter() - t0, "threads": threads, "configs": runs,
-            "rows": len(x), "shard": shard}
+    return {"makespan": time.perf_counter() - t0, "threads": threads, "pipeline": pipeline,
+            "configs": runs, "rows": len(x), "shard": shard}
 
 
 def averaging(path: str, index: int, epochs: int, p: int) -> dict:
@@ -123,9 +159,10 @@ def main() -> None:
     ap.add_argument("--config", type=int, default=0)
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--partitions", type=int, default=2)
+    ap.add_argument("--pipeline", choices=["numpy", "dataset"], default="numpy")
     ap.add_argument("--shard", default=None, help="I/P: train on rows I, I+P, ... only")
     a = ap.parse_args()
-    out = (sequential(a.data, a.threads, a.shard) if a.mode == "sequential"
+    out = (sequential(a.data, a.threads, a.shard, a.pipeline) if a.mode == "sequential"
            else averaging(a.data, a.config, a.epochs, a.partitions))
     print(json.dumps(out), flush=True)
 

@@ -280,8 +280,9 @@ def main(path: Path | str = ROOT / "bench" / "results" / "results.json") -> None
         f"scheduler, p = {p} partitions / worker sessions, `use_caching`, validation every "
         "epoch; **ring** = the same with MADlib's rotation (a barrier per hop); **ring, "
         "optimizer reset per hop** = `policy_params => 'reset_optimizer_per_hop=True'`; "
-        "**sequential Keras** = one process, configs one after another on numpy arrays "
-        "(thread count chosen by measurement, below); **Ray Tune** = 2 concurrent trials on a "
+        "**sequential Keras** = one process, configs one after another at its best (thread "
+        "count and input pipeline, numpy arrays or tf.data made once, chosen by measurement, "
+        "below); **Ray Tune** = 2 concurrent trials on a "
         "local Ray cluster (`num_cpus=2`, no dashboard), 1 CPU and 1 TensorFlow thread each, "
         "data passed with `tune.with_parameters` and copied into each trial. Every system "
         "computes training and validation metrics after every epoch."),
@@ -327,9 +328,10 @@ def main(path: Path | str = ROOT / "bench" / "results" / "results.json") -> None
     real = ["## Realistic scale: cerebro_db against one Keras process and the machine's limit",
             "",
             (f"cerebro_db (mop) with every argument at its default, p = {p}; sequential "
-             "Keras at its best thread count (measured in this run); the limit: p concurrent "
-             "Keras processes, each training every configuration on 1/p of the rows (1 thread "
-             "each; makespan of the slower one, measured like sequential's). Coordinator: peak "
+             "Keras at its best thread count and input pipeline (measured in this run); the "
+             "limit: p concurrent Keras processes, each training every configuration on 1/p "
+             "of the rows (sequential's setting; makespan of the slower one, measured like "
+             "sequential's). Coordinator: peak "
              "RSS of the fit's calling backend (a session that runs only fits; PostgreSQL's "
              "shared buffers it touched count too). First unit: seconds from the call to the "
              "first unit's start (the workers have imported TensorFlow by then), for a cold "
@@ -371,10 +373,16 @@ def main(path: Path | str = ROOT / "bench" / "results" / "results.json") -> None
               f"epoch(s); preprocessing into the database (training_preprocessor_dl + "
               f"validation_preprocessor_dl, p = {p}): {fmt(w.get('preprocess_s', float('nan')))} s."),
               ""]
-        if "sequential_threads" in w:
+        if "sequential_threads" in w:  # results of an older suite
             L += ["Sequential Keras thread setting (median makespan): " + ", ".join(
                 f"{t} thread(s) {fmt(s)} s" for t, s in w["sequential_threads"].items())
                   + "; the faster one is used below and for every later workload.", ""]
+        if "sequential_settings" in w:
+            L += ["Sequential Keras setting (median makespan): " + ", ".join(
+                f"{r['threads']} thread(s) with {r['pipeline']} input {fmt(r['makespan'])} s"
+                for r in w["sequential_settings"])
+                  + "; the fastest is used below (sequential and the limit) and for every "
+                  "later workload.", ""]
         L += [("| system | runs | makespan (s) | vs cerebro_db | makespan / LB (wall / LB) "
               "| peak RSS total (MiB) | largest worker process (MiB) | model state moved per "
               "epoch (MiB) | best validation accuracy |"),

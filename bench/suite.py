@@ -14,9 +14,11 @@ configurations:
                optimizer state at every hop)
   mop_warm     a second 'mop' fit in the same session right after the first: its worker
                sessions are kept from that fit (no TensorFlow import)
-  sequential   Keras, one process, the configurations one after another on numpy arrays
-               (1 and 2 TensorFlow threads measured on the first workload, the best kept)
-  keras_split  p concurrent Keras processes (1 thread each), each training every
+  sequential   Keras, one process, the configurations one after another at its best: on the
+               first workload 1 and 2 TensorFlow threads are measured on numpy input, then
+               tf.data pipelines made once (keras_runner.py --pipeline dataset) at the
+               better thread count; the fastest setting is kept for every later workload
+  keras_split  p concurrent Keras processes with sequential's setting, each training every
                configuration on 1/p of the rows: the machine's limit for data-parallel work
   ray          Ray Tune, 2 concurrent trials, each with its own copy of the data
 
@@ -355,8 +357,41 @@ def repeat(n: int, fn: Callable[[], dict]) -> list[dict]:
     return [fn() for _ in range(n)]
 
 
-def run_workload(conn, w: Workload, work: Path, skip: set[str], threads: list[int],
+def sequential_runs(w: Workload, data: Path, baseline: dict[str, Any],
+                    res: dict[str, Any]) -> list[dict]:
+    """Sequential Keras on ``w`` with ``baseline["chosen"]`` (threads, pipeline); the first
+    call measures 1 and 2 threads on numpy input, then tf.data at the better thread count,
+    and keeps the fastest (its figures go to ``res["sequential_settings"]``)."""
+    by_setting: dict[tuple[int, str], list[dict]] = {}
+
+    def measure(th: int, pl: str) -> None:
+        by_setting[(th, pl)] = []
+        for _ in range(w.repeats):
+            out, mem = run_sub(["bench/keras_runner.py", "sequential", str(data),
+                                "--threads", str(th), "--pipeline", pl])
+            by_setting[(th, pl)].append(
+                {**out, "memory": mem, "curves": [c["curve"] for c in out["configs"]]})
+
+    def median_of(key: tuple[int, str]) -> float:
+        return statistics.median(r["makespan"] for r in by_setting[key])
+
+    if "chosen" in baseline:
+        measure(*baseline["chosen"])
+    else:
+        for th in (1, 2):
+            measure(th, "numpy")
+        measure(min(by_setting, key=median_of)[0], "dataset")
+        baseline["chosen"] = min(by_setting, key=median_of)
+        res["sequential_settings"] = [
+            {"threads": th, "pipeline": pl, "makespan": median_of((th, pl))}
+            for th, pl in by_setting]
+    return by_setting[baseline["chosen"]]
+
+
+def run_workload(conn, w: Workload, work: Path, skip: set[str], baseline: dict[str, Any],
                  scale_name: str) -> dict[str, Any]:
+    """Every system of ``w``. ``baseline["chosen"]``: (threads, pipeline) of the Keras
+    baselines, measured on the first workload that runs sequential Keras and kept after."""
     data = work / f"{w.name}.npz"
     w.save(data)
     db = Db(conn, w)
@@ -380,12 +415,15 @@ def run_workload(conn, w: Workload, work: Path, skip: set[str], threads: list[in
             elif system == "keras_split":
                 runs = []
                 for _ in range(w.repeats):
+                    th, pl = baseline.get("chosen", (1, "numpy"))
                     outs, mem, wall = run_concurrent(
-                        [["bench/keras_runner.py", "sequential", str(data), "--threads", "1",
-                          "--shard", f"{i}/{P}"] for i in range(P)])
+                        [["bench/keras_runner.py", "sequential", str(data), "--threads",
+                          str(th), "--pipeline", pl, "--shard", f"{i}/{P}"]
+                         for i in range(P)])
                     # makespan as sequential's (data in memory to the last evaluation) of
                     # the slower process; wall: with process start and TensorFlow's import
                     runs.append({"makespan": max(o["makespan"] for o in outs), "wall": wall,
+                                 "threads": th, "pipeline": pl,
                                  "memory": mem,
                                  "process_makespans": [o["makespan"] for o in outs],
                                  "curves": [c["curve"] for c in outs[0]["configs"]]})
@@ -394,22 +432,7 @@ def run_workload(conn, w: Workload, work: Path, skip: set[str], threads: list[in
             elif system == "ring_reset":
                 runs = repeat(w.repeats, lambda: db.fit("ring", "reset_optimizer_per_hop=True"))
             elif system == "sequential":
-                by_t = {}
-                for th in threads:
-                    by_t[th] = []
-                    for _ in range(w.repeats):
-                        out, mem = run_sub(["bench/keras_runner.py", "sequential", str(data),
-                                            "--threads", str(th)])
-                        by_t[th].append({**out, "memory": mem,
-                                         "curves": [c["curve"] for c in out["configs"]]})
-                best = min(by_t, key=lambda th: statistics.median(
-                    r["makespan"] for r in by_t[th]))
-                runs = by_t[best]
-                if len(by_t) > 1:
-                    res["sequential_threads"] = {
-                        str(th): statistics.median(r["makespan"] for r in rs)
-                        for th, rs in by_t.items()}
-                    threads[:] = [best]
+                runs = sequential_runs(w, data, baseline, res)
             elif system == "ray":
                 runs = []
                 for _ in range(w.repeats):
@@ -488,12 +511,12 @@ def main() -> None:
         "command": "python bench/suite.py " + " ".join(shlex.quote(x) for x in sys.argv[1:]),
         "scale": a.scale, "partitions": P, "machine": machine(conn), "workloads": {}}
     log(f"scale {a.scale}; writing {a.out}")
-    threads = [1, 2]
+    baseline: dict[str, Any] = {}
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="cerebro_bench_") as tmp:
         for w in workloads(scale, only):
-            results["workloads"][w.name] = run_workload(conn, w, Path(tmp), skip, threads,
+            results["workloads"][w.name] = run_workload(conn, w, Path(tmp), skip, baseline,
                                                         a.scale)
             results["seconds"] = time.perf_counter() - t0
             results["machine"]["loadavg_end"] = os.getloadavg()

@@ -42,13 +42,15 @@ class Scale:
     full_rows: int = 60000   # realistic scale: all of Fashion-MNIST's training rows
     full_valid: int = 10000
     full_epochs: int = 3
+    mid_rows: int = 20000    # the second size: 20,000 Fashion-MNIST rows
     wide_rows: int = 100000  # realistic scale: the wide synthetic tabular set
     wide_valid: int = 10000
 
 
 SCALES: dict[str, Scale] = {
     "tiny": Scale("tiny", 400, 200, 1, 600, 300, 250, 200, 400, 2, 1, full_rows=600,
-                  full_valid=200, full_epochs=1, wide_rows=1000, wide_valid=300),
+                  full_valid=200, full_epochs=1, mid_rows=300, wide_rows=1000,
+                  wide_valid=300),
     # default: the realistic workloads first (full Fashion-MNIST with MLPs and with CNNs, a
     # wide tabular set of 100,000 rows), then the small ones (about 9 minutes together). MNIST
     # is not part of the suite: the repository has no copy and Debian packages none
@@ -299,6 +301,13 @@ def workloads(scale: Scale, only: set[str] | None = None) -> list[Workload]:
                                 cnn4(10), max(1, scale.full_epochs - 1),
                                 systems=tuple(s for s in REALISTIC if s != "mop_warm"),
                                 use_caching=None))
+    if want("fashion-20k-mlp"):
+        x, y, vx, vy = images("fashion-mnist", scale.mid_rows, scale.full_valid)
+        out.append(Workload("fashion-20k-mlp", f"Fashion-MNIST, {len(y):,} rows: the 8 MLP "
+                            "configs of fashion-60k-mlp", x / 255.0, y, vx / 255.0, vy, 10,
+                            mlp8(784, 10), scale.full_epochs,
+                            systems=tuple(s for s in REALISTIC if s != "ring"),
+                            use_caching=None))
     if want("wide-100k"):
         x, y, vx, vy = synthetic(scale.wide_rows, scale.wide_valid, seed=11)
         out.append(Workload("wide-100k", f"synthetic wide tabular, {len(y):,} rows, "
