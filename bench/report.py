@@ -281,10 +281,11 @@ def main(path: Path | str = ROOT / "bench" / "results" / "results.json") -> None
         "epoch; **ring** = the same with MADlib's rotation (a barrier per hop); **ring, "
         "optimizer reset per hop** = `policy_params => 'reset_optimizer_per_hop=True'`; "
         "**sequential Keras** = one process, configs one after another at its best (thread "
-        "count and input pipeline, numpy arrays or tf.data made once, chosen by measurement, "
-        "below); **Ray Tune** = 2 concurrent trials on a "
+        "count and input: numpy arrays, or tf.data made once with `steps_per_execution` "
+        "covering a pass, chosen by measurement, below); **Ray Tune** = 2 concurrent trials on a "
         "local Ray cluster (`num_cpus=2`, no dashboard), 1 CPU and 1 TensorFlow thread each, "
-        "data passed with `tune.with_parameters` and copied into each trial. Every system "
+        "Keras compiled with `steps_per_execution` covering a pass, data passed with "
+        "`tune.with_parameters` and copied into each trial. Every system "
         "computes training and validation metrics after every epoch."),
         "",
         ("Makespan: wall time of the whole training call (cerebro_db: the SQL call, including "

@@ -16,7 +16,8 @@ configurations:
                sessions are kept from that fit (no TensorFlow import)
   sequential   Keras, one process, the configurations one after another at its best: on the
                first workload 1 and 2 TensorFlow threads are measured on numpy input, then
-               tf.data pipelines made once (keras_runner.py --pipeline dataset) at the
+               tf.data pipelines made once with steps_per_execution covering a pass
+               (keras_runner.py --pipeline dataset, Keras at its fastest) at the
                better thread count; the fastest setting is kept for every later workload
   keras_split  p concurrent Keras processes with sequential's setting, each training every
                configuration on 1/p of the rows: the machine's limit for data-parallel work

@@ -33,6 +33,14 @@ Decisions:
   partition's :class:`_TrainFeed` (features copied into a tensor once, batch function traced
   once, the unit's seeded row order and labels written into variables); measured against raw
   Keras on the same arrays in ``bench/results/unit.md``.
+* **Whole passes per call**: unless ``compile_params`` set ``steps_per_execution``, models
+  are compiled with :data:`STEPS_PER_EXECUTION`, so Keras runs a unit's batches in one call
+  of its traced train function (a loop inside the graph) instead of one Python call per
+  batch: the same steps in the same order (bitwise the same weights, losses and metrics),
+  without the per-batch Python overhead (measured on 30,000 Fashion-MNIST rows, one thread:
+  MLP units 2.1-2.7x, a small CNN 1.5x faster). Fits with batch-level callbacks
+  (``TerminateOnNaN``, ``TensorBoard``) or ``steps_per_epoch`` train one batch per call, as
+  Keras' default does (:func:`_match_steps`).
 * **Memory**: a unit over arrays needs the partition in memory; its features become the
   feed's tensor (:func:`_features`, at most ``MAX_TRAIN_FEEDS``), shared with the array
   when it is aligned (:func:`aligned_empty`, as the worker's reader makes it), else a copy.
@@ -389,6 +397,9 @@ class CachedModel:
     rng_vars: list[Any] = field(default_factory=list)
     eval_fns: dict[tuple[int, ...], Any] = field(default_factory=dict, repr=False)
     metric_order: tuple[str, ...] = ()
+    steps_chosen: bool = False
+    """Whether ``steps_per_execution`` is ours (:data:`STEPS_PER_EXECUTION`), not the
+    user's: :func:`_match_steps` may change it per unit then."""
 
     def in_compile_order(self, logs: dict[str, float]) -> dict[str, float]:
         """Keras reports logs sorted by name; metrics in the order compile_params list them
@@ -506,12 +517,21 @@ def _build_entry(
         n_params=keras_arch.count_params(model),
         rng_vars=_rng_vars(model),
         metric_order=tuple(cp.metrics) + tuple(cp.weighted_metrics or ()) if cp else (),
+        steps_chosen=cp is not None and cp.steps_per_execution is None,
     )
 
 
+STEPS_PER_EXECUTION = 1 << 20
+"""Batches per call of Keras' train function when ``compile_params`` do not say: more than a
+unit has, so a unit's pass is one call (Keras' loop stops when the data ends)."""
+
+
 def _compile(model: keras.Model, cp: CompileParams) -> None:
+    kwargs = _per_output(model, cp.to_keras())
+    if cp.steps_per_execution is None:
+        kwargs["steps_per_execution"] = STEPS_PER_EXECUTION
     try:
-        model.compile(**_per_output(model, cp.to_keras()))
+        model.compile(**kwargs)
     except CerebroError:
         raise
     except (ValueError, TypeError) as exc:
@@ -521,6 +541,20 @@ def _compile(model: keras.Model, cp: CompileParams) -> None:
             detail=_traceback(),
         ) from None
     model.optimizer.build(model.trainable_variables)
+
+
+def _match_steps(entry: CachedModel, fp: FitParams) -> None:
+    """One batch per call for a fit whose callbacks act per batch or that stops after
+    ``steps_per_epoch`` batches (Keras counts those in calls of its train function), else
+    :data:`STEPS_PER_EXECUTION`; only where the count is ours (``entry.steps_chosen``). A
+    change drops Keras' traced functions (retraced at the next call)."""
+    if not entry.steps_chosen:
+        return
+    want = 1 if (fp.callbacks or fp.steps_per_epoch) else STEPS_PER_EXECUTION
+    model = entry.model
+    if model.steps_per_execution != want:
+        model.steps_per_execution = want
+        model.train_function = model.test_function = model.predict_function = None
 
 
 def _rng_vars(model: keras.Model) -> list[Any]:
@@ -782,6 +816,7 @@ def _fit(
     buffers (what Keras reports for one array: its metrics are means over rows).
     """
     _seed_layers(entry, seed)
+    _match_steps(entry, fp)
     kwargs = fp.to_keras()
     kwargs["verbose"] = 0
     kwargs.pop("epochs", None)
@@ -1400,6 +1435,7 @@ def _fit_multi(entry: CachedModel, fp: FitParams, data: MultiData, seed: int
     numpy permutation seeded from ``seed`` (identity with ``shuffle=False``), batches as
     :func:`_fit` makes them; returns (total loss, per-output metrics and losses)."""
     _seed_layers(entry, seed)
+    _match_steps(entry, fp)
     kwargs = fp.to_keras()
     kwargs["verbose"] = 0
     epochs = int(kwargs.pop("epochs", 1) or 1)

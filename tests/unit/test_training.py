@@ -207,6 +207,41 @@ def test_seed_controls_the_unit(cache):
     assert not all_equal(weights_of(a), weights_of(c))
 
 
+def test_a_pass_is_one_call_of_the_train_function_with_the_same_result(cache):
+    """Without steps_per_execution in compile_params a unit runs its batches in one call of
+    Keras' train function (a loop in the graph), and ends bitwise where Keras' one batch per
+    call ends (dropout included); per-batch callbacks and steps_per_epoch get one batch per
+    call, and a user's steps_per_execution is kept."""
+    x, y = blobs(300, 5)  # 10 batches, the last partial
+    init = T.initial_state(ARCH_DROP, CP, seed=5)
+    ours, _ = T.train_unit(cache, ARCH_DROP, CP, FP, init, x, y, seed=9)
+    model = cache.get(ARCH_DROP, CP).model
+    assert model.steps_per_execution == T.STEPS_PER_EXECUTION
+    calls = []
+    model.train_function = None
+    model.make_train_function()
+    inner = model.train_function
+    model.train_function = lambda it: calls.append(1) or inner(it)
+    again, _ = T.train_unit(cache, ARCH_DROP, CP, FP, init, x, y, seed=9)
+    assert len(calls) == 1 and again == ours
+
+    cp_one = CP + ", steps_per_execution=1"
+    keras_default, _ = T.train_unit(cache, ARCH_DROP, cp_one, FP, init, x, y, seed=9)
+    assert cache.get(ARCH_DROP, cp_one).model.steps_per_execution == 1
+    assert all_equal(weights_of(ours), weights_of(keras_default))
+    assert all_equal(opt_of(ours), opt_of(keras_default))
+
+    with_callback, _ = T.train_unit(cache, ARCH_DROP, CP, FP + ", callbacks=['TerminateOnNaN']",
+                                    init, x, y, seed=9)
+    assert model.steps_per_execution == 1
+    assert all_equal(weights_of(with_callback), weights_of(ours))
+    T.train_unit(cache, ARCH_DROP, CP, FP, init, x, y, seed=9)
+    assert model.steps_per_execution == T.STEPS_PER_EXECUTION
+    cp_four = CP + ", steps_per_execution=4"
+    T.train_unit(cache, ARCH_DROP, cp_four, FP + ", callbacks=['TerminateOnNaN']", init, x, y, 9)
+    assert cache.get(ARCH_DROP, cp_four).model.steps_per_execution == 4
+
+
 def test_optimizer_state_survives_a_hop(cache):
     x, y = blobs(96, 2)
     state, _ = T.train_unit(cache, ARCH, CP, FP, T.initial_state(ARCH, CP, 1), x, y, seed=4)
