@@ -29,6 +29,7 @@ from ..errors import (
 from ..fitrun import Config, FitRequest, PackedTable, ResumePoint
 from ..names import TableName
 from ..scheduling import get_policy
+from ..scheduling.costs import config_costs
 from ..sessions import check_worker_limits, replicas
 from . import entrypoint, fit_inputs
 from .compat import custom_references
@@ -141,7 +142,10 @@ def _policy(scheduling_policy: str | None, policy_params: str | None,
     ``cost_aware`` (a shorter tail), ``seeded_order`` with ``rotated_order`` (each config's
     visit order depends on the fit's seed only, so two runs with the same ``random_state``
     give the same models, and the orders are spread evenly over the workers; without
-    ``random_state`` the seed is drawn and recorded in ``fits.random_state``)."""
+    ``random_state`` the seed is drawn and recorded in ``fits.random_state``).
+    ``madlib_keras_fit_multiple_model`` adds ``config_costs``, the static cost estimate of
+    each configuration (``scheduling.costs``) that the rotations are balanced by; stored
+    with the fit's options, so a resume plans the same visit orders."""
     name = (scheduling_policy or "mop").strip().lower()
     opts = params.parse_keyword_string(policy_params, "policy_params")
     if "random_state" in opts:
@@ -178,6 +182,9 @@ def madlib_keras_fit_multiple_model(
     val = fit_inputs.validation_table(cat, validation_table, src)
     outputs_absent(cat, out, ("", "_summary", "_info"), warm)
     configs, arch, object_table = _load_configs(cat, mst)
+    if pname in ("mop", "random"):
+        popts.setdefault("config_costs", config_costs(
+            (c.mst_key, c.arch, c.fp.batch_size) for c in configs))
     obj, refs = custom_references(cat, object_table, [c.cp for c in configs], resolve=False)
     check_tensorboard(cat, configs)
     if warm:

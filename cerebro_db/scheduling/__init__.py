@@ -30,6 +30,7 @@ from .invariants import (
     check_invariants,
     find_violations,
     lower_bound,
+    partition_bound,
 )
 from .progress import Progress
 from .randomized import RandomizedMOP
@@ -60,6 +61,7 @@ __all__ = [
     "get_policy",
     "initial_workers",
     "lower_bound",
+    "partition_bound",
     "policy_class",
     "policy_names",
     "replica_partitions",

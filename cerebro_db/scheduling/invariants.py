@@ -31,6 +31,7 @@ __all__ = [
     "check_invariants",
     "find_violations",
     "lower_bound",
+    "partition_bound",
 ]
 
 
@@ -270,3 +271,19 @@ def lower_bound(log: Iterable[Any], num_workers: int) -> float:
     if not per_config:
         return 0.0
     return max(sum(per_config.values()) / num_workers, max(per_config.values()))
+
+
+def partition_bound(log: Iterable[Any]) -> float:
+    """The most successful unit time (training and evaluation) on any one partition.
+
+    When every partition is held by one worker (no replicas, no worker changes), a
+    partition's units run one after the other on its worker, so no schedule of units whose
+    times are fixed per (config, epoch, partition, kind) finishes sooner. Unlike
+    :func:`lower_bound` it counts evaluation units, and it can exceed ``sum / num_workers``
+    when the partitions' loads differ.
+    """
+    per_partition: dict[int, float] = defaultdict(float)
+    for r in map(as_record, log):
+        if r.ok:
+            per_partition[r.partition] += r.duration
+    return max(per_partition.values(), default=0.0)

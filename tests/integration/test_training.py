@@ -156,9 +156,18 @@ def test_sequential_equivalence_by_replay(mnist, dsn):
 
 def test_same_seed_same_metrics_and_ring_policy(mnist):
     a = q(mnist, "SELECT mst_key, training_loss, validation_loss FROM mn_out_info ORDER BY 1")
-    fit(mnist, "mn_out2", iterations=2, freq=1)
+    fit_id = fit(mnist, "mn_out2", iterations=2, freq=1)
     b = q(mnist, "SELECT mst_key, training_loss, validation_loss FROM mn_out2_info ORDER BY 1")
     assert a == b
+    # the visit orders were planned from the static cost estimate stored with the fit (what
+    # a resume plans them from): same architecture, so batch_size=32 costs more than 100
+    costs = q(mnist, "SELECT options->'policy_params'->'config_costs' FROM cerebro_db.fits "
+                     "WHERE fit_id = %s", (fit_id,))[0][0]
+    batch = dict(q(mnist, "SELECT mst_key::text, fit_params FROM mn_mst"))
+    assert sorted(costs) == sorted(batch)
+    small = [costs[k] for k, f in batch.items() if "batch_size=32" in f]
+    large = [costs[k] for k, f in batch.items() if "batch_size=100" in f]
+    assert small and large and min(small) > max(large), (costs, batch)
     fit_id = fit(mnist, "mn_ring", policy="ring", policy_params="reset_optimizer_per_hop=True",
                  validation=None, iterations=2, freq=None)
     log = unit_log(mnist, fit_id)

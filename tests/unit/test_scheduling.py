@@ -15,6 +15,7 @@ Observed with the simulator (homogeneous unit time 1, makespan / lower bound):
 """
 from __future__ import annotations
 
+import json
 import math
 import random
 import statistics
@@ -46,6 +47,7 @@ from cerebro_db.scheduling import (
     lower_bound,
     policy_names,
 )
+from cerebro_db.scheduling.randomized import FIRST_UNIT_SHARE, balanced_offsets
 from cerebro_db.simulation import WorkerChange, random_failures, simulate
 
 # Every registered name, plus the non-default options worth exercising.
@@ -369,7 +371,8 @@ def test_ring_pays_for_its_barrier_under_heterogeneous_times():
 HETERO_SHAPES = [(p, n, 3) for p in (2, 3, 4, 6) for n in (2 * p, 3 * p, 4 * p)]
 FIT_DEFAULTS = {"prefer_lagging": True, "seeded_order": True, "cost_aware": True,
                 "rotated_order": True}
-"""What fits use (``entrypoints.training._policy``)."""
+"""What fits use (``entrypoints.training._policy``); ``madlib_keras_fit_multiple_model``
+adds ``config_costs``, the static cost estimate (see the random-profile survey below)."""
 BEFORE = {"prefer_lagging": True, "seeded_order": True}
 """What fits with a random_state used before: independent seeded orders, no costs."""
 
@@ -545,6 +548,9 @@ def _run(policy: Policy, ex: _TimedExecutor, progress: Progress, p: int) -> None
 @pytest.mark.parametrize(("name", "options"), [
     ("mop", {"prefer_lagging": True, "seeded_order": True, "cost_aware": True,
              "rotated_order": True}),
+    ("mop", {"prefer_lagging": True, "seeded_order": True, "cost_aware": True,
+             "rotated_order": True, "config_costs": {"3": 2.5, "5": 0.5, "8": 1.0, "9": 4.0,
+                                                     "12": 0.25}}),  # as stored: JSON
     ("mop", {"seeded_order": True}),
     ("ring", {}),
 ])
@@ -876,32 +882,142 @@ def random_profile(seed: int) -> tuple[int, int, int, str, Any]:
     return p, n, k, kind, times
 
 
-def test_mop_as_fits_use_it_over_random_heterogeneous_profiles():
-    """The production loop (:func:`simulate` with fits' policy) over 120 random profiles
-    (:func:`random_profile`): never slower than the ring, mean makespan / lower bound <= 1.05.
+def profile_costs(p: int, n: int, times: Any, noise: float = 0.0, seed: int = 0
+                  ) -> dict[int, float]:
+    """A static estimate of a profile's per-config unit cost: the mean over the partitions of
+    its steady unit time (first-unit costs left out, as the architecture says nothing of
+    them), times a log-normal error of sigma ``noise``."""
+    t = times()
+    for c in range(1, n + 1):
+        t(c, 0, 0)  # the one-off first unit
+    r = random.Random(f"estimate:{seed}")
+    return {c: statistics.mean(t(c, q, 0) for q in range(p)) * math.exp(r.gauss(0, noise))
+            for c in range(1, n + 1)}
 
-    Measured over 400 profiles of this generator: makespan / lower bound mean 1.040, max
-    1.31, 121 of 400 above 1.05; MOP / ring max 1.000, mean 0.78. The profiles above 1.05
-    have one or two configs whose chain of units is close to the bound: with seeded visit
-    orders (fixed by the seed, never by timing) they queue behind other configs for their
-    next partition. Not the unit time estimates: with the true unit times given to the
-    policy from the start the figures are the same (200 profiles: mean 1.035, max 1.30);
-    free (unseeded) visit orders with the true times give mean 1.017, max 1.15. Tried and
-    rejected: longest remaining work first (units left x unit time) without the lock-step
-    (mean 1.044), the same with idle workers reserved for a chain-critical config's next
-    unit (mean 1.040), rotations varied per round of configs (mean 1.064)."""
+
+def profile_bound(res: Any, p: int, k: int, times: Any) -> float:
+    """What no schedule of the profile beats: the log's lower bound, and the busiest
+    partition's own steady units (a partition has one worker)."""
+    t = times()
+    for c in {r.config for r in res.log}:
+        t(c, 0, 0)
+    configs = {r.config for r in res.log}
+    busiest = max(sum(k * t(c, q, 0) for c in configs) for q in range(p))
+    return max(res.lower_bound, busiest)
+
+
+def survey(num_profiles: int, options: dict[str, Any] | None, noise: float = 0.0
+           ) -> tuple[list[float], list[float]]:
+    """(makespan / bound, makespan / ring's makespan) of MOP over :func:`random_profile` s;
+    ``options=None``: what fits use, with the profile's static cost estimate."""
     ratios, vs_ring = [], []
-    for seed in range(120):
+    for seed in range(num_profiles):
         p, n, k, _, times = random_profile(seed)
         cf = list(range(1, n + 1))
-        mop = simulate(get_policy("mop", random_state=seed, **FIT_DEFAULTS), cf, p, k, times())
+        opts = dict(FIT_DEFAULTS, config_costs=profile_costs(p, n, times, noise, seed)) \
+            if options is None else options
+        mop = simulate(get_policy("mop", random_state=seed, **opts), cf, p, k, times())
         assert mop.completed
         check_invariants(mop.log, num_partitions=p, epochs=k)
         ring = simulate(get_policy("ring"), cf, p, k, times())
-        ratios.append(mop.ratio)
+        ratios.append(mop.makespan / profile_bound(mop, p, k, times))
         vs_ring.append(mop.makespan / ring.makespan)
+    return ratios, vs_ring
+
+
+def test_mop_as_fits_use_it_over_random_heterogeneous_profiles():
+    """The production loop (:func:`simulate` with fits' policy: lock-step, cost-aware, seeded
+    rotations balanced by a static cost estimate) over random profiles
+    (:func:`random_profile`: p 2..8, |S| 2p..32, 2..4 epochs, four shapes of cost, one-off
+    first units): never slower than the ring, within 1.05x of the bound on nearly all.
+
+    Measured over 400 profiles (makespan / bound: the larger of the log's lower bound and
+    the busiest partition's steady units; MOP / ring):
+
+    - before (rotations by mst_key, no cost estimate): mean 1.039, max 1.31, 118 of 400
+      above 1.05; MOP / ring max 1.000, mean 0.78;
+    - rotations balanced by the costs alone (LPT over the offsets): mean 1.017, max 1.16, 35
+      above 1.05, but up to 1.023x the ring (a p = 2 profile whose many cheap configs,
+      sharing an offset, put their one-off first units on one partition);
+    - balanced by cost plus a one-off share (what fits use): mean 1.016, max 1.15, 28 above
+      1.05, never slower than the ring (mean 0.77); with the estimate off by a log-normal
+      factor of sigma 0.3: mean 1.017, max 1.15, 34 above 1.05, never slower than the ring.
+
+    The profiles still above 1.05 are chain-bound (against the log's bound alone, 29
+    profiles, 26 of them with one config's units at 0.9 x sum / p or more): such a config
+    waits at each hop for the unit running on its next partition. Free (timing-chosen) visit
+    orders with the same rule (best of 5 seeds) bring 20 of the 29 under 1.05, which seeded
+    orders forgo for reproducibility; no proof that 1.05 is out of reach for the other 9. Tried and rejected: leaving a
+    worker idle for a chain-critical config about to arrive (mean 1.012 to 1.015, 8 to 16
+    above 1.05 by threshold: no clear gain, and the policy would no longer be
+    work-conserving); choosing among several candidate rotations by simulating them on the
+    estimated costs (no gain over one balanced rotation); a planned schedule replayed in its
+    start order (mean 1.043: the plan breaks as soon as the real times differ); a
+    chain-critical config (remaining work >= 0.7 .. 1.0 x the remaining work / p) first,
+    lock-step for the rest (200 profiles: mean 1.0125, 9 above 1.05, against 1.0129 and 10)."""
+    ratios, vs_ring = survey(120, None)
     assert max(vs_ring) <= 1.0 + 1e-9, max(vs_ring)
-    assert statistics.mean(ratios) <= 1.05, statistics.mean(ratios)
+    assert statistics.mean(ratios) <= 1.02, statistics.mean(ratios)
+    assert sum(r <= 1.05 for r in ratios) >= 0.9 * len(ratios), sorted(ratios)[-20:]
+    noisy, noisy_ring = survey(80, None, noise=0.3)
+    assert max(noisy_ring) <= 1.0 + 1e-9, max(noisy_ring)
+    assert statistics.mean(noisy) <= 1.025, statistics.mean(noisy)
+    before, _ = survey(120, FIT_DEFAULTS)  # the problem, on the same profiles
+    assert sum(r > 1.05 for r in before) >= 2 * sum(r > 1.05 for r in ratios) + 10
+
+
+def test_static_costs_balance_the_rotations():
+    costs = {1: 9.0, 2: 1.0, 3: 1.0, 4: 8.0, 5: 1.0, 6: 1.0, 7: 1.0, 8: 1.0}
+    off = balanced_offsets(costs, 2, seed=3)
+    one_off = FIRST_UNIT_SHARE * statistics.mean(costs.values())
+    loads = [sum(costs[c] + one_off for c in costs if off[c] == q) for q in range(2)]
+    assert off[1] != off[4]  # the two dear configs start apart
+    assert abs(loads[0] - loads[1]) <= max(costs.values())
+    assert balanced_offsets(costs, 2, seed=3) == off  # the inputs decide, nothing else
+    pol = RandomizedMOP(3, seeded_order=True, rotated_order=True, config_costs=costs)
+    for e in (1, 2, 3):
+        orders = {c: pol.visit_order(c, e, 2) for c in costs}
+        assert all(sorted(o) == [0, 1] for o in orders.values())
+        assert orders[1][0] != orders[4][0]
+        starts = [sum(costs[c] + one_off for c in costs if orders[c][0] == q) for q in (0, 1)]
+        assert sorted(starts) == sorted(loads)
+    # a config without an estimate (an AutoML trial added later) keeps the mst_key rotation
+    plain = RandomizedMOP(3, seeded_order=True, rotated_order=True)
+    assert pol.visit_order(99, 2, 4) == plain.visit_order(99, 2, 4)
+
+
+def test_config_costs_survive_the_stored_options():
+    """A resumed fit rebuilds the policy from its options as stored (JSON: text keys) and
+    plans the same visit orders."""
+    costs = {3: 2.5, 5: 0.5, 8: 1.0, 9: 4.0, 12: 0.25}
+    pol = get_policy("mop", random_state=17, **FIT_DEFAULTS, config_costs=costs)
+    stored = json.loads(json.dumps(pol.options()))
+    assert stored["config_costs"] == {str(c): v for c, v in costs.items()}
+    again = get_policy("mop", **stored)
+    for c in costs:
+        for e in (1, 2, 3):
+            assert again.visit_order(c, e, 4) == pol.visit_order(c, e, 4)
+
+
+@pytest.mark.parametrize("costs", [[1, 2], {1: 0}, {1: -1.0}, {1: "x"}, {"a": 1.0},
+                                   {1: True}, {1: math.inf}, {1: math.nan}])
+def test_bad_config_costs(costs):
+    with pytest.raises(CerebroError) as e:
+        get_policy("mop", random_state=1, config_costs=costs)
+    assert e.value.sqlstate == "22023"
+    assert "config_costs" in e.value.message
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sc=scenarios())
+def test_invariants_hold_with_static_costs(sc):
+    r = random.Random(sc["seed"])
+    costs = {c: r.uniform(0.1, 10) for c in sc["configs"] if r.random() < 0.9}
+    opts = dict(FIT_DEFAULTS, config_costs=costs)
+    res = run_scenario("mop", opts, sc)
+    assert res.completed
+    check_invariants(res.log, num_partitions=sc["num_partitions"], epochs=sc["epochs"],
+                     eval_epochs=sc["eval_epochs"])
 
 
 def test_a_unit_failing_past_the_retry_limit_fails_the_simulated_fit():
