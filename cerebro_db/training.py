@@ -63,7 +63,7 @@ import random
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Union
 
@@ -111,11 +111,13 @@ __all__ = [
     "evaluate",
     "fit_input_shape",
     "initial_state",
+    "mark_stream",
     "predict",
     "release",
     "replay",
     "restore_state",
     "stream_array",
+    "stream_holding",
     "train_unit",
 ]
 
@@ -900,6 +902,7 @@ both."""
 
 _STREAM_ARRAYS: collections.OrderedDict[tuple[int, ...], np.ndarray] = \
     collections.OrderedDict()
+_STREAM_HOLDS: dict[tuple[int, ...], Hashable] = {}
 
 
 def stream_array(shape: Sequence[int]) -> np.ndarray:
@@ -910,17 +913,43 @@ def stream_array(shape: Sequence[int]) -> np.ndarray:
     (a partition of one buffer, or buffers of ``buffer_size`` rows) makes no new array,
     tensor or pipeline per buffer: the next unit's rows are written where the tensor reads.
     The array's contents are valid until the next buffer of that shape is read; at most
-    ``MAX_STREAM_ARRAYS`` shapes are kept (the least recently used one is released)."""
+    ``MAX_STREAM_ARRAYS`` shapes are kept (the least recently used one is released).
+    The caller is taken to overwrite the array: what it held (:func:`mark_stream`) is
+    forgotten."""
     key = tuple(int(d) for d in shape)
+    _STREAM_HOLDS.pop(key, None)
     hit = _STREAM_ARRAYS.get(key)
     if hit is not None:
         _STREAM_ARRAYS.move_to_end(key)
         return hit
     while len(_STREAM_ARRAYS) >= MAX_STREAM_ARRAYS:
-        release(_STREAM_ARRAYS.popitem(last=False)[1])
+        old, arr = _STREAM_ARRAYS.popitem(last=False)
+        _STREAM_HOLDS.pop(old, None)
+        release(arr)
     out = aligned_empty(key, np.float32)
     _STREAM_ARRAYS[key] = out
     return out
+
+
+def mark_stream(x: np.ndarray, contents: Hashable) -> None:
+    """Record that the stream array ``x`` now holds ``contents`` (a reader's key for the
+    stored buffer version it decoded into ``x``, set once the whole buffer is written)."""
+    key = tuple(x.shape)
+    if _STREAM_ARRAYS.get(key) is not x:
+        raise ValueError("not a stream array")
+    _STREAM_HOLDS[key] = contents
+
+
+def stream_holding(shape: Sequence[int], contents: Hashable) -> np.ndarray | None:
+    """The stream array of ``shape`` when it still holds ``contents`` (as marked by
+    :func:`mark_stream` and not overwritten since), else None: a reader then skips decoding
+    a buffer that the array already holds."""
+    key = tuple(int(d) for d in shape)
+    hit = _STREAM_ARRAYS.get(key)
+    if hit is None or key not in _STREAM_HOLDS or _STREAM_HOLDS[key] != contents:
+        return None
+    _STREAM_ARRAYS.move_to_end(key)
+    return hit
 
 
 def is_stream_array(x: Any) -> bool:
