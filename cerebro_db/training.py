@@ -60,6 +60,7 @@ import contextlib
 import gc
 import math
 import random
+import sys
 import threading
 import time
 import traceback
@@ -748,11 +749,16 @@ class BufferSource:
 
     ``rows[i]`` is the number of rows of buffer ``i``; ``load(i)`` returns its ``(x, y)``
     (as :func:`decode_buffer` gives them, labels already in the loss' layout). A unit over
-    a source holds one decoded buffer at a time (see :func:`train_unit`).
+    a source holds one decoded buffer at a time (see :func:`train_unit`). ``load_rows``
+    (optional) reads buffer ``i`` as ``load`` does but yields ``(x, y, ready)`` as it
+    goes, rows ``[0, ready)`` of ``x`` final: ``load_rows(i, step)`` yields whenever a
+    further multiple of ``step`` rows is in and once at the end (all rows), so an
+    evaluation can run on the first rows while the rest is read (:func:`evaluate`).
     """
 
     rows: tuple[int, ...]
     load: Callable[[int], tuple[np.ndarray, np.ndarray]]
+    load_rows: Callable[[int, int], Iterator[tuple[np.ndarray, np.ndarray, int]]] | None = None
 
     @property
     def total_rows(self) -> int:
@@ -1208,8 +1214,10 @@ def evaluate(
     :func:`combine_results` (see the module docstring for which metrics). ``x`` may be a
     :class:`BufferSource` (``y`` None): buffers are then read one at a time and accumulate
     into the same metric variables, which gives the value over all the rows (for every
-    metric kind). Arrays are kept as a tensor for later calls (:func:`_features`, shared with
-    training); a buffer's tensor is dropped after it. Raises :class:`CerebroError`.
+    metric kind); a source with ``load_rows`` is evaluated part by part while each buffer
+    is read (:func:`_eval_overlapped`, bitwise the same values). Arrays are kept as a
+    tensor for later calls (:func:`_features`, shared with training); a buffer's tensor is
+    dropped after it. Raises :class:`CerebroError`.
     """
     cp = _compile_params(compile_params)
     entry = cache.get(arch_json, cp)
@@ -1221,6 +1229,9 @@ def evaluate(
         if isinstance(x, BufferSource):
             rows = 0
             for b in range(len(x.rows)):
+                if x.load_rows is not None:
+                    rows += _eval_overlapped(entry, x, b, batch_size)
+                    continue
                 xb, yb = x.load(b)
                 xs, ys = _fit_xy(entry.model, xb, yb)
                 features = _features(xb) if is_stream_array(xb) else as_tensor(xs)
@@ -1269,6 +1280,97 @@ def eval_batch_size(model: keras.Model, batch_size: int) -> int:
     return int(max(int(batch_size), min(rows, MAX_EVAL_BATCH), 1))
 
 
+OVERLAP_STEPS = 8
+"""An overlapped evaluation hands a buffer's rows to its thread in about this many parts."""
+OVERLAP_SWITCH = 0.0002
+"""Python's thread switch interval (seconds) during an overlapped evaluation: the reading
+thread holds the GIL between its queries, and at the default 5 ms the evaluation thread
+waited up to that long to start and to end each part."""
+
+
+def _eval_overlapped(entry: CachedModel, source: BufferSource, b: int, batch_size: int) -> int:
+    """Evaluate buffer ``b`` of ``source`` while it is read: the calling thread reads (a
+    worker's database access stays on its main thread) and one other thread runs the traced
+    evaluation loop on each part of whole batches as soon as it is in (TensorFlow releases
+    the GIL while it computes). The parts are evaluated one after the other, in row order,
+    on the same batches as one call over the buffer would make, so the metrics are bitwise
+    the same. Only for the reader's reusable arrays (:func:`stream_array`), whose tensor
+    reads the array's memory as it is written; other arrays are read whole first."""
+    import concurrent.futures
+
+    import tensorflow as tf  # type: ignore[import-untyped]
+
+    assert source.load_rows is not None
+    bs = max(int(batch_size), 1)
+    total = int(source.rows[b])
+    step = bs * max(1, -(-total // (bs * OVERLAP_STEPS)))
+    done = 0
+    prepared: tuple[Any, tuple[int, ...], Any] | None = None
+    pending: list[concurrent.futures.Future[None]] = []
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1,
+                                                 thread_name_prefix="cerebro-eval")
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(OVERLAP_SWITCH)
+    try:
+        parts = source.load_rows(b, step)
+        for xb, yb, ready in parts:
+            if ready == 0:
+                continue  # a buffer without rows
+            if prepared is None:
+                if not is_stream_array(xb) and ready < total:
+                    continue  # not shared with its tensor: evaluate once it is whole
+                xs, ys = _fit_xy(entry.model, xb, yb)
+                features = _features(xb) if is_stream_array(xb) else as_tensor(xs)
+                prepared = (features, tuple(xs.shape[1:]), tf.constant(ys))
+                del xs, ys
+                # build and trace here (an empty range): the thread only runs the loop
+                _eval_range(entry, *prepared, bs, 0, 0)
+            if pending and pending[-1].done() and pending[-1].exception() is not None:
+                break  # raised below
+            if ready > done and not pending and ready == total:
+                _eval_range(entry, *prepared, bs, done, ready)  # held or read at once
+                done = ready
+            elif ready > done:
+                pending.append(pool.submit(_eval_range, entry, *prepared, bs, done, ready))
+                done = ready
+    except BaseException:
+        for f in pending:
+            f.cancel()
+        raise
+    finally:
+        pool.shutdown(wait=True)  # the evaluation thread never outlives the buffer's read
+        sys.setswitchinterval(switch)
+    for f in pending:
+        f.result()  # its error, if any, raised here
+    return done
+
+
+def _eval_range(entry: CachedModel, features: Any, row_shape: tuple[int, ...], labels: Any,
+                batch_size: int, start: int, stop: int) -> None:
+    import tensorflow as tf  # type: ignore[import-untyped]
+
+    _eval_build(entry, features, row_shape, labels)
+    _eval_fn(entry, row_shape)(features, labels, tf.constant(int(batch_size), tf.int32),
+                               tf.constant(int(start), tf.int32),
+                               tf.constant(int(stop), tf.int32))
+
+
+def _eval_build(entry: CachedModel, features: Any, row_shape: tuple[int, ...],
+                labels: Any) -> None:
+    """Build the compiled loss and metrics as ``evaluate()`` would, once per model."""
+    import tensorflow as tf  # type: ignore[import-untyped]
+
+    if entry.eval_fns:
+        return
+    first = (tf.reshape(features[:1], [-1, *row_shape]), labels[:1])
+    build = getattr(entry.model, "_symbolic_build", None)
+    if build is not None:
+        build(data_batch=first)
+    else:  # pragma: no cover - a Keras without it
+        entry.model.evaluate(*first, verbose=0)
+        entry.model.reset_metrics()
+
+
 def _eval_rows(entry: CachedModel, features: Any, row_shape: tuple[int, ...], ys: np.ndarray,
                batch_size: int) -> int:
     """Accumulate ``test_step`` over the rows of ``features`` (2-D) into the model's metrics."""
@@ -1277,25 +1379,16 @@ def _eval_rows(entry: CachedModel, features: Any, row_shape: tuple[int, ...], ys
     rows = int(ys.shape[0])
     if rows == 0:
         return 0
-    labels = tf.constant(ys)
-    if not entry.eval_fns:  # build the compiled loss and metrics as evaluate() would
-        first = (tf.reshape(features[:1], [-1, *row_shape]), labels[:1])
-        build = getattr(entry.model, "_symbolic_build", None)
-        if build is not None:
-            build(data_batch=first)
-        else:  # pragma: no cover - a Keras without it
-            entry.model.evaluate(*first, verbose=0)
-            entry.model.reset_metrics()
-    _eval_fn(entry, row_shape)(features, labels, tf.constant(int(batch_size), tf.int32))
+    _eval_range(entry, features, row_shape, tf.constant(ys), batch_size, 0, rows)
     return rows
 
 
 def _eval_fn(entry: CachedModel, row_shape: tuple[int, ...]) -> Any:
     """The model's traced evaluation loop for rows of ``row_shape``: ``test_step`` (what
-    ``model.evaluate`` runs per batch) on batches ``[i*b, (i+1)*b)`` of a 2-D feature tensor
-    and its labels, one after another (``parallel_iterations=1``: the metric updates keep
-    Keras' order). Traced once per model, row shape and label layout; the batch size and the
-    number of rows are arguments."""
+    ``model.evaluate`` runs per batch) on batches ``[start+i*b, start+(i+1)*b)`` (the last
+    one ending at ``stop``) of a 2-D feature tensor and its labels, one after another
+    (``parallel_iterations=1``: the metric updates keep Keras' order). Traced once per model,
+    row shape and label layout; the batch size and the row range are arguments."""
     fn = entry.eval_fns.get(row_shape)
     if fn is not None:
         return fn
@@ -1305,15 +1398,13 @@ def _eval_fn(entry: CachedModel, row_shape: tuple[int, ...]) -> Any:
     shape = [-1, *row_shape]
 
     @tf.function(autograph=False, reduce_retracing=True)
-    def run(features: Any, labels: Any, batch_size: Any) -> Any:
-        rows = tf.shape(labels)[0]
-
+    def run(features: Any, labels: Any, batch_size: Any, first: Any, stop: Any) -> Any:
         def body(start: Any) -> Any:
-            end = tf.minimum(start + batch_size, rows)
+            end = tf.minimum(start + batch_size, stop)
             model.test_step((tf.reshape(features[start:end], shape), labels[start:end]))
             return (start + batch_size,)
 
-        return tf.while_loop(lambda start: start < rows, body, (tf.constant(0),),
+        return tf.while_loop(lambda start: start < stop, body, (first,),
                              parallel_iterations=1)
 
     entry.eval_fns[row_shape] = run

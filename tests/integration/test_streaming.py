@@ -177,6 +177,58 @@ def test_streaming_reads_a_buffer_the_array_holds_only_when_it_changed(packed):
     q(conn, "DROP TABLE st_pr")
 
 
+OVERLAP_CHECK = r"""
+import json
+from cerebro_db import training, worker
+from cerebro_db.catalog import Catalog
+cat = Catalog(plpy, "cerebro_db")
+arch, cp = json.loads(spec)
+cache = worker.model_cache()
+state = training.initial_state(arch, cp, 1)
+worker.READ_SLICE = 4096  # a 600-row buffer arrives in about 460 slices
+out = []
+for table in ("st_p1", "st_p4", "st_v1"):
+    for part in (0, 1):
+        x, y = worker.partition_data(cat, table, "x", "y", part, use_caching=False)
+        res = [training.evaluate(cache, arch, cp, state, x, worker.labels_for(cp, y),
+                                 batch_size=16)]
+        for overlap in (True, False):
+            src = worker.partition_buffers(cat, table, "x", "y", part, cp, overlap=overlap)
+            for shape in {(n, 784) for n in src.rows}:
+                training.stream_array(shape)  # forget what the array holds: read it
+            res.append(training.evaluate(cache, arch, cp, state, src, None, batch_size=16))
+            assert (src.load_rows is not None) == overlap
+        out.append([[r.loss, r.metrics, r.rows] for r in res])
+return json.dumps(out)
+"""
+
+
+def test_evaluation_overlapped_with_the_read_gives_the_values_of_the_arrays(packed):
+    """A streamed evaluation that evaluates the rows read while the rest of each buffer is
+    read (``overlap``, which a worker uses where the fit leaves a core free) gives bitwise
+    the loss and metrics of the plain streamed evaluation, and with one buffer per
+    partition those of the partition's arrays."""
+    import json
+
+    import keras
+
+    conn = packed
+    arch = keras.Sequential([keras.Input((784,)), keras.layers.Dense(16, activation="relu"),
+                             keras.layers.Dense(10, activation="softmax")]).to_json()
+    cp = "loss='categorical_crossentropy', optimizer='SGD()', metrics=['accuracy']"
+    q(conn, "CREATE FUNCTION pg_temp.overlap_check(spec text) RETURNS text "
+            "LANGUAGE plpython3u AS $f$" + OVERLAP_CHECK + "$f$")
+    got = json.loads(q(conn, "SELECT pg_temp.overlap_check(%s)",
+                       (json.dumps([arch, cp]),))[0][0])
+    assert len(got) == 6
+    for i, (arrays, overlapped, plain) in enumerate(got):
+        assert overlapped == plain and plain[2] == arrays[2] > 0
+        if i in (2, 3):  # several buffers: batches end at each buffer's end (not bitwise)
+            assert plain[0] == pytest.approx(arrays[0], rel=1e-5)
+        else:
+            assert plain == arrays
+
+
 BUDGET_CHECK = r"""
 import json
 from cerebro_db import training, worker
