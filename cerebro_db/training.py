@@ -901,10 +901,13 @@ class _TrainFeed:
         self.labels.assign(y)
 
 
-MAX_STREAM_ARRAYS = 2
-"""Reusable arrays for streamed buffers kept per process, one per buffer shape: two, so a
-worker alternating training and validation units (or full and last, shorter buffers) keeps
-both."""
+MAX_STREAM_ARRAYS = 3
+"""Reusable arrays for streamed buffers kept per process, one per buffer shape: three, so a
+worker alternating training and validation units over a partition of several buffers keeps
+its full training buffers', its last (shorter) training buffer's and its validation
+buffer's (with two, its evaluation units released and rebuilt an array, tensor and training
+feed at every buffer: measured 11% more CPU time over a training and an evaluation unit of
+60,000 Fashion-MNIST rows in 8,572-row buffers with 10,000 validation rows)."""
 
 _STREAM_ARRAYS: collections.OrderedDict[tuple[int, ...], np.ndarray] = \
     collections.OrderedDict()

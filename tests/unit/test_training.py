@@ -544,6 +544,17 @@ def test_streaming_into_the_reusable_array_trains_and_evaluates_as_fresh_arrays(
     assert a is T.stream_array((96, 4)) and a.ctypes.data % 64 == 0
 
 
+def test_stream_arrays_of_three_shapes_are_kept():
+    """Full and last training buffers and a validation buffer, alternating, keep their
+    arrays (and so their tensors and feeds); a fourth shape releases the oldest."""
+    shapes = [(90, 4), (37, 4), (50, 4)]
+    first = [T.stream_array(s) for s in shapes]
+    for _ in range(2):
+        assert all(T.stream_array(s) is a for s, a in zip(shapes, first))
+    T.stream_array((11, 4))
+    assert T.stream_array(shapes[0]) is not first[0]
+
+
 def test_evaluation_overlapped_with_the_read_gives_bitwise_the_same_values(cache):
     """A source that reads a buffer part by part into the reusable array (``load_rows``, as
     the worker's reader with ``overlap``) is evaluated while it is read: the first parts are
