@@ -198,9 +198,10 @@ def fit_params_of(cat: Catalog, fit: dict[str, Any], cfg: dict[str, Any]) -> Any
 
 READ_SLICE = 512 * 1024
 """Bytes of a packed feature buffer read per query (``substring`` of the stored value).
-Measured reading a 188 MB buffer into its array: 58 ms in 64 kB slices, 46-45 ms in 256 kB
-to 512 kB, 50 ms in 1 MB; from 2 MB on each slice's Python bytes object is freshly
-page-faulted and the read takes 3 to 4 times as long."""
+Measured reading a 188 MB buffer into its array (``bench/stream_profile.py``): 58 ms in
+64 kB slices, 45-51 ms in 256 kB to 1 MB; at 4 MB (and in one run of three at 2 MB) each
+slice's Python bytes object is freshly page-faulted and the read takes about 4 times as
+long."""
 
 
 def _buffers(cat: Catalog, t: TableName, xcol: str, ycol: str, partition: int,
