@@ -13,8 +13,16 @@ training unit   raw: ``model.fit(x, y, batch_size, epochs=1)`` on numpy arrays (
                 model); cached: ``training.train_unit`` on the partition the worker keeps
                 (``worker.partition_data`` with its per-unit fingerprint query, state bytes
                 in and out as a worker does); streaming: the same over
-                ``worker.partition_buffers`` (``use_caching => FALSE``: the buffer is read
-                from the table and decoded in every unit).
+                ``worker.partition_buffers`` (``use_caching => FALSE``) as a worker streams
+                its partition unit after unit: the reusable array still holds the buffer
+                (the same stored row version), so it is not read again; streaming, buffer
+                read: the same with the array made to forget what it holds first, so the
+                buffer is read from the table and decoded in the unit (what every unit
+                pays where a partition has several buffers); for evaluation also
+                "read, overlapped": the same with ``overlap`` (the rows read are
+                evaluated in a second thread while the rest is read; what a worker does
+                where the fit leaves a core free). This process has a core to spare for
+                it; a fit whose workers fill the machine's cores has none.
 evaluation unit the training partition and the validation rows (what a worker's evaluation
                 unit does after an epoch). raw: ``model.evaluate`` on both with the
                 configuration's batch size (what a sequential Keras script does) and with
@@ -42,7 +50,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 BODY = r'''
-import json, os, statistics, sys, time
+import inspect, json, os, statistics, sys, time
 a = json.loads(spec)
 if a.get("package"):
     sys.path.insert(0, a["package"])
@@ -78,6 +86,8 @@ x, y = worker.partition_data(cat, a["train"], "x", "y", 0, use_caching=False)
 out["first_read_s"] = time.perf_counter() - t
 vx, vy = worker.partition_data(cat, a["valid"], "x", "y", 0, use_caching=False)
 out["rows"], out["valid_rows"] = int(x.shape[0]), int(vx.shape[0])
+shapes = {a["train"]: x.shape, a["valid"]: vx.shape}
+can_overlap = "overlap" in inspect.signature(worker.partition_buffers).parameters
 xr, yr = np.array(x), np.array(y)          # plain numpy arrays for raw Keras
 vxr, vyr = np.array(vx), np.array(vy)
 del x, y, vx, vy
@@ -110,7 +120,11 @@ for case in a["cases"]:
         seed[0] += 1
         state[0], _ = training.train_unit(cache, arch, cp, fp, state[0], *data, seed[0])
 
-    def stream(table):
+    def stream(table, read=False, overlap=False):
+        if read:  # the reusable array forgets what it holds: the unit reads its buffer
+            training.stream_array(shapes[table])
+        if overlap:
+            return worker.partition_buffers(cat, table, "x", "y", 0, cp, overlap=True), None
         return worker.partition_buffers(cat, table, "x", "y", 0, cp), None
 
     def ev(data, vdata):
@@ -122,6 +136,7 @@ for case in a["cases"]:
         "raw": lambda: raw.fit(xk, yr, batch_size=bs, epochs=1, verbose=0),
         "cached": lambda: unit(cached()),
         "streaming": lambda: unit(stream(a["train"])),
+        "streaming_read": lambda: unit(stream(a["train"], read=True)),
     }, case["reps"])
     # raw Keras evaluates the weights ours has now
     training._load_any(cache.get(arch, cp), state[0])
@@ -133,13 +148,20 @@ for case in a["cases"]:
                             raw.evaluate(vxk, vyr, batch_size=ebs, verbose=0)),
         "cached": lambda: ev(cached(), cached_valid()),
         "streaming": lambda: ev(stream(a["train"]), stream(a["valid"])),
+        "streaming_read": lambda: ev(stream(a["train"], True), stream(a["valid"], True)),
+        **({"streaming_overlap": lambda: ev(stream(a["train"], True, True),
+                                            stream(a["valid"], True, True))}
+           if can_overlap else {}),
     }, case["reps"])
     ours_c = ev(cached(), cached_valid())
     ours_s = ev(stream(a["train"]), stream(a["valid"]))
+    ours_r = ev(stream(a["train"], True), stream(a["valid"], True))
+    ours_o = ev(stream(a["train"], True, True), stream(a["valid"], True, True)) \
+        if can_overlap else ours_r
     ref = (raw.evaluate(xk, yr, batch_size=ebs, verbose=0, return_dict=True),
            raw.evaluate(vxk, vyr, batch_size=ebs, verbose=0, return_dict=True))
     diff = 0.0
-    for ours in (ours_c, ours_s):
+    for ours in (ours_c, ours_s, ours_r, ours_o):
         for o, r in zip(ours, ref):
             vals = {"loss": o.loss, **o.metrics}
             for k, v in r.items():
@@ -220,6 +242,14 @@ def setup(conn) -> None:
             "'evb_train_p', NULL, NULL, 1)")
 
 
+def _read(side: dict, name: str = "streaming_read") -> str:
+    """A 'buffer read' streaming side's seconds and its difference to cached."""
+    r = side.get(name)
+    if r is None:  # a JSON from before the side existed
+        return "n/a | n/a"
+    return f"{r['wall']:.3f} | {r['wall'] / side['cached']['wall'] - 1:+.0%}"
+
+
 def report(res: dict, args: argparse.Namespace, cmd: str, load0: str, load1: str) -> str:
     rows, vrows = res["rows"], res["valid_rows"]
     lines = [
@@ -239,11 +269,17 @@ def report(res: dict, args: argparse.Namespace, cmd: str, load0: str, load1: str
         "",
         "## Training unit (one epoch over the partition)",
         "",
-        "Throughput ratio = raw seconds / ours (>= 1: ours is at least as fast as Keras' `fit`).",
+        ("Throughput ratio = raw seconds / ours (>= 1: ours is at least as fast as Keras' `fit`). "
+         "Streaming (`use_caching` FALSE): 'streaming' as a worker streams its one-buffer "
+         "partition unit after unit (its reusable array still holds the buffer: not read "
+         "again); 'buffer read' with the array made to forget it first, so the unit reads "
+         "the buffer from the table (what every streamed unit pays where a partition has "
+         "several buffers)."),
         "",
         ("| model | batch | raw fit (s) | cached unit (s) | cached / raw | streaming unit (s) "
-         "| streaming / raw | streaming vs cached | CPU: cached / raw | CPU: streaming / raw |"),
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+         "| streaming / raw | streaming vs cached | streaming, buffer read (s) | read vs cached "
+         "| CPU: cached / raw | CPU: streaming / raw |"),
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for c in res["cases"]:
         t = c["train"]
@@ -251,7 +287,7 @@ def report(res: dict, args: argparse.Namespace, cmd: str, load0: str, load1: str
             f"| {c['name']} | {c['batch_size']} | {t['raw']['wall']:.3f} | "
             f"{t['cached']['wall']:.3f} | **{t['raw']['wall'] / t['cached']['wall']:.2f}x** | "
             f"{t['streaming']['wall']:.3f} | **{t['raw']['wall'] / t['streaming']['wall']:.2f}x** | "
-            f"{t['streaming']['wall'] / t['cached']['wall'] - 1:+.0%} | "
+            f"{t['streaming']['wall'] / t['cached']['wall'] - 1:+.0%} | {_read(t)} | "
             f"{t['raw']['cpu'] / t['cached']['cpu']:.2f}x | "
             f"{t['raw']['cpu'] / t['streaming']['cpu']:.2f}x |")
     lines += [
@@ -259,13 +295,18 @@ def report(res: dict, args: argparse.Namespace, cmd: str, load0: str, load1: str
         "",
         ("raw bs = `model.evaluate` with the configuration's batch size (a sequential Keras "
          "script); raw ebs = with the worker's evaluation batch size. Ratio = raw seconds / "
-         "ours. max rel. diff = largest relative difference between ours (cached and streaming) "
-         "and raw Keras' `evaluate` at the same batch size over the loss and metrics."),
+         "ours. max rel. diff = largest relative difference between ours (cached and all "
+         "streaming sides) and raw Keras' `evaluate` at the same batch size over the loss and "
+         "metrics. 'read, overlapped': buffers read as in 'buffers read' while a second "
+         "thread evaluates the rows already in (this process has a core to spare; a worker "
+         "does it only where the fit leaves one)."),
         "",
         ("| model | batch / eval batch | raw bs (s) | raw ebs (s) | cached (s) | cached vs raw bs "
          "| cached vs raw ebs | streaming (s) | streaming vs raw ebs | streaming vs cached "
+         "| streaming, buffers read (s) | read vs cached | read, overlapped (s) "
+         "| overlapped vs cached "
          "| CPU: cached vs raw bs / ebs | CPU: streaming vs raw ebs | max rel. diff |"),
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for c in res["cases"]:
         e = c["eval"]
@@ -276,7 +317,8 @@ def report(res: dict, args: argparse.Namespace, cmd: str, load0: str, load1: str
             f"**{e['raw_ebs']['wall'] / e['cached']['wall']:.2f}x** | "
             f"{e['streaming']['wall']:.3f} | "
             f"**{e['raw_ebs']['wall'] / e['streaming']['wall']:.2f}x** | "
-            f"{e['streaming']['wall'] / e['cached']['wall'] - 1:+.0%} | "
+            f"{e['streaming']['wall'] / e['cached']['wall'] - 1:+.0%} | {_read(e)} | "
+            f"{_read(e, 'streaming_overlap')} | "
             f"{e['raw_bs']['cpu'] / e['cached']['cpu']:.2f}x / "
             f"{e['raw_ebs']['cpu'] / e['cached']['cpu']:.2f}x | "
             f"{e['raw_ebs']['cpu'] / e['streaming']['cpu']:.2f}x | "

@@ -1,6 +1,6 @@
 """Streaming (``use_caching`` FALSE) against cached units, in one worker-like session.
 
-    python bench/stream_bench.py [--rows 20000] [--reps 7] [--buffers 1]
+    python bench/stream_bench.py [--rows 20000] [--reps 7] [--buffers 1] [--read]
 
 Fashion-MNIST ``--rows`` rows are packed into one partition of ``--buffers`` buffers. One
 database session (a PL/Python ``DO`` block, as a worker session runs units) then times,
@@ -10,7 +10,10 @@ functions:
 cached      ``partition_data`` (the partition decoded once and kept; each unit finds it in
             the cache) then ``training.train_unit`` / ``training.evaluate``;
 streaming   ``partition_buffers`` (a :class:`~cerebro_db.training.BufferSource`: each unit
-            reads its buffers from the table and decodes them again) then the same calls.
+            reads its buffers from the table and decodes them again, except a buffer the
+            reusable array still holds: with one buffer, after the first unit, none) then
+            the same calls; with ``--read`` the array forgets what it holds before each
+            unit, so every unit reads its buffers.
 
 For an MLP 784-128-64-10 (batch 128) and a small CNN (batch 128) it reports the median
 seconds of a training unit and of an evaluation unit on each path, and streaming / cached.
@@ -52,7 +55,11 @@ for name, arch, bs in args['cases']:
     seed = [0]
     def data(streaming):
         if streaming:
-            return worker.partition_buffers(cat, table, 'x', 'y', 0, cp), None
+            src = worker.partition_buffers(cat, table, 'x', 'y', 0, cp)
+            if args['read']:
+                for n in set(src.rows):
+                    training.stream_array((n, 784))
+            return src, None
         x, y = worker.partition_data(cat, table, 'x', 'y', 0, use_caching=True)
         return x, worker.labels_for(cp, y)
     def train(streaming):
@@ -101,6 +108,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=20000)
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--buffers", type=int, default=1)
+    ap.add_argument("--read", action="store_true", help="every streamed unit reads its buffers")
     a = ap.parse_args()
     from common import connect
 
@@ -108,6 +116,7 @@ def main() -> None:
     setup(conn, a.rows, a.buffers)
     n = q(conn, "SELECT count(*) FROM bench_stream_p")[0][0]
     args = {"table": "bench_stream_p", "cp": ADAM.format(lr=0.001), "reps": a.reps,
+            "read": a.read,
             "cases": [["MLP 784-128-64-10", mlp_json(), 128],
                       ["CNN conv8-conv16-dense10", cnn_json(), 128]]}
     body = BODY.replace("json.loads(ARGS)", f"json.loads({json.dumps(args)!r})")
@@ -116,7 +125,8 @@ def main() -> None:
     for line in conn.notices:
         if "RESULT " in line:
             for r in json.loads(line.split("RESULT ", 1)[1]):
-                print(json.dumps({"rows": a.rows, "buffers": n, **r}), flush=True)
+                print(json.dumps({"rows": a.rows, "buffers": n, "read": a.read, **r}),
+                      flush=True)
     q(conn, "DROP TABLE IF EXISTS bench_stream_src, bench_stream_p, bench_stream_p_summary")
 
 

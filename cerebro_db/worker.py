@@ -20,7 +20,9 @@ Python interpreter lives as long as the session, so this module keeps, across un
 Memory rule (README, "Memory of a worker session"): runtime + models + the kept
 partitions (at most the budget with NULL), or + one buffer while a unit streams. A
 streamed unit reads its partition one packed buffer at a time (:func:`partition_buffers`),
-holding one decoded buffer; the buffer size is the preprocessor's ``buffer_size``
+holding one decoded buffer, in a reusable array kept between units: a buffer that array
+still holds (the same stored row version, as when a worker streams its partition of one
+buffer unit after unit) is not read again; the buffer size is the preprocessor's ``buffer_size``
 (MADlib's default rule: about 75 million feature values, 300 MB, per buffer; preprocess
 with a smaller ``buffer_size`` when that is too much).
 Training over buffers shuffles the buffer order, then the rows within each buffer, and a
@@ -50,6 +52,7 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -193,8 +196,12 @@ def fit_params_of(cat: Catalog, fit: dict[str, Any], cfg: dict[str, Any]) -> Any
     return fp
 
 
-READ_SLICE = 1 << 20
-"""Bytes of a packed feature buffer read per query (``substring`` of the stored value)."""
+READ_SLICE = 512 * 1024
+"""Bytes of a packed feature buffer read per query (``substring`` of the stored value).
+Measured reading a 188 MB buffer into its array (``bench/stream_profile.py``): 58 ms in
+64 kB slices, 45-51 ms in 256 kB to 1 MB; at 4 MB (and in one run of three at 2 MB) each
+slice's Python bytes object is freshly page-faulted and the read takes about 4 times as
+long."""
 
 
 def _buffers(cat: Catalog, t: TableName, xcol: str, ycol: str, partition: int,
@@ -215,6 +222,15 @@ def _read_features(cat: Catalog, t: TableName, xcol: str, partition: int, meta: 
     slices of ``READ_SLICE`` bytes (``substring`` of an uncompressed stored value reads only
     the chunks it needs), so neither a copy of the whole value nor a decoded array is made
     on the way; a compressed value is read whole."""
+    for _ in _feature_steps(cat, t, xcol, partition, meta, out, partition_mod):
+        pass
+
+
+def _feature_steps(cat: Catalog, t: TableName, xcol: str, partition: int,
+                   meta: dict[str, Any], out: np.ndarray, partition_mod: int | None = None
+                   ) -> Iterator[int]:
+    """:func:`_read_features` yielding, after each slice, how many of ``out``'s bytes are
+    final (the leading ones)."""
     dst = out.reshape(-1).view(np.uint8)
     n = int(meta["xn"])
     if n != dst.size:
@@ -222,6 +238,7 @@ def _read_features(cat: Catalog, t: TableName, xcol: str, partition: int, meta: 
             f"x buffer has {n} bytes but shape {list(meta['xs'])} of float32 needs {dst.size}",
             DATA_EXCEPTION, hint="the packed table may be corrupt; run the preprocessor again")
     step = n if meta["packed"] or n <= READ_SLICE else READ_SLICE
+    little = sys.byteorder == "little"
     for off in range(0, n, step):
         k = min(step, n - off)
         part = units.feature_slice(cat, t, xcol, partition, meta["id"], off, k, partition_mod)
@@ -230,8 +247,11 @@ def _read_features(cat: Catalog, t: TableName, xcol: str, partition: int, meta: 
                                DATA_EXCEPTION, hint="do not change a packed table during a fit")
         dst[off:off + k] = np.frombuffer(part, dtype=np.uint8)
         del part
-    if sys.byteorder != "little":  # pragma: no cover - the packed format is little-endian
+        if little:
+            yield off + k
+    if not little:  # pragma: no cover - the packed format is little-endian
         out.byteswap(inplace=True)
+        yield n
 
 
 def _labels(meta: dict[str, Any]) -> np.ndarray:
@@ -254,7 +274,19 @@ def _read(cat: Catalog, t: TableName, xcol: str, metas: list[dict[str, Any]],
     (:func:`cerebro_db.training.aligned_empty`, which TensorFlow then reads without a copy);
     with ``stream``, into the process' reusable array of that shape
     (:func:`cerebro_db.training.stream_array`: valid until the next buffer is streamed)."""
-    from .training import aligned_empty, stream_array
+    for x, y, _ in _read_steps(cat, t, xcol, metas, partition, partition_mod, stream):
+        pass
+    return x, y
+
+
+def _read_steps(cat: Catalog, t: TableName, xcol: str, metas: list[dict[str, Any]],
+                partition: int, partition_mod: int | None = None, stream: bool = False,
+                step: int = 0) -> Iterator[tuple[np.ndarray, np.ndarray, int]]:
+    """:func:`_read` as it goes: yields ``(x, y, ready)``, rows ``[0, ready)`` of ``x``
+    final; with ``step`` (rows) whenever a further multiple of ``step`` rows is read, and
+    always once at the end (``ready`` all rows, the buffers' contents then recorded as
+    what the stream array holds)."""
+    from .training import aligned_empty, mark_stream, stream_array, stream_holding
 
     shapes = [[int(d) for d in m["xs"]] for m in metas]
     row = shapes[0][1:]
@@ -269,12 +301,28 @@ def _read(cat: Catalog, t: TableName, xcol: str, metas: list[dict[str, Any]],
             raise CerebroError(f"x buffer has {s[0]} rows but y buffer has {y.shape[0]}",
                                DATA_EXCEPTION,
                                hint="the packed table may be corrupt; run the preprocessor again")
-    x = (stream_array if stream else aligned_empty)([sum(s[0] for s in shapes), *row])
-    at = 0
+    y = np.concatenate(ys) if len(ys) > 1 else ys[0]
+    shape = [sum(s[0] for s in shapes), *row]
+    contents = (xcol, tuple((m["version"], int(m["xn"])) for m in metas))
+    if stream:
+        held = stream_holding(shape, contents)
+        if held is not None:  # the array still holds these stored buffers: nothing to read
+            yield held, y, shape[0]
+            return
+    x = stream_array(shape) if stream else aligned_empty(shape)
+    row_bytes = 4 * int(np.prod(row, dtype=np.int64))
+    at = last = 0
     for m, s in zip(metas, shapes):
-        _read_features(cat, t, xcol, partition, m, x[at:at + s[0]], partition_mod)
+        for done in _feature_steps(cat, t, xcol, partition, m, x[at:at + s[0]], partition_mod):
+            if step > 0 and row_bytes > 0:
+                ready = (at + done // row_bytes) // step * step
+                if last < ready < shape[0]:
+                    last = ready
+                    yield x, y, ready
         at += s[0]
-    return x, (np.concatenate(ys) if len(ys) > 1 else ys[0])
+    if stream:
+        mark_stream(x, contents)
+    yield x, y, shape[0]
 
 
 CACHE_SETTING = "cerebro_db.cache_memory"
@@ -399,8 +447,20 @@ def unit_data(cat: Catalog, fopts: dict[str, Any], table: str, partition: int,
     elif caching:
         xy = partition_data(cat, table, xcol, ycol, partition, partition_mod=mod)
     if xy is None:
-        return partition_buffers(cat, table, xcol, ycol, partition, compile_params, mod), None
+        return partition_buffers(cat, table, xcol, ycol, partition, compile_params, mod,
+                                 overlap=kind != "train" and spare_core(fopts)), None
     return xy[0], labels_for(compile_params, xy[1])
+
+
+def spare_core(fopts: dict[str, Any]) -> bool:
+    """Whether the fit leaves this machine a core that its workers' TensorFlow threads do
+    not use (``num_workers`` x ``worker_threads`` < cores): only then does an evaluation
+    over a streamed partition evaluate the rows read while it reads the rest
+    (:func:`cerebro_db.training.evaluate`); on a machine whose cores the workers fill,
+    the second thread only competes with the other workers."""
+    workers = int(fopts.get("num_workers") or 1)
+    threads = int(fopts.get("worker_threads") or 1)
+    return workers * threads < (os.cpu_count() or 1)
 
 
 def _eval_columns(fopts: dict[str, Any], kind: str) -> tuple[str, str]:
@@ -418,26 +478,39 @@ def _no_rows(x: Any) -> bool:
 
 
 def partition_buffers(cat: Catalog, table: str, xcol: str, ycol: str, partition: int,
-                      compile_params: str, partition_mod: int | None = None) -> Any:
+                      compile_params: str, partition_mod: int | None = None,
+                      overlap: bool = False) -> Any:
     """One partition as a :class:`~cerebro_db.training.BufferSource`: buffers read and decoded
     one at a time when the unit needs them (``use_caching`` off), features straight into
     the array TensorFlow reads, reused from buffer to buffer and unit to unit
-    (:func:`cerebro_db.training.stream_array`), labels as the loss takes them."""
+    (:func:`cerebro_db.training.stream_array`; a buffer whose stored row version that array
+    still holds is not read again), labels as the loss takes them. With ``overlap`` the
+    source also reads a buffer part by part (``load_rows``), so an evaluation runs on the
+    rows read while the rest is read (:func:`spare_core` says when a worker asks for it)."""
     from .training import BufferSource
 
     t = TableName.parse(table, "table")
     ids = units.buffer_rows(cat, t, xcol, partition, partition_mod)
     keys = [r["buffer_id"] for r in ids]
 
-    def load(i: int) -> tuple[np.ndarray, np.ndarray]:
+    def load_rows(i: int, step: int = 0) -> Iterator[tuple[np.ndarray, np.ndarray, int]]:
         metas = _buffers(cat, t, xcol, ycol, partition, keys[i], partition_mod)
         if not metas:
             raise CerebroError(f'buffer {keys[i]} of "{table}" disappeared during the fit',
                                DATA_EXCEPTION, hint="do not change a packed table during a fit")
-        x, y = _read(cat, t, xcol, metas, partition, partition_mod, stream=True)
-        return x, labels_for(compile_params, y)
+        labels = None
+        for x, y, ready in _read_steps(cat, t, xcol, metas, partition, partition_mod,
+                                       stream=True, step=step):
+            if labels is None:
+                labels = labels_for(compile_params, y)
+            yield x, labels, ready
 
-    return BufferSource(tuple(int(r["n"]) for r in ids), load)
+    def load(i: int) -> tuple[np.ndarray, np.ndarray]:
+        for x, y, _ in load_rows(i):
+            pass
+        return x, y
+
+    return BufferSource(tuple(int(r["n"]) for r in ids), load, load_rows if overlap else None)
 
 
 def partition_multi(cat: Catalog, table: str, xcols: list[str], ycols: list[str],

@@ -34,14 +34,18 @@ def buffers(cat: Any, t: TableName, xcol: str, ycol: str, partition: int,
             buffer_id: int | None = None, partition_mod: int | None = None
             ) -> list[dict[str, Any]]:
     """The partition's buffers (or one), in buffer_id order: ``id``, shapes ``xs`` and
-    ``ys``, labels ``y``, the feature bytes' length ``xn`` and whether they are stored
-    compressed (``packed``); not the features themselves (:func:`feature_slice`)."""
+    ``ys``, labels ``y``, the feature bytes' length ``xn``, whether they are stored
+    compressed (``packed``) and the stored row version ``version`` (the relation's file,
+    the row's ctid and xmin: a changed row, a rewritten or another table gets another);
+    not the features themselves (:func:`feature_slice`)."""
     x = quote_ident(xcol)
     one = "" if buffer_id is None else " AND buffer_id = $2"
     return cat.query(
         f"SELECT buffer_id AS id, {quote_ident(xcol + '_shape')} AS xs, {quote_ident(ycol)} AS y, "
         f"{quote_ident(ycol + '_shape')} AS ys, pg_catalog.octet_length({x}) AS xn, "
-        f"pg_catalog.pg_column_compression({x}) IS NOT NULL AS packed "
+        f"pg_catalog.pg_column_compression({x}) IS NOT NULL AS packed, "
+        "pg_catalog.concat_ws('/', tableoid, pg_catalog.pg_relation_filenode(tableoid), ctid, "
+        "xmin) AS version "
         f"FROM {t.sql} WHERE {dist_expr(partition_mod)} = $1{one} ORDER BY buffer_id",
         [partition] if buffer_id is None else [partition, buffer_id],
         ["int4"] if buffer_id is None else ["int4", "int4"])

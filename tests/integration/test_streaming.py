@@ -125,6 +125,110 @@ def test_sliced_reads_decode_exactly(packed):
     q(conn, "DROP TABLE st_pz")
 
 
+REUSE_CHECK = r"""
+import json
+import numpy as np
+from cerebro_db import training, worker
+from cerebro_db.catalog import Catalog
+cat = Catalog(plpy, "cerebro_db")
+toast = plpy.execute("SELECT reltoastrelid AS t FROM pg_class "
+                     "WHERE oid = 'st_pr'::regclass")[0]["t"]
+def fetched():
+    return plpy.execute(f"SELECT pg_stat_get_xact_blocks_fetched({toast}) AS n")[0]["n"]
+def load(part):
+    n = fetched()
+    src = worker.partition_buffers(cat, "st_pr", "x", "y", part, "loss='mse', optimizer='SGD()'")
+    x, _ = src.load(0)
+    return x.tobytes(), fetched() - n
+def stored(part):
+    return plpy.execute(f"SELECT x FROM st_pr WHERE __dist_key__ = {part}")[0]["x"]
+out = []
+a0, n0 = load(0)
+b0, m0 = load(0)                  # the array still holds partition 0: not read again
+a1, n1 = load(1)                  # same shape, another buffer: read into the same array
+c0, k0 = load(0)                  # partition 0 again: read again
+out.append([a0 == b0 == c0 == bytes(stored(0)), a1 == bytes(stored(1)), a0 != a1])
+out.append([n0 > 0, m0, n1 > 0, k0 > 0])
+plpy.execute("UPDATE st_pr SET x = decode(repeat('00', length(x)), 'hex') "
+             "WHERE __dist_key__ = 0")  # the same bytes' length, a new row version
+z, nz = load(0)
+out.append([z == bytes(stored(0)), z == bytes(len(z)), nz > 0])
+return json.dumps(out)
+"""
+
+
+def test_streaming_reads_a_buffer_the_array_holds_only_when_it_changed(packed):
+    """A streamed buffer that the reusable array still holds (the same stored row version)
+    is not read again; another buffer of the same shape, or the same buffer changed, is."""
+    conn = packed
+    q(conn, "DROP TABLE IF EXISTS st_pr")
+    q(conn, "CREATE TABLE st_pr (LIKE st_p1)")
+    q(conn, "ALTER TABLE st_pr ALTER COLUMN x SET STORAGE EXTERNAL")
+    q(conn, "INSERT INTO st_pr SELECT * FROM st_p1")
+    assert q(conn, "SELECT count(DISTINCT x_shape) FROM st_pr") == [(1,)]  # one shape
+    q(conn, "CREATE FUNCTION pg_temp.reuse_check() RETURNS text LANGUAGE plpython3u AS $f$"
+            + REUSE_CHECK + "$f$")
+    import json
+
+    same, reads, changed = json.loads(q(conn, "SELECT pg_temp.reuse_check()")[0][0])
+    assert same == [True, True, True]
+    assert reads == [True, 0, True, True]
+    assert changed == [True, True, True]
+    q(conn, "DROP TABLE st_pr")
+
+
+OVERLAP_CHECK = r"""
+import json
+from cerebro_db import training, worker
+from cerebro_db.catalog import Catalog
+cat = Catalog(plpy, "cerebro_db")
+arch, cp = json.loads(spec)
+cache = worker.model_cache()
+state = training.initial_state(arch, cp, 1)
+worker.READ_SLICE = 4096  # a 600-row buffer arrives in about 460 slices
+out = []
+for table in ("st_p1", "st_p4", "st_v1"):
+    for part in (0, 1):
+        x, y = worker.partition_data(cat, table, "x", "y", part, use_caching=False)
+        res = [training.evaluate(cache, arch, cp, state, x, worker.labels_for(cp, y),
+                                 batch_size=16)]
+        for overlap in (True, False):
+            src = worker.partition_buffers(cat, table, "x", "y", part, cp, overlap=overlap)
+            for shape in {(n, 784) for n in src.rows}:
+                training.stream_array(shape)  # forget what the array holds: read it
+            res.append(training.evaluate(cache, arch, cp, state, src, None, batch_size=16))
+            assert (src.load_rows is not None) == overlap
+        out.append([[r.loss, r.metrics, r.rows] for r in res])
+return json.dumps(out)
+"""
+
+
+def test_evaluation_overlapped_with_the_read_gives_the_values_of_the_arrays(packed):
+    """A streamed evaluation that evaluates the rows read while the rest of each buffer is
+    read (``overlap``, which a worker uses where the fit leaves a core free) gives bitwise
+    the loss and metrics of the plain streamed evaluation, and with one buffer per
+    partition those of the partition's arrays."""
+    import json
+
+    import keras
+
+    conn = packed
+    arch = keras.Sequential([keras.Input((784,)), keras.layers.Dense(16, activation="relu"),
+                             keras.layers.Dense(10, activation="softmax")]).to_json()
+    cp = "loss='categorical_crossentropy', optimizer='SGD()', metrics=['accuracy']"
+    q(conn, "CREATE FUNCTION pg_temp.overlap_check(spec text) RETURNS text "
+            "LANGUAGE plpython3u AS $f$" + OVERLAP_CHECK + "$f$")
+    got = json.loads(q(conn, "SELECT pg_temp.overlap_check(%s)",
+                       (json.dumps([arch, cp]),))[0][0])
+    assert len(got) == 6
+    for i, (arrays, overlapped, plain) in enumerate(got):
+        assert overlapped == plain and plain[2] == arrays[2] > 0
+        if i in (2, 3):  # several buffers: batches end at each buffer's end (not bitwise)
+            assert plain[0] == pytest.approx(arrays[0], rel=1e-5)
+        else:
+            assert plain == arrays
+
+
 BUDGET_CHECK = r"""
 import json
 from cerebro_db import training, worker

@@ -30,3 +30,13 @@ def test_default_budget_is_half_the_memory_shared_by_the_workers():
     assert worker.cache_memory(None, 2) == mem // 4
     assert worker.cache_memory("", 1) == mem // 2
     assert worker.cache_memory("100MB", 8) == 100 << 20
+
+
+def test_streamed_evaluation_overlaps_its_read_only_with_a_core_to_spare(monkeypatch):
+    monkeypatch.setattr(worker.os, "cpu_count", lambda: 4)
+    assert not worker.spare_core({"num_workers": 2, "worker_threads": 2})
+    assert not worker.spare_core({"num_workers": 4, "worker_threads": 1})
+    assert worker.spare_core({"num_workers": 3, "worker_threads": 1})
+    assert worker.spare_core({"num_workers": 1})
+    monkeypatch.setattr(worker.os, "cpu_count", lambda: None)
+    assert not worker.spare_core({"num_workers": 1, "worker_threads": 1})

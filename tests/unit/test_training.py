@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 
 import numpy as np
 import pytest
@@ -576,6 +577,59 @@ def test_streaming_into_the_reusable_array_trains_and_evaluates_as_fresh_arrays(
     assert state_a != state_b
     a = T.stream_array((96, 4))
     assert a is T.stream_array((96, 4)) and a.ctypes.data % 64 == 0
+
+
+def test_stream_arrays_of_three_shapes_are_kept():
+    """Full and last training buffers and a validation buffer, alternating, keep their
+    arrays (and so their tensors and feeds); a fourth shape releases the oldest."""
+    shapes = [(90, 4), (37, 4), (50, 4)]
+    first = [T.stream_array(s) for s in shapes]
+    for _ in range(2):
+        assert all(T.stream_array(s) is a for s, a in zip(shapes, first))
+    T.stream_array((11, 4))
+    assert T.stream_array(shapes[0]) is not first[0]
+
+
+def test_evaluation_overlapped_with_the_read_gives_bitwise_the_same_values(cache):
+    """A source that reads a buffer part by part into the reusable array (``load_rows``, as
+    the worker's reader with ``overlap``) is evaluated while it is read: the first parts are
+    evaluated before the read ends, no row is read before it is in (the rows not yet read
+    hold NaN), and loss and metrics are bitwise those over the arrays, over several buffers
+    and for a batch size that does not divide the parts."""
+    parts = [blobs(203, 70), blobs(203, 71), blobs(203, 72)]
+    x = np.concatenate([p[0] for p in parts])
+    y = np.concatenate([p[1] for p in parts])
+    state = T.initial_state(ARCH, CP, seed=3)
+    loss = cache.get(ARCH, CP).model.metrics[0]
+    seen_early = []
+
+    def load_rows(i, step):
+        xb, yb = parts[i]
+        a = T.stream_array(xb.shape)
+        a[...] = np.nan
+        at = 0
+        for end in range(step, len(xb), step):
+            a[at:end] = xb[at:end]
+            at = end
+            yield a, yb, end
+            if end == step:  # wait (at most 10 s) for the first part to be evaluated
+                for _ in range(1000):
+                    if float(loss.count.numpy()) > 0:
+                        break
+                    time.sleep(0.01)
+                seen_early.append(float(loss.count.numpy()) > 0)
+        a[at:] = xb[at:]
+        yield a, yb, len(xb)
+
+    src = T.BufferSource((203,) * 3, lambda i: parts[i], load_rows)
+    for bs in (16, 7, 500):
+        whole = T.evaluate(cache, ARCH, CP, state, x, y, batch_size=bs)
+        got = T.evaluate(cache, ARCH, CP, state, src, None, batch_size=bs)
+        plain = T.evaluate(cache, ARCH, CP, state, source_of(parts), None, batch_size=bs)
+        assert (got.loss, got.metrics, got.rows) == (plain.loss, plain.metrics, plain.rows)
+        assert got.rows == whole.rows == 609 and math.isfinite(got.loss)
+        assert got.loss == pytest.approx(whole.loss, rel=1e-5)
+    assert seen_early[:6] == [True] * 6  # batch 16 and 7: 3 buffers of several parts each
 
 
 def test_streaming_holds_one_buffer_in_memory(cache):
