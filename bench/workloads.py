@@ -37,6 +37,7 @@ class Scale:
     ma_epochs: int           # model averaging vs sequential SGD
     repeats_short: int       # repeats of the short runs (synthetic x1)
     repeats_adult: int = 1
+    repeats_small: int = 1   # repeats of the 4,000-row fashion-mnist and hetero workloads
     image_datasets: tuple[str, ...] = ("fashion-mnist",)
     synth_factors: tuple[int, ...] = (1, 4, 16)
     full_rows: int = 60000   # realistic scale: all of Fashion-MNIST's training rows
@@ -55,7 +56,8 @@ SCALES: dict[str, Scale] = {
     # wide tabular set of 100,000 rows), then the small ones (about 9 minutes together). MNIST
     # is not part of the suite: the repository has no copy and Debian packages none
     # (Fashion-MNIST comes from Debian).
-    "default": Scale("default", 4000, 1000, 2, 10000, 4000, 4000, 2000, 4000, 5, 3),
+    "default": Scale("default", 4000, 1000, 2, 10000, 4000, 4000, 2000, 4000, 5, 3,
+                     repeats_adult=3, repeats_small=3),
     "large": Scale("large", 60000, 10000, 3, None, 16281, 80000, 10000, 30000, 10, 1,
                    repeats_adult=3, wide_rows=400000),
 }
@@ -286,7 +288,7 @@ def workloads(scale: Scale, only: set[str] | None = None) -> list[Workload]:
         x, y, vx, vy = images(ds, scale.image_rows, scale.image_valid)
         return Workload(ds, f"{ds}: 16 configs (MLP, CNN x 2 lr x 2 L2 x 2 batch)",
                         x / 255.0, y, vx / 255.0, vy, 10, grid16(10), scale.epochs,
-                        systems=systems)
+                        repeats=scale.repeats_small, systems=systems)
 
     if want("fashion-60k-mlp") or want("fashion-60k-cnn"):
         x, y, vx, vy = images("fashion-mnist", scale.full_rows, scale.full_valid)
@@ -322,7 +324,8 @@ def workloads(scale: Scale, only: set[str] | None = None) -> list[Workload]:
         x, y, vx, vy = images("fashion-mnist", scale.hetero_rows, scale.image_valid)
         out.append(Workload("hetero", "heterogeneous: 8 configs of very different cost "
                             "(MLP 32 .. CNN 32-64), Fashion-MNIST", x / 255.0, y, vx / 255.0, vy,
-                            10, hetero(10), scale.epochs, systems=("mop", "ring", "ring_reset")))
+                            10, hetero(10), scale.epochs, repeats=scale.repeats_small,
+                            systems=("mop", "ring", "ring_reset")))
     for f in scale.synth_factors:
         name = f"synthetic-x{f}"
         if want(name):
