@@ -91,12 +91,45 @@ def model_cache() -> Any:
     return _cache
 
 
+UNUSED_BY_WORKERS = ("pandas", "matplotlib")
+"""Packages Keras imports at its own import when they are installed (to accept DataFrames,
+to plot image galleries) and a worker never uses: about 0.8 s of a worker's 2.5 s TensorFlow
+import on the benchmark machine. A worker imports TensorFlow without them
+(:func:`_without`); Keras then treats them as absent in that session."""
+
+
+class _Absent:
+    """A ``sys.meta_path`` finder for which the named top-level packages do not exist."""
+
+    def __init__(self, names: tuple[str, ...]) -> None:
+        self.names = frozenset(names)
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        if name.partition(".")[0] in self.names:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+
+@contextlib.contextmanager
+def _without(names: tuple[str, ...]) -> Iterator[None]:
+    """While the block runs, importing any of ``names`` (not imported yet) fails as if it
+    were not installed; afterwards they import as usual."""
+    finder = _Absent(tuple(n for n in names if n not in sys.modules))
+    sys.meta_path.insert(0, finder)
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(finder)
+
+
 def _runtime(threads: int | None) -> None:
+    """This worker session's TensorFlow: imported (without :data:`UNUSED_BY_WORKERS`) and
+    its thread pools set, once per session."""
     global _runtime_done
     if not _runtime_done:
         from .training import configure_runtime
 
-        configure_runtime(threads)
+        with _without(UNUSED_BY_WORKERS):
+            configure_runtime(threads)
         _runtime_done = True
 
 

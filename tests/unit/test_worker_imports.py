@@ -1,0 +1,52 @@
+"""A worker imports TensorFlow without the packages Keras would import only to support
+them (worker._without, worker.UNUSED_BY_WORKERS)."""
+from __future__ import annotations
+
+import importlib
+import sys
+
+import pytest
+
+from cerebro_db import worker
+
+
+@pytest.fixture
+def probe(tmp_path, monkeypatch):
+    """A package on sys.path that nothing has imported yet."""
+    pkg = tmp_path / "cerebro_probe_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("VALUE = 7\n")
+    (pkg / "sub.py").write_text("X = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "cerebro_probe_pkg"
+    for name in [m for m in sys.modules if m.startswith("cerebro_probe_pkg")]:
+        del sys.modules[name]
+
+
+def test_named_packages_are_absent_inside_the_block_only(probe):
+    before = list(sys.meta_path)
+    with worker._without((probe,)):
+        with pytest.raises(ModuleNotFoundError) as e:
+            importlib.import_module(probe)
+        assert e.value.name == probe
+        with pytest.raises(ModuleNotFoundError):
+            importlib.import_module(probe + ".sub")
+        # what the block does not name imports as usual
+        assert importlib.import_module("json").dumps(1) == "1"
+    assert sys.meta_path == before
+    assert importlib.import_module(probe).VALUE == 7
+    assert importlib.import_module(probe + ".sub").X == 1
+
+
+def test_the_finder_is_removed_when_the_block_raises(probe):
+    before = list(sys.meta_path)
+    with pytest.raises(RuntimeError), worker._without((probe,)):
+        raise RuntimeError("boom")
+    assert sys.meta_path == before
+    assert importlib.import_module(probe).VALUE == 7
+
+
+def test_a_package_already_imported_stays_usable(probe):
+    mod = importlib.import_module(probe)
+    with worker._without((probe,)):
+        assert importlib.import_module(probe) is mod
