@@ -308,7 +308,9 @@ def main(path: Path | str = ROOT / "bench" / "results" / "results.json") -> None
         "process touching it counts). State moved per epoch: from `cerebro_db.units` "
         "(`state_bytes` x reads and writes of the catalog, see report.py). Best accuracy: "
         "the best configuration's validation accuracy after the last epoch. Figures with "
-        "repeats report the median run; the repeat count is in each table."),
+        "repeats report the median run; the repeat count is in each table. The cerebro_db "
+        "systems' repeats are interleaved (mop, ring, ... then again from the next system), so "
+        "a drift of the machine falls on each alike."),
         "",
     ]
 

@@ -354,8 +354,27 @@ def curves_from_units(units: list[dict]) -> list[list[float]]:
 # --------------------------------------------------------------------------- driver
 
 
-def repeat(n: int, fn: Callable[[], dict]) -> list[dict]:
-    return [fn() for _ in range(n)]
+DB_FITS = ("mop", "mop_warm", "ring", "ring_reset")
+"""The cerebro_db systems: fits in the benchmark database (:meth:`Db.fit`)."""
+
+
+def interleaved_fits(db: Db, systems: list[str], repeats: int) -> dict[str, list[dict]]:
+    """``repeats`` runs of each cerebro_db system in ``systems``, interleaved (repeat ``i``
+    runs them in turn, starting from the ``i``-th), so a drift of the machine over the
+    workload (load, caches, frequency) falls on every system alike instead of on whichever
+    ran first. ``mop_warm`` runs right after each ``mop`` (a second fit of its session)."""
+    calls = {"mop": lambda: db.fit("mop", None),
+             "mop_warm": lambda: db.fit("mop", None, warm=True),
+             "ring": lambda: db.fit("ring", None),
+             "ring_reset": lambda: db.fit("ring", "reset_optimizer_per_hop=True")}
+    order = [s for s in systems if s != "mop_warm" or "mop" not in systems]
+    runs: dict[str, list[dict]] = {s: [] for s in systems}
+    for i in range(repeats):
+        for system in order[i % len(order):] + order[:i % len(order)]:
+            runs[system].append(calls[system]())
+            if system == "mop" and "mop_warm" in systems:
+                runs["mop_warm"].append(calls["mop_warm"]())
+    return runs
 
 
 def sequential_runs(w: Workload, data: Path, baseline: dict[str, Any],
@@ -405,15 +424,19 @@ def run_workload(conn, w: Workload, work: Path, skip: set[str], baseline: dict[s
     try:
         log(f"{w.name}: loading {len(w.y)} + {len(w.vy)} rows")
         res["preprocess_s"] = db.load()
+        fits = [s for s in w.systems if s in DB_FITS and s not in skip]
         for system in w.systems:
-            if system in skip:
+            if system in skip or (system in DB_FITS and system != fits[0]):
                 continue
             t0 = time.perf_counter()
-            if system == "mop":
-                runs = repeat(w.repeats, lambda: db.fit("mop", None))
-            elif system == "mop_warm":  # right after a fit of the same session
-                runs = repeat(w.repeats, lambda: db.fit("mop", None, warm=True))
-            elif system == "keras_split":
+            if system in DB_FITS:  # every cerebro_db system's repeats, interleaved
+                for name, got in interleaved_fits(db, fits, w.repeats).items():
+                    res["runs"][name] = got
+                    log(f"{w.name}: {name} x{len(got)}: makespan "
+                        f"{statistics.median(r['makespan'] for r in got):.1f} s")
+                log(f"{w.name}: cerebro_db fits done (wall {time.perf_counter() - t0:.0f} s)")
+                continue
+            if system == "keras_split":
                 runs = []
                 for _ in range(w.repeats):
                     th, pl = baseline.get("chosen", (1, "numpy"))
@@ -428,10 +451,6 @@ def run_workload(conn, w: Workload, work: Path, skip: set[str], baseline: dict[s
                                  "memory": mem,
                                  "process_makespans": [o["makespan"] for o in outs],
                                  "curves": [c["curve"] for c in outs[0]["configs"]]})
-            elif system == "ring":
-                runs = repeat(w.repeats, lambda: db.fit("ring", None))
-            elif system == "ring_reset":
-                runs = repeat(w.repeats, lambda: db.fit("ring", "reset_optimizer_per_hop=True"))
             elif system == "sequential":
                 runs = sequential_runs(w, data, baseline, res)
             elif system == "ray":
