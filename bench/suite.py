@@ -430,7 +430,7 @@ def run_workload(conn, w: Workload, work: Path, skip: set[str], baseline: dict[s
                 continue
             t0 = time.perf_counter()
             if system in DB_FITS:  # every cerebro_db system's repeats, interleaved
-                for name, got in interleaved_fits(db, fits, w.repeats).items():
+                for name, got in interleaved_fits(db, fits, w.fit_repeats or w.repeats).items():
                     res["runs"][name] = got
                     log(f"{w.name}: {name} x{len(got)}: makespan "
                         f"{statistics.median(r['makespan'] for r in got):.1f} s")

@@ -38,6 +38,7 @@ class Scale:
     repeats_short: int       # repeats of the short runs (synthetic x1)
     repeats_adult: int = 1
     repeats_small: int = 1   # repeats of the 4,000-row fashion-mnist and hetero workloads
+    repeats_realistic_fits: int = 1  # runs of each cerebro_db fit of the realistic workloads
     image_datasets: tuple[str, ...] = ("fashion-mnist",)
     synth_factors: tuple[int, ...] = (1, 4, 16)
     full_rows: int = 60000   # realistic scale: all of Fashion-MNIST's training rows
@@ -57,7 +58,7 @@ SCALES: dict[str, Scale] = {
     # is not part of the suite: the repository has no copy and Debian packages none
     # (Fashion-MNIST comes from Debian).
     "default": Scale("default", 4000, 1000, 2, 10000, 4000, 4000, 2000, 4000, 5, 3,
-                     repeats_adult=3, repeats_small=3),
+                     repeats_adult=3, repeats_small=3, repeats_realistic_fits=3),
     "large": Scale("large", 60000, 10000, 3, None, 16281, 80000, 10000, 30000, 10, 1,
                    repeats_adult=3, wide_rows=400000),
 }
@@ -78,6 +79,7 @@ class Workload:
     epochs: int
     repeats: int = 1
     systems: tuple[str, ...] = ()
+    fit_repeats: int | None = None  # runs of each cerebro_db fit (None: ``repeats``)
     notes: list[str] = field(default_factory=list)
     use_caching: bool | None = True  # None: cerebro_db's default (the realistic workloads)
 
@@ -296,27 +298,27 @@ def workloads(scale: Scale, only: set[str] | None = None) -> list[Workload]:
             out.append(Workload("fashion-60k-mlp", f"Fashion-MNIST, all {len(y):,} rows: 8 MLP "
                                 "configs (2 shapes x 2 lr x 2 batch)", x / 255.0, y, vx / 255.0,
                                 vy, 10, mlp8(784, 10), scale.full_epochs, systems=REALISTIC,
-                                use_caching=None))
+                                use_caching=None, fit_repeats=scale.repeats_realistic_fits))
         if want("fashion-60k-cnn"):
             out.append(Workload("fashion-60k-cnn", f"Fashion-MNIST, all {len(y):,} rows: 4 CNN "
                                 "configs (2 lr x 2 batch)", x / 255.0, y, vx / 255.0, vy, 10,
                                 cnn4(10), max(1, scale.full_epochs - 1),
                                 systems=tuple(s for s in REALISTIC if s != "mop_warm"),
-                                use_caching=None))
+                                use_caching=None, fit_repeats=scale.repeats_realistic_fits))
     if want("fashion-20k-mlp"):
         x, y, vx, vy = images("fashion-mnist", scale.mid_rows, scale.full_valid)
         out.append(Workload("fashion-20k-mlp", f"Fashion-MNIST, {len(y):,} rows: the 8 MLP "
                             "configs of fashion-60k-mlp", x / 255.0, y, vx / 255.0, vy, 10,
                             mlp8(784, 10), scale.full_epochs,
                             systems=tuple(s for s in REALISTIC if s != "ring"),
-                            use_caching=None))
+                            use_caching=None, fit_repeats=scale.repeats_realistic_fits))
     if want("wide-100k"):
         x, y, vx, vy = synthetic(scale.wide_rows, scale.wide_valid, seed=11)
         out.append(Workload("wide-100k", f"synthetic wide tabular, {len(y):,} rows, "
                             f"{SYNTH_FEATURES} features: 8 MLP configs", x, y, vx, vy, 2,
                             mlp8(SYNTH_FEATURES, 2), scale.full_epochs,
                             systems=tuple(s for s in REALISTIC if s != "mop_warm"),
-                            use_caching=None))
+                            use_caching=None, fit_repeats=scale.repeats_realistic_fits))
     if "fashion-mnist" in scale.image_datasets and want("fashion-mnist"):
         out.append(image_workload("fashion-mnist", ("mop", "ring", "ring_reset", "sequential",
                                                     "ray")))
