@@ -33,7 +33,6 @@ import math
 import os
 import platform
 import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -738,8 +737,6 @@ def main() -> None:
     args = ap.parse_args()
     parts = {p.strip() for p in args.parts.split(",")}
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    db_name = os.environ.get("CEREBRO_BENCH_DB", "cerebro")
-    subprocess.run([str(ROOT / "scripts" / "cerebro.sh"), "createdb", db_name], check=True)
     conn = connect()
     data = arrays(args.rows, args.valid_rows)
     t = time.time()

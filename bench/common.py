@@ -8,15 +8,29 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
+BENCH_DB = "cerebro_bench"
+"""The benchmarks' database (the Makefile's ``BENCH_DB``); ``CEREBRO_BENCH_DB`` names another."""
+
+_ready: set[str] = set()
+
+
+def _env() -> dict[str, str]:
+    out = subprocess.run([str(ROOT / "scripts" / "cerebro.sh"), "env"], capture_output=True,
+                         text=True, check=True).stdout
+    return dict(line.split("=", 1) for line in out.split())
+
+
 def connect():
-    """An autocommit psycopg2 connection to the embedded server (database: the demo's,
-    or CEREBRO_BENCH_DB)."""
+    """An autocommit psycopg2 connection to the embedded server (``make start``), database
+    ``CEREBRO_BENCH_DB`` or :data:`BENCH_DB`; the first call of a process creates it with the
+    extension at this checkout's version, or updates it (``scripts/cerebro.sh createdb``)."""
     import psycopg2
 
-    env = dict(line.split("=", 1) for line in subprocess.run(
-        [str(ROOT / "scripts" / "cerebro.sh"), "env"], capture_output=True, text=True,
-        check=True).stdout.split())
-    c = psycopg2.connect(host=env["PGHOST"], port=env["PGPORT"], user=env["PGUSER"],
-                         dbname=os.environ.get("CEREBRO_BENCH_DB", env["PGDATABASE"]))
+    env = _env()
+    db = os.environ.get("CEREBRO_BENCH_DB") or BENCH_DB
+    if db not in _ready:
+        subprocess.run([str(ROOT / "scripts" / "cerebro.sh"), "createdb", db], check=True)
+        _ready.add(db)
+    c = psycopg2.connect(host=env["PGHOST"], port=env["PGPORT"], user=env["PGUSER"], dbname=db)
     c.autocommit = True
     return c

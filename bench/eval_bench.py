@@ -46,7 +46,6 @@ import argparse
 import io
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -224,20 +223,6 @@ def q(conn, sql, args=None):
         return cur.fetchall() if cur.description else None
 
 
-def connect():
-    import psycopg2
-
-    env = dict(line.split("=", 1) for line in subprocess.run(
-        [str(ROOT / "scripts" / "cerebro.sh"), "env"], capture_output=True, text=True,
-        check=True).stdout.split())
-    db = os.environ.get("CEREBRO_BENCH_DB", "cerebro_bench")
-    subprocess.run([str(ROOT / "scripts" / "cerebro.sh"), "createdb", db], check=True,
-                   capture_output=True)
-    c = psycopg2.connect(host=env["PGHOST"], port=env["PGPORT"], user=env["PGUSER"], dbname=db)
-    c.autocommit = True
-    return c
-
-
 def setup(conn) -> None:
     """Full Fashion-MNIST packed as one training partition (one buffer) and validation."""
     import numpy as np
@@ -380,6 +365,8 @@ def main() -> None:
         print(text)
         return
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    from common import connect
+
     conn = connect()
     setup(conn)
     cases = [
