@@ -46,6 +46,11 @@ def med(runs: list[dict], key: str = "makespan") -> float:
 # --------------------------------------------------------------------------- unit-log metrics
 
 
+DISPATCH_GAP = 0.02
+"""A pause between two units of one worker shorter than this counts as dispatch (commit,
+answer, next statement), a longer one as waiting for a config to be free."""
+
+
 def db_metrics(run: dict, p: int, epochs: int) -> dict[str, float]:
     """Lower bound, span, time breakdown and state traffic of one cerebro_db run."""
     from cerebro_db.scheduling.invariants import lower_bound, partition_bound
@@ -73,6 +78,13 @@ def db_metrics(run: dict, p: int, epochs: int) -> dict[str, float]:
     read += sum(size.get(c, 0) for c, _, _ in ev_calls)
     written += sum(size.get(c, 0) for c, _ in snaps)
     busy = sum(dur)
+    # dispatch gaps: a worker's short pauses between consecutive units (the unit's commit,
+    # the coordinator noticing it and sending the next); longer pauses wait for a config
+    gaps = 0.0
+    for w in {u["worker"] for u in units}:
+        mine = sorted((u for u in units if u["worker"] == w), key=lambda u: u["start"])
+        gaps += sum(g for a, b in zip(mine, mine[1:])
+                    if 0 <= (g := b["start"] - a["end"]) < DISPATCH_GAP)
     # the load of a worker's first unit includes importing TensorFlow and the first read of
     # its partition; the first unit of each config builds the config's initial weights
     by_worker: dict[int, dict] = {}
@@ -94,6 +106,7 @@ def db_metrics(run: dict, p: int, epochs: int) -> dict[str, float]:
         "eval_load": sum(u["load"] or 0 for u in evals),
         "eval": sum(u["run"] or 0 for u in evals),
         "idle": p * span - busy,
+        "gaps": gaps / (p * span) if span else float("nan"),
         "outside": p * (run["makespan"] - span),
         "moved_per_epoch": (written + read) / epochs,
         "state_mean": statistics.mean(size.values()) if size else 0,
@@ -300,7 +313,12 @@ def main(path: Path | str = ROOT / "bench" / "results" / "results.json") -> None
         "partition's work: the span over the most unit time spent on one partition "
         "(`invariants.partition_bound`; each partition's units run on its one worker), so "
         "what it adds to 1 is time that worker stood idle: the scheduler's slack, apart from "
-        "work the partitions do not share evenly. Memory: peak "
+        "work the partitions do not share evenly. Dispatch gaps / span: the share of the "
+        "workers' time spent in pauses shorter than 20 ms between two units (the unit's "
+        "commit, the coordinator noticing it and sending the next statement): a per-unit "
+        "cost that no schedule removes, part of span / LB. Ring span / LB: the same ratio "
+        "for the ring (median of its runs), the schedules compared without the noise of "
+        "how fast the units ran in each run. Memory: peak "
         "resident set size sampled every 0.25 s with psutil (cerebro_db: the coordinator "
         "backend, the control session and the worker backends from `pg_stat_activity`; "
         "PostgreSQL backends count the shared buffers they touched. Ray: the driver, raylet, "
@@ -318,8 +336,9 @@ def main(path: Path | str = ROOT / "bench" / "results" / "results.json") -> None
     ans = ["## The short answer (computed from this run)", "",
            ("| workload | fastest system | cerebro_db (mop) makespan / fastest | leanest system "
            "(peak RSS total) | cerebro_db (mop) memory / leanest | mop span / LB "
-           "| mop span / busiest partition's work |"),
-           "|---|---|---:|---|---:|---:|---:|"]
+           "| mop span / busiest partition's work | mop dispatch gaps / span "
+           "| ring span / LB |"),
+           "|---|---|---:|---|---:|---:|---:|---:|---:|"]
     for name, w in wl.items():
         runs = w["runs"]
         if "mop" not in runs or len(runs) < 2:
@@ -328,9 +347,11 @@ def main(path: Path | str = ROOT / "bench" / "results" / "results.json") -> None
         mm = {s: mem(median_run(rs))[0] for s, rs in runs.items()}
         fast, lean = min(ms, key=ms.__getitem__), min(mm, key=mm.__getitem__)
         dm = db_metrics(median_run(runs["mop"]), p, w["epochs"])
+        ring = (f"{statistics.median(db_metrics(r, p, w['epochs'])['ratio'] for r in runs['ring']):.3f}"
+                if runs.get("ring") else "n/a")
         ans.append(f"| {name} | {NAMES.get(fast, fast)} | {ms['mop'] / ms[fast]:.2f} | "
                    f"{NAMES.get(lean, lean)} | {mm['mop'] / mm[lean]:.2f} | {dm['ratio']:.3f} | "
-                   f"{dm['busiest']:.3f} |")
+                   f"{dm['busiest']:.3f} | {100 * dm['gaps']:.1f}% | {ring} |")
     if len(ans) > 4:
         L += [*ans, ""]
 
