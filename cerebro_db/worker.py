@@ -94,8 +94,20 @@ def model_cache() -> Any:
 UNUSED_BY_WORKERS = ("pandas", "matplotlib")
 """Packages Keras imports at its own import when they are installed (to accept DataFrames,
 to plot image galleries) and a worker never uses: about 0.8 s of a worker's 2.5 s TensorFlow
-import on the benchmark machine. A worker imports TensorFlow without them
-(:func:`_without`); Keras then treats them as absent in that session."""
+import on the benchmark machine. A worker session of the database imports TensorFlow without
+them (:func:`_without`, :func:`dedicated_session`); Keras then treats them as absent in that
+session."""
+
+_dedicated = False
+
+
+def dedicated_session() -> None:
+    """Say that this process is a worker session of the database (``__run_unit``,
+    ``__check_fit``): a backend that runs nothing but units, so TensorFlow is imported
+    without :data:`UNUSED_BY_WORKERS`. A remote worker (Ray, Dask) may be a process shared
+    with other work, so it does not call this and imports TensorFlow as usual."""
+    global _dedicated
+    _dedicated = True
 
 
 class _Absent:
@@ -122,13 +134,13 @@ def _without(names: tuple[str, ...]) -> Iterator[None]:
 
 
 def _runtime(threads: int | None) -> None:
-    """This worker session's TensorFlow: imported (without :data:`UNUSED_BY_WORKERS`) and
-    its thread pools set, once per session."""
+    """This worker's TensorFlow: imported (in a :func:`dedicated_session`, without
+    :data:`UNUSED_BY_WORKERS`) and its thread pools set, once per process."""
     global _runtime_done
     if not _runtime_done:
         from .training import configure_runtime
 
-        with _without(UNUSED_BY_WORKERS):
+        with _without(UNUSED_BY_WORKERS if _dedicated else ()):
             configure_runtime(threads)
         _runtime_done = True
 

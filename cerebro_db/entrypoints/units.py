@@ -12,6 +12,7 @@ def run_unit(plpy: Any, schema: str, *, fit_id: int, mst_key: int, epoch: int, p
     """Run one unit; the JSON result says ok or carries the error (never raises)."""
     from .. import worker as w
 
+    w.dedicated_session()
     res = w.run_unit(Catalog(plpy, schema), fit_id, mst_key, epoch, partition, worker, kind,
                      json.loads(options or "{}"))
     return json.dumps(res)
@@ -23,9 +24,11 @@ def check_fit(plpy: Any, schema: str, *, spec: str) -> str:
     error (message, SQLSTATE, hint, detail) for the coordinator to raise."""
     import traceback
 
+    from .. import worker
     from ..errors import INTERNAL_ERROR, CerebroError
     from ..fit_checks import check_configs
 
+    worker.dedicated_session()
     try:
         check_configs(json.loads(spec or "{}"), Catalog(plpy, schema))
     except CerebroError as e:

@@ -1,18 +1,24 @@
-"""A worker session's TensorFlow, in a real backend: imported without the packages Keras
-imports only to support them (worker.UNUSED_BY_WORKERS), and Keras works on the arrays a
-worker gives it."""
+"""A worker session's TensorFlow, in a real backend: imported through the worker entry point
+(``__check_fit``) without the packages Keras imports only to support them
+(worker.UNUSED_BY_WORKERS), Keras working on the arrays a worker gives it; a process that is
+not a worker session (a remote worker, the caller's own session) imports them as usual."""
 from __future__ import annotations
+
+import json
+
+import pytest
 
 from ..helpers import connect
 
+SPEC = json.dumps({"configs": [], "x_size": 3, "y_width": 1, "kind": "classification",
+                   "columns": [["x"], ["y"], [3], [1], ["classification"]],
+                   "worker_threads": 1})
 PROBE = """
 DO $$
 import sys
 from cerebro_db import worker
-assert "tensorflow" not in sys.modules, "a fresh backend has not imported TensorFlow"
-worker._runtime(1)
-absent = [m for m in worker.UNUSED_BY_WORKERS if m in sys.modules]
 import keras
+absent = [m for m in worker.UNUSED_BY_WORKERS if m not in sys.modules]
 import numpy as np
 m = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, activation="softmax")])
 m.compile(optimizer="sgd", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
@@ -24,11 +30,21 @@ $$ LANGUAGE plpython3u
 """
 
 
-def test_worker_imports_tensorflow_without_pandas_and_matplotlib(dbname):
+@pytest.mark.parametrize("first, absent", [
+    # a worker session: its entry point imports TensorFlow without them
+    ("SELECT cerebro_db.__check_fit(%s)::json->>'ok'",
+     "['pandas', 'matplotlib']"),
+    # any other session (here: TensorFlow imported by the probe itself)
+    ("SELECT 'true' WHERE %s IS NOT NULL", "[]"),
+])
+def test_only_worker_sessions_import_tensorflow_without_pandas_and_matplotlib(
+        dbname, first, absent):
     c = connect(dbname, autocommit=True)  # a fresh backend: nothing imported yet
     try:
         with c.cursor() as cur:
+            cur.execute(first, (SPEC,))
+            assert cur.fetchone()[0] == "true"
             cur.execute(PROBE)
-        assert c.notices[-1].strip() == "NOTICE:  absent=[] loss=1 pandas=(1, 1)"
+        assert c.notices[-1].strip() == f"NOTICE:  absent={absent} loss=1 pandas=(1, 1)"
     finally:
         c.close()
