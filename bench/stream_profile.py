@@ -99,7 +99,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=5)
     args = ap.parse_args()
-    from eval_bench import connect, q, setup
+    from common import connect
+    from eval_bench import q, setup
 
     conn = connect()
     setup(conn)

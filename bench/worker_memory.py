@@ -27,7 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
-from eval_bench import CP, connect, mlp_json, q, setup
+from common import connect
+from eval_bench import CP, mlp_json, q, setup
 
 MB = 1 << 20
 
