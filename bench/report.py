@@ -281,13 +281,16 @@ def main(path: Path | str = ROOT / "bench" / "results" / "results.json") -> None
         f"{m['platform']}; Python {m['python']}, PostgreSQL {m['postgres'].split(' on ')[0]}, "
         f"cerebro_db {m['cerebro_db']}, TensorFlow {m['tensorflow']}, Keras {m['keras']}, "
         f"numpy {m['numpy']}, Ray {m.get('ray')}, psutil {m.get('psutil')}. Load average "
-        f"(1, 5, 15 min) at the start {tuple(round(x, 1) for x in m.get('loadavg_start', ()))},"
-        f" at the end {tuple(round(x, 1) for x in m.get('loadavg_end', ()))}: "
-        + ("**the machine was shared with other work during this run** (load above the core "
-           "count), so absolute times are inflated and noisy; ratios between systems measured "
-           "minutes apart are affected too. Re-run on a quiet machine for numbers to quote."
-           if max(m.get("loadavg_start", (0,))[0], m.get("loadavg_end", (0,))[0]) > m["cores"]
-           else "the machine was quiet."),
+        f"(1, 5, 15 min) at the start, before the suite ran anything, "
+        f"{tuple(round(x, 1) for x in m.get('loadavg_start', ()))}, and at the end, the "
+        f"suite's own last runs included, {tuple(round(x, 1) for x in m.get('loadavg_end', ()))}: "
+        + ("**the machine was shared with other work when this run started** (load above half "
+           "the core count), so absolute times are inflated and noisy; ratios between systems "
+           "measured minutes apart are affected too. Re-run on a quiet machine for numbers to "
+           "quote."
+           if m.get("loadavg_start", (0,))[0] > m["cores"] / 2
+           else "the machine was quiet when it started (the suite itself keeps the cores "
+           "busy, so the load at the end says little about other work)."),
         "",
         ("Systems, on the same arrays and configurations: "
         "**cerebro_db (mop)** = `madlib_keras_fit_multiple_model` with the randomized MOP "
@@ -363,12 +366,14 @@ def main(path: Path | str = ROOT / "bench" / "results" / "results.json") -> None
              "limit: p concurrent Keras processes, each training every configuration on 1/p "
              "of the rows (sequential's setting; makespan of the slower one, measured like "
              "sequential's). Coordinator: peak "
-             "RSS of the fit's calling backend (a session that runs only fits; PostgreSQL's "
-             "shared buffers it touched count too). First unit: seconds from the call to the "
+             "RSS of the fit's calling backend over all its fits (a session that runs only "
+             "fits, several in a row: PostgreSQL's shared buffers it touched count too, and "
+             "they add up over the session's fits as it writes new output tables), and its "
+             "peak private memory (`RssAnon`: its own memory, what a fit costs). First unit: seconds from the call to the "
              "first unit's start (the workers have imported TensorFlow by then), for a cold "
              "fit and for a second fit of the same session."), "",
             ("| workload | cerebro_db (s) | sequential (s) | limit (s) | cerebro_db / sequential "
-             "| cerebro_db / limit | coordinator peak RSS (MiB) | first unit, cold / second "
+             "| cerebro_db / limit | coordinator peak RSS / private (MiB) | first unit, cold / second "
              "fit (s) |"),
             "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for name, w in wl.items():
@@ -378,15 +383,17 @@ def main(path: Path | str = ROOT / "bench" / "results" / "results.json") -> None
         db, seq = med(runs["mop"]), med(runs["sequential"]) if "sequential" in runs else \
             float("nan")
         lim = med(runs["keras_split"])
-        coord = max((v for r in runs["mop"] + runs.get("mop_warm", [])
-                     for label, v in (r.get("memory") or {}).get("procs", [])
-                     if label == "coordinator"), default=0) / MB
+        coord, coord_private = (
+            max((v for r in runs["mop"] + runs.get("mop_warm", [])
+                 for label, v in (r.get("memory") or {}).get(kind, [])
+                 if label == "coordinator"), default=float("nan")) / MB
+            for kind in ("procs", "private"))
         cold = statistics.median(r.get("first_unit_s", float("nan")) for r in runs["mop"])
         warm = (statistics.median(r.get("first_unit_s", float("nan"))
                                   for r in runs["mop_warm"]) if "mop_warm" in runs
                 else float("nan"))
         real.append(f"| {name} | {fmt(db)} | {fmt(seq)} | {fmt(lim)} | {db / seq:.2f} | "
-                    f"{db / lim:.2f} | {fmt(coord, 0)} | {fmt(cold, 2)} / {fmt(warm, 2)} |")
+                    f"{db / lim:.2f} | {fmt(coord, 0)} / {fmt(coord_private, 0)} | {fmt(cold, 2)} / {fmt(warm, 2)} |")
     if len(real) > 5:
         L += [*real, ""]
 

@@ -83,6 +83,7 @@ class Sampler(threading.Thread):
         super().__init__(daemon=True)
         self.pids, self.interval = pids, interval
         self.peak: dict[int, int] = {}
+        self.private: dict[int, int] = {}
         self.label: dict[int, str] = {}
         self.peak_total = 0
         self.samples = 0
@@ -104,17 +105,37 @@ class Sampler(threading.Thread):
                     continue
                 total += rss
                 self.peak[pid] = max(self.peak.get(pid, 0), rss)
+                self.private[pid] = max(self.private.get(pid, 0), private_memory(pid))
                 self.label[pid] = label
             self.peak_total = max(self.peak_total, total)
             self.samples += 1
             self._halt.wait(self.interval)
 
     def stop(self) -> dict[str, Any]:
-        """Stop and return {'total': peak of the sum, 'procs': [[label, peak], ...]}."""
+        """Stop and return {'total': peak of the sum, 'procs': [[label, peak], ...],
+        'private': [[label, peak private memory], ...]}."""
         self._halt.set()
         self.join()
         procs = sorted(([self.label[p], v] for p, v in self.peak.items()), key=lambda r: r[0])
-        return {"total": self.peak_total, "procs": procs, "samples": self.samples}
+        private = sorted(([self.label[p], v] for p, v in self.private.items()),
+                         key=lambda r: r[0])
+        return {"total": self.peak_total, "procs": procs, "private": private,
+                "samples": self.samples}
+
+
+def private_memory(pid: int) -> int:
+    """``RssAnon`` of ``/proc/<pid>/status`` in bytes: the process's own memory, without the
+    shared memory (a PostgreSQL backend's RSS also counts every page of the server's shared
+    buffers it touched, which grows with the tables it read or wrote, not with its own
+    needs); 0 where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return 0
 
 
 def tree_pids(root_pid: int) -> Callable[[], dict[int, str]]:
