@@ -3,7 +3,9 @@
 The coordinator runs inside the user's statement. :class:`DblinkExecutor` opens one
 session per worker to the same database as the calling role, keeps them for the whole fit,
 sends each unit as one asynchronous statement (``dblink_send_query``) and collects
-results as workers finish (``dblink_is_busy`` / ``dblink_get_result``). Each unit's
+results as workers finish (``dblink_is_busy`` / ``dblink_get_result``; the coordinator
+sleeps on a :class:`~cerebro_db.wakeup.Waker` that each unit pokes as it ends, so it neither
+spins nor oversleeps). Each unit's
 statement commits in its worker session on its own. A control session writes the fit's
 catalog rows, committed at once so workers and other sessions see them.
 
@@ -67,6 +69,7 @@ from .errors import (
     SERIALIZATION_FAILURE,
     CerebroError,
 )
+from .wakeup import Waker
 
 RETRYABLE = frozenset({QUERY_CANCELED, ADMIN_SHUTDOWN, CRASH_SHUTDOWN, CANNOT_CONNECT_NOW, SERIALIZATION_FAILURE, DEADLOCK_DETECTED})
 """SQLSTATEs of a worker's answer that say the session, not the unit, failed (query
@@ -74,6 +77,18 @@ cancelled, server shutting down, serialization failure, deadlock): the unit is r
 
 
 POOL_APPLICATION = "cerebro_db_pool"
+
+WOKEN_POLL_FOR = 0.05
+"""Seconds the coordinator polls fast after a worker's poke (:mod:`cerebro_db.wakeup`): the
+unit is done and its session commits (a model state's WAL flush, a few milliseconds)."""
+WOKEN_POLL_INTERVAL = 0.0005
+"""Seconds between two polls in that time."""
+WAKER_NAP = 0.1
+"""Seconds the coordinator sleeps between two polls while the workers' pokes arrive: a
+worker whose session ends without a poke (it was terminated) is still noticed that soon."""
+WAKER_TRUSTED_AFTER = 3
+"""Units collected without a poke before them (workers on another host, which cannot reach
+the socket) after which the coordinator polls with its back-off again."""
 
 
 @dataclass
@@ -192,6 +207,11 @@ class DblinkExecutor:
         self.limits: dict[int, float | None] = {}
         self._keys: dict[int, tuple[Any, str]] = {}
         self.unit_times: dict[tuple[Any, str], list[float]] = {}
+        self._waker: Waker | None = None
+        self._pokes = 0  # pokes not yet matched by a collected unit
+        self._unpoked = 0  # units collected without a poke before them
+        self._will_poke: set[int] = set()  # busy workers whose statement pokes as it ends
+        self._woken = float("-inf")
 
     def name(self, worker: int | str) -> str:
         return self._conn.get(worker) or f"cerebro_{self.tag}_{worker}"
@@ -202,6 +222,11 @@ class DblinkExecutor:
     def open(self, settings: dict[str, str] | None = None) -> None:
         """Open the control session and every worker session; ``settings`` are set in each."""
         self.settings = dict(settings or {})
+        if self._waker is None:
+            try:
+                self._waker = Waker()
+            except OSError:  # no socket here: the coordinator only polls
+                self._waker = None
         names: list[int | str] = ["ctl", *self.workers]
         for w in names:
             self._connect(w)
@@ -328,6 +353,7 @@ class DblinkExecutor:
     def reopen(self, worker: int) -> bool:
         """Give ``worker`` a fresh session (after its old one was lost); False if that fails."""
         self.busy.pop(worker, None)
+        self._will_poke.discard(worker)
         self._send_failed.pop(worker, None)
         self._drop(worker)
         if worker in self.refuse_reopen:
@@ -410,8 +436,12 @@ class DblinkExecutor:
         ``__run_unit`` statement on the worker's session; executors that run units
         elsewhere override this method (and keep the control session). ``key``: as in
         :meth:`submit`."""
+        if self._waker is not None:
+            options = {**options, "wake": self._waker.path}
         self.submit(worker, sql.run_unit(self.cat, fit_id, mst_key, epoch, partition, worker,
                                          kind, options), key=key)
+        if self._waker is not None:
+            self._will_poke.add(worker)
 
     def submit_check(self, worker: int, spec: dict[str, Any]) -> None:
         """Send the fit's checks (``__check_fit``; the answer is JSON like a unit's);
@@ -430,10 +460,15 @@ class DblinkExecutor:
     def wait(self, timeout: float | None = None) -> list[WorkerResult]:
         """Block until at least one busy worker finished (or ``timeout``); return results.
 
-        Polling backs off from ``poll_interval`` to ``max_poll_interval`` (a tenth of the
-        time waited so far), so the coordinator's own process takes little CPU from the
-        workers on long units and answers quickly on short ones. A unit past
-        ``unit_timeout`` has its session terminated and comes back lost."""
+        The coordinator sleeps on its :class:`~cerebro_db.wakeup.Waker`, which the workers
+        poke as their units end; it then polls every :data:`WOKEN_POLL_INTERVAL` until the
+        unit's commit is through. While every busy worker runs a unit that pokes, it
+        otherwise polls only every :data:`WAKER_NAP` (to notice a session that ended without
+        a poke). Else (checks, statements of other executors, workers whose pokes do not
+        arrive: :data:`WAKER_TRUSTED_AFTER`) polling backs off from ``poll_interval`` to
+        ``max_poll_interval`` (a tenth of the time waited so far), so the coordinator's own
+        process takes little CPU from the workers on long units and answers quickly on short
+        ones. A unit past ``unit_timeout`` has its session terminated and comes back lost."""
         start = time.monotonic()
         while self.busy:
             if self._send_failed:
@@ -453,8 +488,25 @@ class DblinkExecutor:
             waited = now - start
             if timeout is not None and waited > timeout:
                 return []
-            time.sleep(min(self.max_poll_interval, max(self.poll_interval, waited / 10)))
+            if self._pokes and now - self._woken < WOKEN_POLL_FOR:
+                # poked: a unit is done and its worker commits; answer as soon as it has
+                self._poked(self._waker.wait(WOKEN_POLL_INTERVAL) if self._waker else 0)
+                continue
+            nap = min(self.max_poll_interval, max(self.poll_interval, waited / 10))
+            if self._unpoked < WAKER_TRUSTED_AFTER and self._will_poke.issuperset(self.busy):
+                nap = WAKER_NAP
+            if timeout is not None:
+                nap = min(nap, timeout - waited)
+            if self._waker is None:
+                time.sleep(nap)
+            else:
+                self._poked(self._waker.wait(nap))
         return []
+
+    def _poked(self, n: int) -> None:
+        if n:
+            self._pokes = min(self._pokes + n, len(self.busy))
+            self._woken = time.monotonic()
 
     def _is_busy(self, worker: int) -> bool:
         try:
@@ -519,6 +571,7 @@ class DblinkExecutor:
 
     def _lost(self, worker: int, message: str, pid: int | None = None) -> WorkerResult:
         self.busy.pop(worker, None)
+        self._will_poke.discard(worker)
         self._keys.pop(worker, None)
         return WorkerResult(worker, False, {"lost": True, "message": message,
                                             "sqlstate": CONNECTION_FAILURE, "worker": worker,
@@ -545,6 +598,11 @@ class DblinkExecutor:
         if not ok or text is None:
             return self._lost(worker, (err or "worker session failed").strip())
         seconds = time.monotonic() - self.busy.pop(worker)
+        self._will_poke.discard(worker)
+        if self._pokes:
+            self._pokes -= 1
+        else:
+            self._unpoked += 1
         key = self._keys.pop(worker, None)
         data = json.loads(text)
         if data.get("ok") and key is not None:
@@ -568,6 +626,7 @@ class DblinkExecutor:
             except Exception:  # noqa: BLE001, S110 - closing anyway
                 pass
         self.busy.clear()
+        self._will_poke.clear()
         self._keys.clear()
         for name in self.opened:
             try:
@@ -575,6 +634,9 @@ class DblinkExecutor:
             except Exception:  # noqa: BLE001, S110 - closing anyway
                 pass
         self.opened.clear()
+        if self._waker is not None:
+            self._waker.close()
+            self._waker = None
 
 
 def end_sessions(cat: Catalog, application_prefix: str, wait: float = 60.0) -> int:

@@ -9,13 +9,19 @@ from ..catalog import Catalog
 
 def run_unit(plpy: Any, schema: str, *, fit_id: int, mst_key: int, epoch: int, partition: int,
              worker: int, kind: str, options: str) -> str:
-    """Run one unit; the JSON result says ok or carries the error (never raises)."""
+    """Run one unit; the JSON result says ok or carries the error (never raises). When
+    the options name the coordinator's wake-up socket (``"wake"``), the worker pokes it as
+    the unit ends (:mod:`cerebro_db.wakeup`)."""
     from .. import worker as w
+    from ..wakeup import poke
 
     w.dedicated_session()
+    opts = json.loads(options or "{}")
     res = w.run_unit(Catalog(plpy, schema), fit_id, mst_key, epoch, partition, worker, kind,
-                     json.loads(options or "{}"))
-    return json.dumps(res)
+                     opts)
+    out = json.dumps(res)
+    poke(opts.get("wake"))  # the unit is done: the coordinator may stop sleeping
+    return out
 
 
 def check_fit(plpy: Any, schema: str, *, spec: str) -> str:

@@ -48,3 +48,31 @@ def test_only_worker_sessions_import_tensorflow_without_pandas_and_matplotlib(
         assert c.notices[-1].strip() == f"NOTICE:  absent={absent} loss=1 pandas=(1, 1)"
     finally:
         c.close()
+
+
+POKE_PROBE = """
+DO $$
+import json
+from cerebro_db.wakeup import Waker
+w = Waker()
+try:
+    before = w.wait(0.0)
+    out = plpy.execute("SELECT cerebro_db.__run_unit(-1, 1, 1, 0, 0, 'train', %s) AS r"
+                       % plpy.quote_literal(json.dumps({"wake": w.path})))[0]["r"]
+    plpy.notice("before=%d ok=%s pokes=%d" % (before, json.loads(out)["ok"], w.wait(10.0)))
+finally:
+    w.close()
+$$ LANGUAGE plpython3u
+"""
+
+
+def test_a_unit_pokes_the_coordinators_socket_when_it_ends_even_when_it_fails(dbname):
+    """The real entry point in a real backend: the server's OS user can bind the socket
+    and reach it, and a unit that fails (here: no such fit) still wakes the coordinator."""
+    c = connect(dbname, autocommit=True)
+    try:
+        with c.cursor() as cur:
+            cur.execute(POKE_PROBE)
+        assert c.notices[-1].strip() == "NOTICE:  before=0 ok=False pokes=1"
+    finally:
+        c.close()
