@@ -437,7 +437,7 @@ class DblinkExecutor:
         elsewhere override this method (and keep the control session). ``key``: as in
         :meth:`submit`."""
         if self._waker is not None:
-            options = {**options, "wake": self._waker.path}
+            options = {**options, "wake": self._waker.name}
         self.submit(worker, sql.run_unit(self.cat, fit_id, mst_key, epoch, partition, worker,
                                          kind, options), key=key)
         if self._waker is not None:

@@ -58,7 +58,7 @@ w = Waker()
 try:
     before = w.wait(0.0)
     out = plpy.execute("SELECT cerebro_db.__run_unit(-1, 1, 1, 0, 0, 'train', %s) AS r"
-                       % plpy.quote_literal(json.dumps({"wake": w.path})))[0]["r"]
+                       % plpy.quote_literal(json.dumps({"wake": w.name})))[0]["r"]
     plpy.notice("before=%d ok=%s pokes=%d" % (before, json.loads(out)["ok"], w.wait(10.0)))
 finally:
     w.close()

@@ -3,16 +3,14 @@ DblinkExecutor.wait uses it (with a scripted waker and scripted sessions: which 
 takes, not how long they last)."""
 from __future__ import annotations
 
-import os
 import socket
-import stat
 from typing import Any
 
 import pytest
 
 from cerebro_db import executors
 from cerebro_db.executors import DblinkExecutor
-from cerebro_db.wakeup import Waker, is_wake_path, poke
+from cerebro_db.wakeup import Waker, is_wake_name, poke
 
 
 @pytest.fixture
@@ -22,37 +20,44 @@ def waker():
     w.close()
 
 
-def test_the_socket_lies_in_a_private_directory(waker):
-    assert is_wake_path(waker.path)
-    assert stat.S_IMODE(os.stat(waker.dir).st_mode) == 0o700
-    assert stat.S_ISSOCK(os.stat(waker.path).st_mode)
+def test_each_waker_has_its_own_random_name(waker):
+    other = Waker()
+    try:
+        assert is_wake_name(waker.name) and is_wake_name(other.name)
+        assert waker.name != other.name
+    finally:
+        other.close()
 
 
 def test_pokes_wake_the_waiter_and_are_counted(waker):
     assert waker.wait(0.0) == 0
-    assert poke(waker.path) and poke(waker.path)
+    assert poke(waker.name) and poke(waker.name)
     assert waker.wait(5.0) == 2
     assert waker.wait(0.0) == 0  # consumed
 
 
-def test_close_removes_the_socket_and_later_pokes_are_dropped(waker):
-    path, d = waker.path, waker.dir
+def test_close_frees_the_name_and_later_pokes_are_dropped(waker):
+    name = waker.name
     waker.close()
     waker.close()  # twice is fine
-    assert not os.path.exists(d)
     assert waker.wait(0.0) == 0
-    assert poke(path) is False
+    assert poke(name) is False
+    again = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        again.bind("\0" + name)  # nothing is left holding it
+    finally:
+        again.close()
 
 
-@pytest.mark.parametrize("path", [
-    None, 3, b"/tmp/cerebro_db-wake-abc/socket", "", "relative/cerebro_db-wake-abc/socket",
-    "/tmp/cerebro_db-wake-abc/other", "/tmp/cerebro_db-wake-/socket",
-    "/tmp/cerebro_db-wake-a.b/socket", "/tmp/cerebro_db-wake-abc/socket/..",
-    "/tmp/x\x00/cerebro_db-wake-abc/socket", "/dev/log", "/tmp/" + "a" * 100 + "/cerebro_db-wake-abc/socket",
+@pytest.mark.parametrize("name", [
+    None, 3, b"cerebro_db-wake-" + b"0" * 32, "", "cerebro_db-wake-", "cerebro_db-wake-" + "0" * 31,
+    "cerebro_db-wake-" + "0" * 33, "cerebro_db-wake-" + "G" * 32, "/dev/log",
+    "\0cerebro_db-wake-" + "0" * 32, "/tmp/cerebro_db-wake-" + "0" * 32,
+    "cerebro_db-wake-" + "0" * 32 + "\n",
 ])
-def test_a_worker_pokes_nothing_but_a_wake_socket(path):
-    assert not is_wake_path(path)
-    assert poke(path) is False
+def test_a_worker_pokes_nothing_but_a_wake_socket(name):
+    assert not is_wake_name(name)
+    assert poke(name) is False
 
 
 def test_poke_sends_nothing_to_a_datagram_socket_under_another_name(tmp_path):
@@ -73,7 +78,7 @@ class ScriptedWaker:
     def __init__(self, pokes: list[int]) -> None:
         self.pokes = pokes
         self.naps: list[float] = []
-        self.path = "/tmp/cerebro_db-wake-test/socket"
+        self.name = "cerebro_db-wake-" + "0" * 32
 
     def wait(self, timeout: float) -> int:
         self.naps.append(timeout)
@@ -147,7 +152,7 @@ def test_units_carry_the_wake_path_and_are_expected_to_poke(monkeypatch):
     monkeypatch.setattr(ex, "submit", lambda w, text, key=None: (sent.append(text),
                                                                  ex.busy.update({w: 0.0})))
     ex.submit_unit(1, 42, 7, 3, 0, "train", {"attempt": 0})
-    assert sent[0][-1] == {"attempt": 0, "wake": "/tmp/cerebro_db-wake-test/socket"}
+    assert sent[0][-1] == {"attempt": 0, "wake": "cerebro_db-wake-" + "0" * 32}
     assert ex._will_poke == {1}
     assert [r.worker for r in ex.wait()] == [1]
     assert ex._will_poke == set()
