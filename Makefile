@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PGDIR := $(CURDIR)/.pg
 
 .PHONY: help deps install start stop psql demo test test-unit test-sql test-integration \
-        test-upgrade bench bench-deps bench-preprocess bench-fit bench-executors clean env \
+        test-upgrade bench bench-deps bench-preprocess bench-executors clean env \
         lint
 
 help:
@@ -72,9 +72,6 @@ bench: start bench-deps
 
 bench-preprocess: start
 	@$(PY) bench/preprocess_bench.py
-
-bench-fit: start
-	@$(PY) bench/fit_bench.py
 
 # Sessions vs Ray vs Dask executors vs Ray Tune on one workload (full Fashion-MNIST by
 # default; BENCH_EXECUTORS_SCALE=tiny for a smoke run): bench/results/executors.md.

@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from unit_bench import ADAM, cnn_json, mlp_json, q
+from eval_bench import CP, cnn_json, mlp_json, q
 
 BODY = r"""
 import json, statistics, time
@@ -115,7 +115,7 @@ def main() -> None:
     conn = connect()
     setup(conn, a.rows, a.buffers)
     n = q(conn, "SELECT count(*) FROM bench_stream_p")[0][0]
-    args = {"table": "bench_stream_p", "cp": ADAM.format(lr=0.001), "reps": a.reps,
+    args = {"table": "bench_stream_p", "cp": CP, "reps": a.reps,
             "read": a.read,
             "cases": [["MLP 784-128-64-10", mlp_json(), 128],
                       ["CNN conv8-conv16-dense10", cnn_json(), 128]]}

@@ -32,7 +32,7 @@ Decisions:
   gather: ~60-80 ms of a ~0.3 s unit of 10,000 Fashion-MNIST rows). A unit instead feeds the
   partition's :class:`_TrainFeed` (features copied into a tensor once, batch function traced
   once, the unit's seeded row order and labels written into variables); measured against raw
-  Keras on the same arrays in ``bench/results/unit.md``.
+  Keras on the same arrays in ``bench/results/eval.md``.
 * **Whole passes per call**: unless ``compile_params`` set ``steps_per_execution``, models
   are compiled with :data:`STEPS_PER_EXECUTION`, so Keras runs a unit's batches in one call
   of its traced train function (a loop inside the graph) instead of one Python call per
