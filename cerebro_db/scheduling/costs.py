@@ -15,11 +15,15 @@ matter. Calibrated by least squares on the unit logs of ``bench/results/results.
 configurations of six workloads: Fashion-MNIST MLPs and CNNs at 4,000 and 60,000 rows, Adult
 and wide tabular MLPs, batch sizes 64 to 256): correlation 0.88 with the measured time per
 row, within-workload geometric mean error 1.09x to 1.27x (the runs' own noise between two
-configurations that differ only in learning rate reaches 1.7x at 4,000 rows). The forward operations are counted by propagating the input shape
-through the layers of a Sequential or Functional model (layers in their listed order,
-channels last); :func:`unit_cost` returns ``None`` for a layer it does not know, and
-:func:`config_costs` then falls back to equal costs for every configuration (the plan is
-then the seeded rotation without costs).
+configurations that differ only in learning rate reaches 1.7x at 4,000 rows). Checked again
+on the run of 2026-11-24, after units became one call of Keras' train function
+(``steps_per_execution``): within-workload geometric mean error 1.07x to 1.25x over 7
+workloads (mean 1.17x); the best constants of a grid search gave mean 1.17x as well, with
+the same step cost, so the constants stay (``bench/cost_check.py``). The forward operations
+are counted by propagating the input shape through the layers of a Sequential or Functional
+model (layers in their listed order, channels last); :func:`unit_cost` returns ``None`` for
+a layer it does not know, and :func:`config_costs` then falls back to equal costs for every
+configuration (the plan is then the seeded rotation without costs).
 """
 from __future__ import annotations
 
