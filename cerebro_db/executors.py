@@ -87,8 +87,8 @@ WAKER_NAP = 0.1
 """Seconds the coordinator sleeps between two polls while the workers' pokes arrive: a
 worker whose session ends without a poke (it was terminated) is still noticed that soon."""
 WAKER_TRUSTED_AFTER = 3
-"""Units collected without a poke before them (workers on another host, which cannot reach
-the socket) after which the coordinator polls with its back-off again."""
+"""Units collected in a row without a poke before them (workers on another host, which
+cannot reach the socket) after which the coordinator polls with its back-off again."""
 
 
 @dataclass
@@ -209,7 +209,8 @@ class DblinkExecutor:
         self.unit_times: dict[tuple[Any, str], list[float]] = {}
         self._waker: Waker | None = None
         self._pokes = 0  # pokes not yet matched by a collected unit
-        self._unpoked = 0  # units collected without a poke before them
+        self._credits = 0  # units sent that may still poke (one fast-polling spell each)
+        self._unpoked = 0  # units collected in a row without a poke before them
         self._will_poke: set[int] = set()  # busy workers whose statement pokes as it ends
         self._woken = float("-inf")
 
@@ -353,7 +354,7 @@ class DblinkExecutor:
     def reopen(self, worker: int) -> bool:
         """Give ``worker`` a fresh session (after its old one was lost); False if that fails."""
         self.busy.pop(worker, None)
-        self._will_poke.discard(worker)
+        self._unexpect(worker)
         self._send_failed.pop(worker, None)
         self._drop(worker)
         if worker in self.refuse_reopen:
@@ -442,6 +443,7 @@ class DblinkExecutor:
                                          kind, options), key=key)
         if self._waker is not None:
             self._will_poke.add(worker)
+            self._credits += 1
 
     def submit_check(self, worker: int, spec: dict[str, Any]) -> None:
         """Send the fit's checks (``__check_fit``; the answer is JSON like a unit's);
@@ -504,9 +506,19 @@ class DblinkExecutor:
         return []
 
     def _poked(self, n: int) -> None:
+        """Count ``n`` pokes; each unit sent earns one spell of fast polling, so pokes from
+        elsewhere (any local process can reach the socket) cannot keep the coordinator
+        polling fast."""
+        n = min(n, self._credits)
         if n:
-            self._pokes = min(self._pokes + n, len(self.busy))
+            self._credits -= n
+            self._pokes += n
             self._woken = time.monotonic()
+
+    def _unexpect(self, worker: int) -> None:
+        """``worker``'s unit is over: it pokes no more."""
+        self._will_poke.discard(worker)
+        self._credits = min(self._credits, len(self._will_poke))
 
     def _is_busy(self, worker: int) -> bool:
         try:
@@ -571,7 +583,7 @@ class DblinkExecutor:
 
     def _lost(self, worker: int, message: str, pid: int | None = None) -> WorkerResult:
         self.busy.pop(worker, None)
-        self._will_poke.discard(worker)
+        self._unexpect(worker)
         self._keys.pop(worker, None)
         return WorkerResult(worker, False, {"lost": True, "message": message,
                                             "sqlstate": CONNECTION_FAILURE, "worker": worker,
@@ -598,11 +610,15 @@ class DblinkExecutor:
         if not ok or text is None:
             return self._lost(worker, (err or "worker session failed").strip())
         seconds = time.monotonic() - self.busy.pop(worker)
-        self._will_poke.discard(worker)
-        if self._pokes:
-            self._pokes -= 1
-        else:
-            self._unpoked += 1
+        if worker in self._will_poke:
+            if self._waker is not None:  # its poke came before its answer: count it first
+                self._poked(self._waker.wait(0.0))
+            if self._pokes:
+                self._pokes -= 1
+                self._unpoked = 0
+            else:
+                self._unpoked += 1
+            self._unexpect(worker)
         key = self._keys.pop(worker, None)
         data = json.loads(text)
         if data.get("ok") and key is not None:
@@ -627,6 +643,7 @@ class DblinkExecutor:
                 pass
         self.busy.clear()
         self._will_poke.clear()
+        self._credits = self._pokes = 0
         self._keys.clear()
         for name in self.opened:
             try:

@@ -108,44 +108,81 @@ def executor(busy_polls: dict[int, int], waker: ScriptedWaker | None) -> DblinkE
     return ex
 
 
+def expect(ex: DblinkExecutor, *workers: int) -> None:
+    """As submit_unit leaves it: these workers run units that poke, one spell each."""
+    ex._will_poke.update(workers)
+    ex._credits += len(workers)
+
+
 def test_while_units_poke_the_coordinator_naps_long_then_polls_fast_after_a_poke():
     w = ScriptedWaker([0, 1, 0, 0])
     ex = executor({0: 5}, w)
-    ex._will_poke.add(0)
+    expect(ex, 0)
     res = ex.wait()
     assert [r.worker for r in res] == [0]
-    # two long naps (the second ends with the poke), then fast polls until the commit is through
+    # two long naps (the second ends with the poke), then fast polls until the commit is
+    # through, then the look for pokes before the answer is counted
     assert w.naps[:2] == [executors.WAKER_NAP, executors.WAKER_NAP]
-    assert w.naps[2:] == [executors.WOKEN_POLL_INTERVAL] * (len(w.naps) - 2)
-    assert len(w.naps) == 5
+    assert w.naps[2:5] == [executors.WOKEN_POLL_INTERVAL] * 3
+    assert w.naps[5:] == [0.0]
+    assert (ex._pokes, ex._unpoked, ex._credits, ex._will_poke) == (0, 0, 0, set())
 
 
-def test_a_statement_that_does_not_poke_gets_the_back_off():
+def test_a_poke_read_only_with_the_answer_still_counts():
+    w = ScriptedWaker([0, 1])  # the nap finds none; the poke is read at collection
+    ex = executor({0: 1}, w)
+    expect(ex, 0)
+    ex._unpoked = 2
+    ex.wait()
+    assert w.naps == [executors.WAKER_NAP, 0.0]
+    assert (ex._pokes, ex._unpoked) == (0, 0)
+
+
+def test_pokes_beyond_the_units_sent_do_not_keep_the_coordinator_polling_fast():
+    """Any local process can reach the socket: pokes that no unit earned are ignored."""
+    w = ScriptedWaker([5, 5, 5, 5, 5, 5])
+    ex = executor({0: 6, 1: 6}, w)
+    expect(ex, 0, 1)
+    ex.wait()
+    # the first nap's pokes open one spell per unit in flight; no more come from them
+    assert ex._credits == 0
+    assert w.naps[0] == executors.WAKER_NAP
+    # spent: later pokes neither count nor start another spell
+    ex._woken = before = -1.0
+    ex._poked(5)
+    assert (ex._pokes, ex._woken) == (0, before)
+
+
+def test_a_statement_that_does_not_poke_gets_the_back_off_and_is_no_missed_poke():
     w = ScriptedWaker([])
     ex = executor({0: 3, 1: 50}, w)
-    ex._will_poke.add(1)  # worker 0 runs something else (a check): it never pokes
-    ex.wait()
+    expect(ex, 1)  # worker 0 runs something else (a check): it never pokes
+    assert [r.worker for r in ex.wait()] == [0]
     assert all(n <= ex.max_poll_interval for n in w.naps)
+    assert ex._unpoked == 0 and ex._will_poke == {1}
 
 
 def test_workers_whose_pokes_do_not_arrive_get_the_back_off_again():
     w = ScriptedWaker([])
-    ex = executor({0: 1}, w)
-    ex._unpoked = executors.WAKER_TRUSTED_AFTER
-    ex._will_poke.add(0)
+    ex = executor({0: 1, 1: 10}, w)
+    expect(ex, 0, 1)
+    ex._unpoked = executors.WAKER_TRUSTED_AFTER - 1
+    assert [r.worker for r in ex.wait()] == [0]
+    assert ex._unpoked == executors.WAKER_TRUSTED_AFTER
+    w.naps.clear()
     ex.wait()
-    assert w.naps and all(n <= ex.max_poll_interval for n in w.naps)
+    assert w.naps and all(n <= ex.max_poll_interval for n in w.naps if n)
 
 
 def test_a_timeout_bounds_the_nap():
     w = ScriptedWaker([])
     ex = executor({0: 10**6}, w)
-    ex._will_poke.add(0)
+    expect(ex, 0)
     assert ex.wait(timeout=0.0) == []
     assert all(n <= 0.0 for n in w.naps)
 
 
-def test_units_carry_the_wake_path_and_are_expected_to_poke(monkeypatch):
+def test_units_carry_the_wake_name_and_are_expected_to_poke(monkeypatch):
     ex = executor({}, ScriptedWaker([]))
     sent: list[Any] = []
     monkeypatch.setattr(executors.sql, "run_unit", lambda cat, *a: a)
@@ -153,6 +190,6 @@ def test_units_carry_the_wake_path_and_are_expected_to_poke(monkeypatch):
                                                                  ex.busy.update({w: 0.0})))
     ex.submit_unit(1, 42, 7, 3, 0, "train", {"attempt": 0})
     assert sent[0][-1] == {"attempt": 0, "wake": "cerebro_db-wake-" + "0" * 32}
-    assert ex._will_poke == {1}
+    assert (ex._will_poke, ex._credits) == ({1}, 1)
     assert [r.worker for r in ex.wait()] == [1]
-    assert ex._will_poke == set()
+    assert (ex._will_poke, ex._credits) == (set(), 0)
