@@ -1,7 +1,9 @@
 """A worker session's TensorFlow, in a real backend: imported through the worker entry point
 (``__check_fit``) without the packages Keras imports only to support them
-(worker.UNUSED_BY_WORKERS), Keras working on the arrays a worker gives it; a process that is
-not a worker session (a remote worker, the caller's own session) imports them as usual."""
+(worker.UNUSED_BY_WORKERS) and with what the import made frozen out of the garbage
+collector's passes (worker._collector_paused), the collector on again afterwards, Keras
+working on the arrays a worker gives it; a process that is not a worker session (a remote
+worker, the caller's own session) imports them as usual and freezes nothing."""
 from __future__ import annotations
 
 import json
@@ -15,7 +17,7 @@ SPEC = json.dumps({"configs": [], "x_size": 3, "y_width": 1, "kind": "classifica
                    "worker_threads": 1})
 PROBE = """
 DO $$
-import sys
+import gc, sys
 from cerebro_db import worker
 import keras
 absent = [m for m in worker.UNUSED_BY_WORKERS if m not in sys.modules]
@@ -24,28 +26,30 @@ m = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, activation="softm
 m.compile(optimizer="sgd", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
 h = m.fit(np.ones((8, 3), np.float32), np.zeros(8, np.int32), batch_size=4, verbose=0)
 import pandas
-plpy.notice("absent=%s loss=%d pandas=%s" % (absent, len(h.history["loss"]),
-                                             pandas.DataFrame({"a": [1]}).shape))
+plpy.notice("absent=%s loss=%d pandas=%s frozen=%s collector=%s" % (
+    absent, len(h.history["loss"]), pandas.DataFrame({"a": [1]}).shape,
+    gc.get_freeze_count() > 100000, gc.isenabled()))
 $$ LANGUAGE plpython3u
 """
 
 
-@pytest.mark.parametrize("first, absent", [
-    # a worker session: its entry point imports TensorFlow without them
+@pytest.mark.parametrize("first, absent, frozen", [
+    # a worker session: its entry point imports TensorFlow without them, then freezes
     ("SELECT cerebro_db.__check_fit(%s)::json->>'ok'",
-     "['pandas', 'matplotlib']"),
+     "['pandas', 'matplotlib']", True),
     # any other session (here: TensorFlow imported by the probe itself)
-    ("SELECT 'true' WHERE %s IS NOT NULL", "[]"),
+    ("SELECT 'true' WHERE %s IS NOT NULL", "[]", False),
 ])
 def test_only_worker_sessions_import_tensorflow_without_pandas_and_matplotlib(
-        dbname, first, absent):
+        dbname, first, absent, frozen):
     c = connect(dbname, autocommit=True)  # a fresh backend: nothing imported yet
     try:
         with c.cursor() as cur:
             cur.execute(first, (SPEC,))
             assert cur.fetchone()[0] == "true"
             cur.execute(PROBE)
-        assert c.notices[-1].strip() == f"NOTICE:  absent={absent} loss=1 pandas=(1, 1)"
+        assert c.notices[-1].strip() == (f"NOTICE:  absent={absent} loss=1 pandas=(1, 1) "
+                                         f"frozen={frozen} collector=True")
     finally:
         c.close()
 

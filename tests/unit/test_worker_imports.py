@@ -1,7 +1,9 @@
 """A worker imports TensorFlow without the packages Keras would import only to support
-them (worker._without, worker.UNUSED_BY_WORKERS)."""
+them (worker._without, worker.UNUSED_BY_WORKERS), the garbage collector paused meanwhile
+(worker._collector_paused)."""
 from __future__ import annotations
 
+import gc
 import importlib
 import sys
 
@@ -50,3 +52,38 @@ def test_a_package_already_imported_stays_usable(probe):
     mod = importlib.import_module(probe)
     with worker._without((probe,)):
         assert importlib.import_module(probe) is mod
+
+
+@pytest.fixture
+def collector():
+    """The garbage collector as the test found it, restored afterwards (a test that freezes
+    unfreezes)."""
+    was_on = gc.isenabled()
+    yield
+    gc.unfreeze()
+    if was_on:
+        gc.enable()
+    else:
+        gc.disable()
+
+
+@pytest.mark.parametrize("freeze", [False, True])
+def test_the_collector_is_off_in_the_block_and_on_again_after_it(collector, freeze):
+    gc.enable()
+    gc.unfreeze()
+    with worker._collector_paused(freeze):
+        assert not gc.isenabled()
+        made = [[i] for i in range(1000)]  # objects that exist when the block ends
+    assert gc.isenabled()
+    assert (gc.get_freeze_count() >= len(made)) is freeze
+
+
+def test_a_collector_that_was_off_stays_off_and_a_failure_restores_it(collector):
+    gc.disable()
+    with worker._collector_paused(False):
+        pass
+    assert not gc.isenabled()
+    gc.enable()
+    with pytest.raises(RuntimeError), worker._collector_paused(False):
+        raise RuntimeError("boom")
+    assert gc.isenabled()
