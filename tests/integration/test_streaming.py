@@ -314,3 +314,47 @@ def test_bad_cache_memory_setting_fails_before_any_work(packed):
     assert e.value.pgcode == "22023" and "cerebro_db.cache_memory" in str(e.value)
     assert q(conn, "SELECT to_regclass('st_bad'), to_regclass('st_bad_summary')") == \
         [(None, None)]
+
+
+DROP_CHECK = r"""
+import json
+from cerebro_db import training, worker
+from cerebro_db.catalog import Catalog
+cat = Catalog(plpy, "cerebro_db")
+cp = "loss='mse', optimizer='SGD()'"
+worker._partitions.clear()
+def stream(table, part):
+    src = worker.partition_buffers(cat, table, "x", "y", part, cp)
+    for i in range(len(src.rows)):
+        src.load(i)
+def held():
+    return sorted(k[0] for k in training._STREAM_HOLDS if k[1:] == (784,))
+out = []
+stream("st_p1", 0); stream("st_p4", 0)
+out.append(held())
+worker.partition_data(cat, "st_p1", "x", "y", 1, use_caching=True)  # other buffers
+out.append(held())
+worker.partition_data(cat, "st_p1", "x", "y", 0, use_caching=True)  # the one streamed
+out.append(held())
+worker.partition_data(cat, "st_p4", "x", "y", 0, budget=1 << 30)  # NULL: all 4 buffers
+out.append(held())
+worker._partitions.clear()
+return json.dumps(out)
+"""
+
+
+def test_caching_a_partition_releases_the_stream_arrays_that_hold_its_buffers(packed):
+    """A worker that caches a partition whose buffers a stream array still holds (e.g.
+    streamed by an earlier fit of the session with use_caching FALSE) releases that array:
+    the data is then held once. Arrays holding other buffers stay."""
+    import json
+
+    conn = packed
+    q(conn, "CREATE FUNCTION pg_temp.drop_check() RETURNS text LANGUAGE plpython3u AS $f$"
+            + DROP_CHECK + "$f$")
+    rows1 = q(conn, "SELECT x_shape[1] FROM st_p1 WHERE __dist_key__ = 0")[0][0]
+    rows4 = q(conn, "SELECT max(x_shape[1]) FROM st_p4 WHERE __dist_key__ = 0")[0][0]
+    assert rows1 != rows4
+    got = json.loads(q(conn, "SELECT pg_temp.drop_check()")[0][0])
+    mine = [sorted(set(g) & {rows1, rows4}) for g in got]  # other tests' arrays aside
+    assert mine == [sorted([rows1, rows4]), sorted([rows1, rows4]), [rows4], []]
