@@ -366,14 +366,17 @@ def main(path: Path | str = ROOT / "bench" / "results" / "results.json") -> None
              "limit: p concurrent Keras processes, each training every configuration on 1/p "
              "of the rows (sequential's setting; makespan of the slower one, measured like "
              "sequential's). Coordinator: peak "
-             "RSS of the fit's calling backend over all its fits (a session that runs only "
-             "fits, several in a row: PostgreSQL's shared buffers it touched count too, and "
-             "they add up over the session's fits as it writes new output tables), and its "
-             "peak private memory (`RssAnon`: its own memory, what a fit costs). First unit: seconds from the call to the "
+             "RSS of the fit's calling backend in the first fit of its session and over all "
+             "its fits (a session that runs only fits, several in a row: PostgreSQL's shared "
+             "buffers it touched count too, and they add up over the session's fits as it "
+             "reads the states and writes new output tables, up to the server's "
+             "`shared_buffers`), and its peak private memory over all its fits (`RssAnon`: "
+             "its own memory, what a fit costs). First unit: seconds from the call to the "
              "first unit's start (the workers have imported TensorFlow by then), for a cold "
              "fit and for a second fit of the same session."), "",
             ("| workload | cerebro_db (s) | sequential (s) | limit (s) | cerebro_db / sequential "
-             "| cerebro_db / limit | coordinator peak RSS / private (MiB) | first unit, cold / second "
+             "| cerebro_db / limit | coordinator peak RSS, first fit / all fits / private (MiB) "
+             "| first unit, cold / second "
              "fit (s) |"),
             "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for name, w in wl.items():
@@ -388,12 +391,17 @@ def main(path: Path | str = ROOT / "bench" / "results" / "results.json") -> None
                  for label, v in (r.get("memory") or {}).get(kind, [])
                  if label == "coordinator"), default=float("nan")) / MB
             for kind in ("procs", "private"))
+        first = min((r for rs in runs.values() for r in rs if r.get("memory")
+                     and "fit_start" in r), key=lambda r: r["fit_start"], default={})
+        coord_first = max((v for label, v in (first.get("memory") or {}).get("procs", [])
+                           if label == "coordinator"), default=float("nan")) / MB
         cold = statistics.median(r.get("first_unit_s", float("nan")) for r in runs["mop"])
         warm = (statistics.median(r.get("first_unit_s", float("nan"))
                                   for r in runs["mop_warm"]) if "mop_warm" in runs
                 else float("nan"))
         real.append(f"| {name} | {fmt(db)} | {fmt(seq)} | {fmt(lim)} | {db / seq:.2f} | "
-                    f"{db / lim:.2f} | {fmt(coord, 0)} / {fmt(coord_private, 0)} | {fmt(cold, 2)} / {fmt(warm, 2)} |")
+                    f"{db / lim:.2f} | {fmt(coord_first, 0)} / {fmt(coord, 0)} / {fmt(coord_private, 0)} | "
+                    f"{fmt(cold, 2)} / {fmt(warm, 2)} |")
     if len(real) > 5:
         L += [*real, ""]
 
