@@ -256,6 +256,7 @@ def run(cat: Catalog, *, request: FitRequest, outputs: Callable[[FitRun], Any],
         worker_checks(ex, check_spec(request.source, request.checks or [], len(workers),
                                      request.validate_compile, request.custom_functions))
         ex.control(sql.mark_interrupted(cat))
+        ex.control(sql.purge_done_states(cat))
         if resume is None:
             fit.fit_id = register(cat, ex, request, total)
         else:

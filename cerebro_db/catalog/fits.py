@@ -101,9 +101,22 @@ def release(cat: Catalog, fit_id: int, coordinator_pid: int) -> str:
         "AND coordinator_pid = %L::int", [fit_id, coordinator_pid], ["int8", "int4"])
 
 
+def purge_done_states(cat: Catalog) -> str:
+    """The model states of this role's earlier fits whose done mark is committed. A done fit
+    keeps its 'current' states past its end (:func:`drop_states`): its outputs and its done
+    mark are written in the caller's transaction, and if that rolls back the fit is
+    interrupted and a resume writes the outputs from them. Once another session (the next
+    fit's control session) sees the fit done, that transaction committed and nothing reads
+    them again."""
+    states, fits = cat.ext("model_states"), cat.ext("fits")
+    return (f"DELETE FROM {states} s USING {fits} f WHERE s.fit_id = f.fit_id AND "
+            "f.status = 'done' AND f.owner = current_user AND s.owner = current_user")
+
+
 def drop_states(cat: Catalog, fit_id: int, mst_keys: Sequence[int] = ()) -> str:
     """Model states a done fit no longer needs: every version but 'current', and all of
-    ``mst_keys`` (AutoML trials freed)."""
+    ``mst_keys`` (AutoML trials freed). 'current' goes when the role's next fit starts
+    (:func:`purge_done_states`)."""
     return cat.format_sql(
         f"DELETE FROM {ext(cat, 'model_states')} WHERE fit_id = %L::bigint AND "
         "(version <> 'current' OR mst_key = ANY(%L::int[]))",

@@ -378,3 +378,26 @@ def test_transfer_learning_starts_from_arch_table_weights(mnist, tables):
     want = np.frombuffer(w, "<f4")
     assert got.shape == want.shape and np.abs(got - want).max() < 1e-6
     assert np.abs(want).max() > 0.01  # the loaded weights are not a trivial start
+
+
+def test_a_done_fits_states_go_when_the_roles_next_fit_starts(mnist):
+    """A done fit keeps its final states while its caller's transaction may still roll back
+    (a resume then writes the outputs from them); the role's next fit deletes them once
+    the done mark is committed, and leaves a fit whose caller rolled back resumable."""
+    def states(fit_id):
+        return q(mnist, "SELECT count(*) FROM cerebro_db.model_states WHERE fit_id = %s",
+                 (fit_id,))[0][0]
+
+    first = fit(mnist, "mn_purge1", iterations=1, freq=None)
+    assert states(first) > 0
+    q(mnist, "BEGIN")
+    rolled = fit(mnist, "mn_purge2", iterations=1, freq=None)
+    q(mnist, "ROLLBACK")
+    second = fit(mnist, "mn_purge3", iterations=1, freq=None)
+    assert states(first) == 0 and states(second) > 0
+    assert q(mnist, "SELECT status FROM cerebro_db.fits WHERE fit_id = %s",
+             (rolled,)) == [("interrupted",)]
+    assert states(rolled) > 0
+    q(mnist, "SELECT madlib_keras_fit_resume(%s)", (rolled,))
+    assert q(mnist, "SELECT count(*) FROM mn_purge2")[0][0] == 4
+    assert q(mnist, "SELECT count(*) FROM mn_purge1")[0][0] == 4  # outputs stay whole
