@@ -27,14 +27,25 @@ Decisions:
   hops between workers ends bitwise equal to one model trained in a single process over the
   same visit order (:func:`replay`), given deterministic kernels (plain CPU TensorFlow is; on
   GPU call :func:`configure_runtime` with ``deterministic=True``; not checked on a GPU yet).
-* **Keras gets a cached pipeline, not numpy arrays**: ``model.fit`` on numpy arrays builds a
-  new tf.data pipeline every call (a copy of the features into a tensor, a shuffle, a traced
-  gather: ~60-80 ms of a ~0.3 s unit of 10,000 Fashion-MNIST rows). A unit instead feeds the
-  partition's :class:`_TrainFeed` (features copied into a tensor once, batch function traced
-  once, the unit's seeded row order and labels written into variables); measured against raw
-  Keras on the same arrays in ``bench/results/eval.md``.
-* **Whole passes per call**: unless ``compile_params`` set ``steps_per_execution``, models
-  are compiled with :data:`STEPS_PER_EXECUTION`, so Keras runs a unit's batches in one call
+* **A unit's pass is one call of the model's own traced loop**: unless something needs
+  Keras' fit loop (callbacks, ``steps_per_epoch``, ``class_weight``, a ``steps_per_execution``
+  or ``jit_compile`` from ``compile_params``), a pass runs :func:`_train_fn`: Keras'
+  ``train_step`` on each batch, gathered inside the graph from the partition's features
+  tensor (copied once, or shared with the worker's aligned array) in the unit's seeded row
+  order. The same batches in the same order as ``model.fit`` makes: bitwise the same
+  weights, optimizer variables, loss and metrics as Keras' fit with one batch per call
+  (tested). It replaces ``model.fit`` over a cached tf.data pipeline (:class:`_TrainFeed`,
+  still used where Keras' fit is needed), which cost three things: a pipeline thread handed
+  each batch to the step (with two workers on two cores the step waited at every batch: CPU
+  86% of wall time), each ``fit`` made a new iterator whose batch function was instantiated
+  and optimized again, and Keras' per-call fit loop. Measured on one process doing a
+  worker's share of the 20,000-row Fashion-MNIST fit (8 MLPs, 3 epochs, training and
+  validation evaluation; the same states and logs bitwise): 4.65 s -> 3.50 s alone, 5.6-5.8 s
+  -> 3.4-3.6 s with a second such process beside it; a new model's first unit 0.50-0.58 s
+  -> 0.27-0.35 s (tracing skips Keras' multi-step plumbing).
+* **Whole passes per call on Keras' path too**: unless ``compile_params`` set
+  ``steps_per_execution``, models are compiled with :data:`STEPS_PER_EXECUTION`, so where
+  Keras' fit runs a unit (see above) it runs the unit's batches in one call
   of its traced train function (a loop inside the graph) instead of one Python call per
   batch: the same steps in the same order (bitwise the same weights, losses and metrics),
   without the per-batch Python overhead (measured on 30,000 Fashion-MNIST rows, one thread:
@@ -399,6 +410,8 @@ class CachedModel:
     n_params: int
     rng_vars: list[Any] = field(default_factory=list)
     eval_fns: dict[tuple[int, ...], Any] = field(default_factory=dict, repr=False)
+    train_fns: dict[tuple[int, ...], Any] = field(default_factory=dict, repr=False)
+    metrics_built: bool = False
     metric_order: tuple[str, ...] = ()
     steps_chosen: bool = False
     """Whether ``steps_per_execution`` is ours (:data:`STEPS_PER_EXECUTION`), not the
@@ -834,10 +847,17 @@ def _fit(
     batch_size = int(kwargs.pop("batch_size", 32) or 32)
     kwargs["shuffle"] = False
     rng = np.random.default_rng(seed)
+    direct = _direct_loop(entry, fp)
     hist: dict[str, float] = {}
     for _ in range(epochs):
         if isinstance(x, BufferSource):
-            hist = _fit_buffers(entry, x, batch_size, shuffle, rng, kwargs)
+            hist = _fit_buffers(entry, x, batch_size, shuffle, rng, kwargs, direct)
+            continue
+        if direct:
+            xs, ys = _fit_xy(entry.model, x, y)
+            n = int(xs.shape[0])
+            hist = _train_pass(entry, _features(x), tuple(xs.shape[1:]), ys,
+                               rng.permutation(n) if shuffle else None, batch_size)
             continue
         feed = _train_feed(entry.model, x, y, batch_size)
         feed.order(rng.permutation(feed.rows) if shuffle else None)
@@ -847,9 +867,72 @@ def _fit(
     return loss, entry.in_compile_order(hist)
 
 
+def _direct_loop(entry: CachedModel, fp: FitParams) -> bool:
+    """Whether a unit's passes run in :func:`_train_fn`'s loop rather than ``model.fit``:
+    when nothing needs Keras' fit loop (no callbacks, no ``steps_per_epoch`` or
+    ``class_weight``, our own ``steps_per_execution``, no XLA compilation)."""
+    return (entry.steps_chosen and not fp.callbacks and not fp.steps_per_epoch
+            and not fp.class_weight and not getattr(entry.model, "jit_compile", False))
+
+
+def _train_pass(entry: CachedModel, features: Any, row_shape: tuple[int, ...], ys: np.ndarray,
+                permutation: np.ndarray | None, batch_size: int) -> dict[str, float]:
+    """One pass of ``model.fit``'s work over the rows of ``features`` (2-D) in the order
+    ``permutation`` (None: stored order), as :func:`_train_fn` runs it; returns the pass's
+    logs (what Keras' history records for the epoch: its metrics, reset at the pass's start)."""
+    import tensorflow as tf  # type: ignore[import-untyped]
+
+    rows = int(ys.shape[0])
+    labels = tf.constant(ys)
+    _build_metrics(entry, features, row_shape, labels)
+    order = np.arange(rows, dtype=np.int64) if permutation is None \
+        else np.asarray(permutation, dtype=np.int64)
+    entry.model.reset_metrics()
+    _train_fn(entry, row_shape)(features, labels, tf.constant(order),
+                                tf.constant(int(batch_size), tf.int64),
+                                tf.constant(rows, tf.int64))
+    return {k: float(v) for k, v in entry.model.get_metrics_result().items()}
+
+
+def _train_fn(entry: CachedModel, row_shape: tuple[int, ...]) -> Any:
+    """The model's traced training loop for rows of ``row_shape``: Keras' ``train_step``
+    (what ``model.fit`` runs per batch) on batches ``order[i*b:(i+1)*b]`` of a 2-D feature
+    tensor and its labels, one after another (the last batch partial), exactly the batches
+    ``fit(x[order], y[order], batch_size=b, shuffle=False)`` makes. Traced once per model,
+    row shape and label layout; the order, batch size and row count are arguments.
+
+    Instead of ``model.fit`` over a tf.data pipeline: a batch is gathered inside the step's
+    graph, so no pipeline thread hands batches to the step (a wait at every step when the
+    worker shares the machine's cores), no iterator is made per unit (each one instantiated
+    and optimized the pipeline's batch function again) and Keras' per-call fit loop is not
+    run; tracing skips Keras' multi-step plumbing. Measured in :mod:`bench` and in the
+    module docstring."""
+    fn = entry.train_fns.get(row_shape)
+    if fn is not None:
+        return fn
+    import tensorflow as tf  # type: ignore[import-untyped]
+
+    model = entry.model
+    shape = [-1, *row_shape]
+
+    @tf.function(autograph=False, reduce_retracing=True)
+    def run(features: Any, labels: Any, order: Any, batch_size: Any, rows: Any) -> Any:
+        def body(start: Any) -> Any:
+            idx = order[start:tf.minimum(start + batch_size, rows)]
+            model.train_step((tf.reshape(tf.gather(features, idx), shape),
+                              tf.gather(labels, idx)))
+            return (start + batch_size,)
+
+        return tf.while_loop(lambda start: start < rows, body,
+                             (tf.constant(0, tf.int64),), parallel_iterations=1)
+
+    entry.train_fns[row_shape] = run
+    return run
+
+
 def _fit_buffers(
     entry: CachedModel, source: BufferSource, batch_size: int, shuffle: bool,
-    rng: np.random.Generator, kwargs: dict[str, Any],
+    rng: np.random.Generator, kwargs: dict[str, Any], direct: bool = False,
 ) -> dict[str, float]:
     """One pass over ``source``, a buffer at a time; the row-weighted means of the history."""
     count = len(source.rows)
@@ -862,7 +945,13 @@ def _fit_buffers(
         n = int(xs.shape[0])
         if n == 0:
             continue
-        if is_stream_array(xb):  # decoded in place: its kept tensor and feed read it as is
+        if direct:  # a stream array's kept tensor reads it in place; others are copied
+            features = _features(xb) if is_stream_array(xb) else as_tensor(xs.reshape(n, -1))
+            h = {k: [v] for k, v in _train_pass(
+                entry, features, tuple(xs.shape[1:]), ys,
+                rng.permutation(n) if shuffle else None, batch_size).items()}
+            del features, xb, xs, yb, ys
+        elif is_stream_array(xb):  # decoded in place: its kept tensor and feed read it as is
             del xs
             feed = _train_feed(entry.model, xb, yb, batch_size)
             feed.order(rng.permutation(n) if shuffle else None)
@@ -1176,10 +1265,35 @@ def empty_unit(state_bytes: BytesLike, completes_epoch: bool = False) -> tuple[b
 _SEEDS_LOCK = threading.Lock()
 
 
+def _seed_keras(seed: int) -> None:
+    """Seed what builds a model's initial weights, as ``keras.utils.set_random_seed(seed)``
+    does (Keras' global seed and seed generator, Python's ``random``, numpy's global
+    generator), except TensorFlow's global seed: setting that (``tf.random.set_seed``) clears
+    every kernel TensorFlow has cached in the process, so each traced function (the cached
+    models' train and evaluation loops, the training feeds' batch functions) was instantiated
+    and optimized again at its next call, ~60-80 ms for an MLP's train step. A worker builds
+    the initial state of each configuration whose first unit it runs, between units.
+    Measured on one process running all 8 initial states of the 20,000-row Fashion-MNIST
+    fit with a worker's share of its units (8 MLPs, 3 epochs, training and validation
+    evaluation, Keras' fit path): 5.8 s -> 4.7 s in a plain process, 5.3 s -> 4.8 s in a
+    backend, the same final states bitwise; in a fit each worker builds about half of them. Nothing the initial weights depend on reads TensorFlow's seed: a
+    ``model_arch`` holds only Keras' built-in layers (:mod:`cerebro_db.keras_arch`), whose
+    initializers draw from Keras' seed generator with stateless ops (the initial weights
+    equal ``set_random_seed``'s, tested)."""
+    from keras.src.backend.common import global_state
+    from keras.src.random import seed_generator
+    from keras.src.utils import rng_utils
+
+    global_state.set_global_attribute(rng_utils.GLOBAL_RANDOM_SEED, seed)
+    global_state.set_global_attribute(seed_generator.GLOBAL_SEED_GENERATOR, None)
+    random.seed(seed)
+    np.random.seed(seed)
+
+
 @contextlib.contextmanager
 def _own_default_seeds(seed: int) -> Iterator[None]:
     """Keras draws the seed of every initializer built without one from Python's global
-    ``random`` (seeded by ``set_random_seed``). In a process with other threads (a Dask
+    ``random`` (seeded by :func:`_seed_keras`). In a process with other threads (a Dask
     worker's event loop, a Ray actor's) those may draw from it too, between the seeding and
     the build, and the initial weights then differ from run to run. During the build Keras
     draws from a private generator seeded the same way instead: the same numbers a
@@ -1203,18 +1317,17 @@ def initial_state(
 ) -> bytes:
     """The state a configuration starts from, reproducible from ``seed``.
 
-    The model is built after ``keras.utils.set_random_seed(seed)``, so the same seed gives the
-    same initial weights; ``init_weights`` (MADlib flat float32 bytes, e.g. an architecture
+    The model is built after seeding Keras as ``keras.utils.set_random_seed(seed)`` does,
+    except TensorFlow's global seed (:func:`_seed_keras`), so the same seed gives the same initial
+    weights; ``init_weights`` (MADlib flat float32 bytes, e.g. an architecture
     table's ``model_weights`` for transfer learning) override them. The optimizer is built on
     the model's trainable variables so its variables (iteration 0, the learning rate, zeroed
     slots) are in the state from the start. Counters are zero; ``info`` records the seed and
     optimizer. Raises :class:`CerebroError`.
     """
-    import keras
-
     cp = _compile_params(compile_params)
     seed = _seed(seed)
-    keras.utils.set_random_seed(seed)
+    _seed_keras(seed)
     with _own_default_seeds(seed):
         model = keras_arch.build_from_json(arch_json)
     if init_weights is not None:
@@ -1413,18 +1526,19 @@ def _eval_range(entry: CachedModel, features: Any, row_shape: tuple[int, ...], l
                 batch_size: int, start: int, stop: int) -> None:
     import tensorflow as tf  # type: ignore[import-untyped]
 
-    _eval_build(entry, features, row_shape, labels)
+    _build_metrics(entry, features, row_shape, labels)
     _eval_fn(entry, row_shape)(features, labels, tf.constant(int(batch_size), tf.int32),
                                tf.constant(int(start), tf.int32),
                                tf.constant(int(stop), tf.int32))
 
 
-def _eval_build(entry: CachedModel, features: Any, row_shape: tuple[int, ...],
-                labels: Any) -> None:
-    """Build the compiled loss and metrics as ``evaluate()`` would, once per model."""
+def _build_metrics(entry: CachedModel, features: Any, row_shape: tuple[int, ...],
+                   labels: Any) -> None:
+    """Build the compiled loss and metrics as ``fit()`` and ``evaluate()`` would, once per
+    model, before a loop that updates them is traced."""
     import tensorflow as tf  # type: ignore[import-untyped]
 
-    if entry.eval_fns:
+    if entry.metrics_built:
         return
     first = (tf.reshape(features[:1], [-1, *row_shape]), labels[:1])
     build = getattr(entry.model, "_symbolic_build", None)
@@ -1433,6 +1547,7 @@ def _eval_build(entry: CachedModel, features: Any, row_shape: tuple[int, ...],
     else:  # pragma: no cover - a Keras without it
         entry.model.evaluate(*first, verbose=0)
         entry.model.reset_metrics()
+    entry.metrics_built = True
 
 
 def _eval_rows(entry: CachedModel, features: Any, row_shape: tuple[int, ...], ys: np.ndarray,

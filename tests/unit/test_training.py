@@ -151,6 +151,38 @@ def test_initial_state_is_reproducible_and_has_optimizer_vars():
     assert state.info["seed"] == 5
 
 
+def _cnn_arch() -> str:
+    import keras
+
+    m = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Conv2D(4, 3, activation="relu"),
+                          keras.layers.BatchNormalization(), keras.layers.Flatten(),
+                          keras.layers.Dropout(0.2), keras.layers.Dense(3, activation="softmax")])
+    return m.to_json()
+
+
+@pytest.mark.parametrize("arch", ["mlp", "dropout", "cnn"])
+def test_initial_weights_are_set_random_seeds_and_leave_tensorflows_seed(cache, arch):
+    """The initial weights equal what ``keras.utils.set_random_seed(seed)`` and a build give,
+    after other work in the process; TensorFlow's global seed is left as it was (setting
+    it clears every kernel TensorFlow cached: each traced function was optimized again)."""
+    import keras
+    import tensorflow as tf
+
+    text = {"mlp": ARCH, "dropout": ARCH_DROP, "cnn": _cnn_arch()}[arch]
+    x, y = blobs(64, seed=1)
+    if arch != "cnn":
+        T.train_unit(cache, text, CP, FP, T.initial_state(text, CP, 1), x, y, seed=2)
+    before = tf.compat.v1.get_seed(None)
+    got = weights_of(T.initial_state(text, CP, seed=987_654))
+    assert tf.compat.v1.get_seed(None) == before
+    keras.utils.set_random_seed(987_654)
+    try:
+        want = [v.numpy() for v in keras_arch.build_from_json(text).weights]
+    finally:
+        tf.random.set_seed(before[0])
+    assert len(got) == len(want) and all_equal(got, want)
+
+
 def test_initial_state_transfer_weights():
     base = weights_of(T.initial_state(ARCH, CP, seed=1))
     flat = keras_arch.weights_to_bytes([np.full_like(w, 0.5) for w in base])
@@ -208,29 +240,35 @@ def test_seed_controls_the_unit(cache):
     assert not all_equal(weights_of(a), weights_of(c))
 
 
-def test_a_pass_is_one_call_of_the_train_function_with_the_same_result(cache):
+def test_a_pass_is_one_call_of_the_traced_loop_with_keras_fits_result(cache):
     """Without steps_per_execution in compile_params a unit runs its batches in one call of
-    Keras' train function (a loop in the graph), and ends bitwise where Keras' one batch per
-    call ends (dropout included); per-batch callbacks and steps_per_epoch get one batch per
-    call, and a user's steps_per_execution is kept."""
+    the model's traced training loop, and ends bitwise where Keras' fit with one batch per
+    call ends (dropout included), with the same loss and metrics; per-batch callbacks and
+    steps_per_epoch get Keras' fit with one batch per call, and a user's
+    steps_per_execution is kept."""
     x, y = blobs(300, 5)  # 10 batches, the last partial
     init = T.initial_state(ARCH_DROP, CP, seed=5)
-    ours, _ = T.train_unit(cache, ARCH_DROP, CP, FP, init, x, y, seed=9)
-    model = cache.get(ARCH_DROP, CP).model
+    ours, first = T.train_unit(cache, ARCH_DROP, CP, FP, init, x, y, seed=9)
+    entry = cache.get(ARCH_DROP, CP)
+    model = entry.model
     assert model.steps_per_execution == T.STEPS_PER_EXECUTION
+    loop = entry.train_fns[(20,)]
     calls = []
-    model.train_function = None
-    model.make_train_function()
-    inner = model.train_function
-    model.train_function = lambda it: calls.append(1) or inner(it)
-    again, _ = T.train_unit(cache, ARCH_DROP, CP, FP, init, x, y, seed=9)
+    entry.train_fns[(20,)] = lambda *args: calls.append(1) or loop(*args)
+    try:
+        again, second = T.train_unit(cache, ARCH_DROP, CP, FP, init, x, y, seed=9)
+    finally:
+        entry.train_fns[(20,)] = loop
     assert len(calls) == 1 and again == ours
+    assert (second.loss, second.metrics) == (first.loss, first.metrics)
 
     cp_one = CP + ", steps_per_execution=1"
-    keras_default, _ = T.train_unit(cache, ARCH_DROP, cp_one, FP, init, x, y, seed=9)
+    keras_default, by_keras = T.train_unit(cache, ARCH_DROP, cp_one, FP, init, x, y, seed=9)
     assert cache.get(ARCH_DROP, cp_one).model.steps_per_execution == 1
+    assert not cache.get(ARCH_DROP, cp_one).train_fns  # Keras' fit ran it
     assert all_equal(weights_of(ours), weights_of(keras_default))
     assert all_equal(opt_of(ours), opt_of(keras_default))
+    assert (by_keras.loss, by_keras.metrics) == (first.loss, first.metrics)
 
     with_callback, _ = T.train_unit(cache, ARCH_DROP, CP, FP + ", callbacks=['TerminateOnNaN']",
                                     init, x, y, seed=9)
