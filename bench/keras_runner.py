@@ -10,8 +10,11 @@ arrays (its usual input: Keras builds a new pipeline per call, and runs one batc
 of its train function), ``--pipeline dataset`` is Keras at its fastest: tf.data pipelines
 made once from tensors and reused (a seeded reshuffle of row indices each epoch, batches
 gathered from the tensors, prefetched; evaluation batches of 1,024 from the tensors), and
-``steps_per_execution`` covering a whole pass (the batches run in a loop inside the graph,
-as cerebro_db's units do); the suite measures both and keeps the faster; with
+``steps_per_execution`` covering a whole pass (the batches run in a loop inside the graph);
+the suite measures both and keeps the faster; ``--pipeline units`` is not Keras' API but
+cerebro_db's own unit code (``cerebro_db.training``: ``initial_state``, ``train_unit`` and
+``evaluate`` on the arrays, one model cache) in this one process, without a database: a
+fit over p workers against it shows what the parallelism itself gives; with
 ``--shard I/P`` only rows I, I+P, ... of the
 training and validation arrays (p such processes side by side: the limit of data-parallel
 work on this machine). ``averaging``: MADlib's single-model training
@@ -89,6 +92,9 @@ def sequential(path: str, threads: int, shard: str | None = None,
     import keras  # noqa: F401 - imported before the clock starts, like a warm process
 
     t0 = time.perf_counter()
+    if pipeline == "units":
+        return {**units_in_one_process(meta, x, y, vx, vy, t0), "threads": threads,
+                "pipeline": pipeline, "rows": len(x), "shard": shard}
     if pipeline == "dataset":
         train, train_eval, valid_eval = pipelines(x, y, vx, vy)
     runs = []
@@ -115,6 +121,34 @@ def sequential(path: str, threads: int, shard: str | None = None,
         runs.append({"curve": curve, "train_s": train_s, "eval_s": eval_s})
     return {"makespan": time.perf_counter() - t0, "threads": threads, "pipeline": pipeline,
             "configs": runs, "rows": len(x), "shard": shard}
+
+
+def units_in_one_process(meta: dict, x, y, vx, vy, t0: float) -> dict:
+    """Every configuration one after another through cerebro_db's unit code, each epoch a
+    training unit over all rows, then the evaluation of the training and validation rows
+    (a fit's work, one partition, no database)."""
+    from cerebro_db import training
+
+    xs, vxs = training.aligned_empty(x.shape), training.aligned_empty(vx.shape)
+    xs[:], vxs[:] = x, vx  # the worker's reader fills such arrays (shared with the tensors)
+    cache = training.ModelCache(max_models=8)
+    runs = []
+    for i, cfg in enumerate(meta["configs"]):
+        arch, cp, fp = cfg["arch_json"], cfg["compile_params"], cfg["fit_params"]
+        state = training.initial_state(arch, cp, seed=1 + i)
+        bs = training.eval_batch_size(cache.get(arch, cp).model, cfg["batch_size"])
+        curve, train_s, eval_s = [], 0.0, 0.0
+        for epoch in range(meta["epochs"]):
+            t = time.perf_counter()
+            state, _ = training.train_unit(cache, arch, cp, fp, state, xs, y, seed=epoch)
+            t2 = time.perf_counter()
+            training.evaluate(cache, arch, cp, state, xs, y, batch_size=bs)
+            r = training.evaluate(cache, arch, cp, state, vxs, vy, batch_size=bs)
+            eval_s += time.perf_counter() - t2
+            train_s += t2 - t
+            curve.append(float(r.metrics["accuracy"]))
+        runs.append({"curve": curve, "train_s": train_s, "eval_s": eval_s})
+    return {"makespan": time.perf_counter() - t0, "configs": runs}
 
 
 def averaging(path: str, index: int, epochs: int, p: int) -> dict:
@@ -162,7 +196,7 @@ def main() -> None:
     ap.add_argument("--config", type=int, default=0)
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--partitions", type=int, default=2)
-    ap.add_argument("--pipeline", choices=["numpy", "dataset"], default="numpy")
+    ap.add_argument("--pipeline", choices=["numpy", "dataset", "units"], default="numpy")
     ap.add_argument("--shard", default=None, help="I/P: train on rows I, I+P, ... only")
     a = ap.parse_args()
     out = (sequential(a.data, a.threads, a.shard, a.pipeline) if a.mode == "sequential"

@@ -28,6 +28,7 @@ NAMES = {
     "ray": "Ray Tune (2 trials)",
     "mop_warm": "cerebro_db (mop, second fit of the session)",
     "keras_split": "p Keras processes on 1/p of the rows each",
+    "units_one_process": "cerebro_db's units in one process (no database)",
 }
 DB = ("mop", "ring", "ring_reset", "mop_warm")
 MB = 2**20
@@ -37,6 +38,11 @@ def median_run(runs: list[dict]) -> dict:
     """The run with the median makespan (the lower middle one for an even count)."""
     s = sorted(runs, key=lambda r: r["makespan"])
     return s[(len(s) - 1) // 2]
+
+
+def quotient(a: float, b: float) -> str:
+    """a / b to two decimals, n/a where either is missing."""
+    return "n/a" if math.isnan(a / b) else f"{a / b:.2f}"
 
 
 def med(runs: list[dict], key: str = "makespan") -> float:
@@ -374,17 +380,29 @@ def main(path: Path | str = ROOT / "bench" / "results" / "results.json") -> None
              "its own memory, what a fit costs). First unit: seconds from the call to the "
              "first unit's start (the workers have imported TensorFlow by then), for a cold "
              "fit and for a second fit of the same session."), "",
-            ("| workload | cerebro_db (s) | sequential (s) | limit (s) | cerebro_db / sequential "
-             "| cerebro_db / limit | coordinator peak RSS, first fit / all fits / private (MiB) "
-             "| first unit, cold / second "
-             "fit (s) |"),
-            "|---|---:|---:|---:|---:|---:|---:|---:|"]
+            ("cerebro_db's second fit: the same fit again in the same session (its workers "
+             "stay open). Our units in one process: cerebro_db's own unit code "
+             "(`cerebro_db.training`) running every configuration one after another on all "
+             "rows in one process, without a database (`keras_runner.py --pipeline units`, "
+             "sequential's thread count): a fit / that is what the parallelism over p "
+             "workers gives, per-step speed aside (ideal 1/p); it is faster than Keras' "
+             "own fit and evaluate, which the targets compare against."), "",
+            ("| workload | cerebro_db cold fit (s) | second fit (s) | sequential Keras (s) "
+             "| limit (s) | our units, one process (s) | cold / sequential "
+             "| second / sequential | limit / sequential | cold / limit "
+             "| second / our units in one process "
+             "| coordinator peak RSS, first fit / all fits / private (MiB) "
+             "| first unit, cold / second fit (s) |"),
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, w in wl.items():
         runs = w["runs"]
         if "mop" not in runs or "keras_split" not in runs:
             continue
         db, seq = med(runs["mop"]), med(runs["sequential"]) if "sequential" in runs else \
             float("nan")
+        second = med(runs["mop_warm"]) if runs.get("mop_warm") else float("nan")
+        units = med(runs["units_one_process"]) if runs.get("units_one_process") \
+            else float("nan")
         lim = med(runs["keras_split"])
         coord, coord_private = (
             max((v for r in runs["mop"] + runs.get("mop_warm", [])
@@ -399,8 +417,10 @@ def main(path: Path | str = ROOT / "bench" / "results" / "results.json") -> None
         warm = (statistics.median(r.get("first_unit_s", float("nan"))
                                   for r in runs["mop_warm"]) if "mop_warm" in runs
                 else float("nan"))
-        real.append(f"| {name} | {fmt(db)} | {fmt(seq)} | {fmt(lim)} | {db / seq:.2f} | "
-                    f"{db / lim:.2f} | {fmt(coord_first, 0)} / {fmt(coord, 0)} / {fmt(coord_private, 0)} | "
+        real.append(f"| {name} | {fmt(db)} | {fmt(second)} | {fmt(seq)} | {fmt(lim)} | "
+                    f"{fmt(units)} | {quotient(db, seq)} | {quotient(second, seq)} | "
+                    f"{quotient(lim, seq)} | {quotient(db, lim)} | {quotient(second, units)} | "
+                    f"{fmt(coord_first, 0)} / {fmt(coord, 0)} / {fmt(coord_private, 0)} | "
                     f"{fmt(cold, 2)} / {fmt(warm, 2)} |")
     if len(real) > 5:
         L += [*real, ""]

@@ -474,6 +474,14 @@ def run_workload(conn, w: Workload, work: Path, skip: set[str], baseline: dict[s
                                  "curves": [c["curve"] for c in outs[0]["configs"]]})
             elif system == "sequential":
                 runs = sequential_runs(w, data, baseline, res)
+            elif system == "units_one_process":
+                runs = []
+                for _ in range(w.repeats):
+                    out, mem = run_sub(["bench/keras_runner.py", "sequential", str(data),
+                                        "--threads", str(baseline.get("chosen", (1, ""))[0]),
+                                        "--pipeline", "units"])
+                    runs.append({**out, "memory": mem,
+                                 "curves": [c["curve"] for c in out["configs"]]})
             elif system == "ray":
                 runs = []
                 for _ in range(w.repeats):

@@ -272,7 +272,7 @@ def cnn4(classes: int) -> list[dict[str, Any]]:
     return [config("cnn", cnn(classes), lr, bs) for lr in (0.001, 0.003) for bs in (64, 128)]
 
 
-REALISTIC = ("mop", "mop_warm", "ring", "sequential", "keras_split")
+REALISTIC = ("mop", "mop_warm", "ring", "sequential", "keras_split", "units_one_process")
 """Systems of the realistic workloads: mop_warm is a second fit in the same session (worker
 sessions kept from the first); keras_split is p concurrent Keras processes, each training
 every configuration on 1/p of the rows (the machine's limit for data-parallel work)."""
