@@ -66,7 +66,7 @@ def test_cancel_from_the_cli_then_resume(data, url):  # noqa: F811
     before = q(conn, "SELECT coalesce(max(fit_id), 0) FROM cerebro_db.fits")[0][0]
     t, errors = start(lambda: client.call(
         "madlib_keras_fit_multiple_model", source_table="kp", model_output_table="kout",
-        model_selection_table="jmst", num_iterations=6, random_state=3))
+        model_selection_table="jmst", num_iterations=30, random_state=3))
     fid = first_units(conn, before)
     r = cli(url, "cancel", str(fid))
     assert r.returncode == 0 and "cancel requested" in r.stdout, r.stderr
@@ -93,7 +93,7 @@ def test_a_cancelled_job_fit_fails_the_run_without_retry(data, url):  # noqa: F8
     client.schedule_model_selection(
         "cancelme", None, source_table="jsrc", packed_table="jcp", dependent_varname="y",
         independent_varname="x", model_output_table="jcout", model_selection_table="jmst",
-        fit_options={"num_iterations": 6}, preprocess_options={"num_partitions": 2},
+        fit_options={"num_iterations": 30}, preprocess_options={"num_partitions": 2},
         retries=2, retry_delay="0 seconds")
     before = q(conn, "SELECT coalesce(max(fit_id), 0) FROM cerebro_db.fits")[0][0]
     t, errors = start(lambda: client.run_job("cancelme"))
