@@ -1280,12 +1280,19 @@ def _seed_keras(seed: int) -> None:
     ``model_arch`` holds only Keras' built-in layers (:mod:`cerebro_db.keras_arch`), whose
     initializers draw from Keras' seed generator with stateless ops (the initial weights
     equal ``set_random_seed``'s, tested)."""
-    from keras.src.backend.common import global_state
-    from keras.src.random import seed_generator
-    from keras.src.utils import rng_utils
+    try:
+        from keras.src.backend.common import global_state
+        from keras.src.random import seed_generator
+        from keras.src.utils import rng_utils
 
-    global_state.set_global_attribute(rng_utils.GLOBAL_RANDOM_SEED, seed)
-    global_state.set_global_attribute(seed_generator.GLOBAL_SEED_GENERATOR, None)
+        names = (rng_utils.GLOBAL_RANDOM_SEED, seed_generator.GLOBAL_SEED_GENERATOR)
+    except (ImportError, AttributeError):  # pragma: no cover - a Keras that moved them
+        import keras
+
+        keras.utils.set_random_seed(seed)  # the same seeds, TensorFlow's too
+        return
+    global_state.set_global_attribute(names[0], seed)
+    global_state.set_global_attribute(names[1], None)
     random.seed(seed)
     np.random.seed(seed)
 
