@@ -1276,10 +1276,11 @@ def _seed_keras(seed: int) -> None:
     Measured on one process running all 8 initial states of the 20,000-row Fashion-MNIST
     fit with a worker's share of its units (8 MLPs, 3 epochs, training and validation
     evaluation, Keras' fit path): 5.8 s -> 4.7 s in a plain process, 5.3 s -> 4.8 s in a
-    backend, the same final states bitwise; in a fit each worker builds about half of them. Nothing the initial weights depend on reads TensorFlow's seed: a
-    ``model_arch`` holds only Keras' built-in layers (:mod:`cerebro_db.keras_arch`), whose
-    initializers draw from Keras' seed generator with stateless ops (the initial weights
-    equal ``set_random_seed``'s, tested)."""
+    backend, the same final states bitwise; in a fit each worker builds about half of them.
+    Nothing the initial weights depend on reads TensorFlow's seed: a ``model_arch`` holds
+    only Keras' built-in layers (:mod:`cerebro_db.keras_arch`), whose initializers draw
+    from Keras' seed generator with stateless ops (the initial weights equal
+    ``set_random_seed``'s, tested)."""
     try:
         from keras.src.backend.common import global_state
         from keras.src.random import seed_generator
@@ -1325,8 +1326,8 @@ def initial_state(
     """The state a configuration starts from, reproducible from ``seed``.
 
     The model is built after seeding Keras as ``keras.utils.set_random_seed(seed)`` does,
-    except TensorFlow's global seed (:func:`_seed_keras`), so the same seed gives the same initial
-    weights; ``init_weights`` (MADlib flat float32 bytes, e.g. an architecture
+    except TensorFlow's global seed (:func:`_seed_keras`), so the same seed gives the same
+    initial weights; ``init_weights`` (MADlib flat float32 bytes, e.g. an architecture
     table's ``model_weights`` for transfer learning) override them. The optimizer is built on
     the model's trainable variables so its variables (iteration 0, the learning rate, zeroed
     slots) are in the state from the start. Counters are zero; ``info`` records the seed and
