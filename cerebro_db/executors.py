@@ -81,7 +81,7 @@ POOL_APPLICATION = "cerebro_db_pool"
 WOKEN_POLL_FOR = 0.05
 """Seconds the coordinator polls fast after a worker's poke (:mod:`cerebro_db.wakeup`): the
 unit is done and its session commits (a model state's WAL flush, a few milliseconds)."""
-WOKEN_POLL_INTERVAL = 0.0005
+WOKEN_POLL_INTERVAL = 0.0002
 """Seconds between two polls in that time."""
 WAKER_NAP = 0.1
 """Seconds the coordinator sleeps between two polls while the workers' pokes arrive: a

@@ -1387,6 +1387,7 @@ def evaluate(
     x: Data,
     y: np.ndarray | None,
     batch_size: int = 32,
+    weights_loaded: bool = False,
 ) -> EvalResult:
     """Loss and compiled metrics of the state's weights over all rows of ``(x, y)``.
 
@@ -1402,14 +1403,18 @@ def evaluate(
     metric kind); a source with ``load_rows`` is evaluated part by part while each buffer
     is read (:func:`_eval_overlapped`, bitwise the same values). Arrays are kept as a
     tensor for later calls (:func:`_features`, shared with training); a buffer's tensor is
-    dropped after it. Raises :class:`CerebroError`.
+    dropped after it. ``weights_loaded``: the cached model already holds this state's
+    weights (the caller's previous ``evaluate`` of the same state, with nothing run on the
+    model since: an evaluation unit's second kind), so they are not decoded and assigned
+    again. Raises :class:`CerebroError`.
     """
     cp = _compile_params(compile_params)
     entry = cache.get(arch_json, cp)
     if isinstance(x, MultiData):
-        return _evaluate_multi(cache, entry, x, state_bytes, batch_size)
+        return _evaluate_multi(cache, entry, x, state_bytes, batch_size, weights_loaded)
     try:
-        _load_any(entry, state_bytes)
+        if not weights_loaded:
+            _load_any(entry, state_bytes)
         entry.model.reset_metrics()
         if isinstance(x, BufferSource):
             rows = 0
@@ -1727,9 +1732,11 @@ def _fit_multi(entry: CachedModel, fp: FitParams, data: MultiData, seed: int
 
 
 def _evaluate_multi(cache: ModelCache, entry: CachedModel, data: MultiData,
-                    state_bytes: BytesLike, batch_size: int) -> EvalResult:
+                    state_bytes: BytesLike, batch_size: int,
+                    weights_loaded: bool = False) -> EvalResult:
     try:
-        _load_any(entry, state_bytes)
+        if not weights_loaded:
+            _load_any(entry, state_bytes)
         if data.total_rows == 0:
             return EvalResult(float("nan"), {}, 0)
         xs, ys = _multi_xy(entry.model, data)

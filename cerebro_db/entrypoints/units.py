@@ -7,6 +7,19 @@ from typing import Any
 from ..catalog import Catalog
 
 
+_catalogs: dict[str, Catalog] = {}
+"""A worker session's :class:`Catalog` per extension schema, kept between its units so the
+statements it prepared (fit and configuration rows, states, the unit log) are planned once
+per session, not once per unit."""
+
+
+def _catalog(plpy: Any, schema: str) -> Catalog:
+    cat = _catalogs.get(schema)
+    if cat is None:
+        cat = _catalogs[schema] = Catalog(plpy, schema)
+    return cat
+
+
 def run_unit(plpy: Any, schema: str, *, fit_id: int, mst_key: int, epoch: int, partition: int,
              worker: int, kind: str, options: str) -> str:
     """Run one unit; the JSON result says ok or carries the error (never raises). When
@@ -17,7 +30,7 @@ def run_unit(plpy: Any, schema: str, *, fit_id: int, mst_key: int, epoch: int, p
 
     w.dedicated_session()
     opts = json.loads(options or "{}")
-    res = w.run_unit(Catalog(plpy, schema), fit_id, mst_key, epoch, partition, worker, kind,
+    res = w.run_unit(_catalog(plpy, schema), fit_id, mst_key, epoch, partition, worker, kind,
                      opts)
     out = json.dumps(res)
     poke(opts.get("wake"))  # the unit is done: the coordinator may stop sleeping

@@ -444,6 +444,22 @@ def test_evaluate_matches_keras_on_concatenated_data(cache):
                                                                                rel=1e-6)
 
 
+def test_a_second_evaluation_of_the_same_state_skips_loading_its_weights(cache):
+    """An evaluation unit's second kind (``weights_loaded``) gives what a fresh evaluation
+    gives, and uses the weights already in the model (it neither decodes nor assigns the
+    state it is passed again)."""
+    x, y = blobs(90, 60)
+    xv, yv = blobs(40, 61)
+    a, _ = T.train_unit(cache, ARCH, CP, FP, T.initial_state(ARCH, CP, 4), x, y, 2)
+    b, _ = T.train_unit(cache, ARCH, CP, FP, a, x, y, 3)
+    fresh = T.evaluate(cache, ARCH, CP, a, xv, yv, batch_size=16)
+    T.evaluate(cache, ARCH, CP, a, x, y, batch_size=16)
+    assert T.evaluate(cache, ARCH, CP, a, xv, yv, batch_size=16, weights_loaded=True) == fresh
+    # the flag is trusted: the model still holds ``a``'s weights, whatever state is passed
+    assert T.evaluate(cache, ARCH, CP, b, xv, yv, batch_size=16, weights_loaded=True) == fresh
+    assert T.evaluate(cache, ARCH, CP, b, xv, yv, batch_size=16) != fresh
+
+
 def test_predict_batched_from_state_or_flat_weights(cache):
     x, y = blobs(50, 6)
     state, _ = T.train_unit(cache, ARCH, CP, FP, T.initial_state(ARCH, CP, 4), x, y, 3)
