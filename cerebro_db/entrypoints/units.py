@@ -6,7 +6,6 @@ from typing import Any
 
 from ..catalog import Catalog
 
-
 _catalogs: dict[str, Catalog] = {}
 """A worker session's :class:`Catalog` per extension schema, kept between its units so the
 statements it prepared (fit and configuration rows, states, the unit log) are planned once
