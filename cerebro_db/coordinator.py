@@ -24,6 +24,7 @@ a removal). The policy sees the change from the next assignment on.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Sequence
@@ -35,6 +36,11 @@ from .scheduling import TRAIN, Assignment, Policy, Progress, RunningUnit, cover
 
 
 class Executor(Protocol):
+    """Runs units on workers. An executor that can also take a busy worker's next unit
+    while its current one runs (pipelined dispatch) has ``can_queue(worker)`` and
+    ``queue(a, options) -> bool``; :func:`run_fit` then queues one unit ahead per worker
+    (and tells it so first through its ``pipeline(on)``, where it has one)."""
+
     def submit(self, a: Assignment, options: dict[str, Any]) -> None: ...
     def wait(self, timeout: float | None = None) -> list[tuple[int, bool, dict[str, Any]]]:
         ...
@@ -121,6 +127,24 @@ def run_fit(policy: Policy, progress: Progress, executor: Executor, *,
     attempts: dict[tuple[int, int, int, str], int] = {}
     retried = 0
     elastic = _Elastic(progress, pool, notice)
+    # pipelined dispatch: each busy worker gets its next unit while its current one runs
+    # (not under AutoML, whose decisions need every result first)
+    ahead = hooks is None and policy.lookahead and callable(getattr(executor, "queue", None))
+    pipeline = getattr(executor, "pipeline", None)
+    if callable(pipeline):
+        pipeline(ahead)
+
+    def options(a: Assignment, prog: Progress) -> dict[str, Any]:
+        opts: dict[str, Any] = {"reset_optimizer": a.reset_optimizer,
+                                "attempt": attempts.get(_key(a), 0)}
+        if a.kind == TRAIN:
+            last = len(prog.visited[a.config]) == num_partitions - 1
+            opts["completes_epoch"] = last
+            opts["snapshot"] = last and snapshot_epochs(a.config, a.epoch)
+        else:
+            opts["eval_kinds"] = list(eval_kinds)
+        return opts
+
     while True:
         elastic.rescale()
         if hooks is not None:
@@ -131,15 +155,10 @@ def run_fit(policy: Policy, progress: Progress, executor: Executor, *,
         snap = progress.snapshot(clock() - start)
         for a in policy.assign(snap):
             progress.start(a)
-            opts: dict[str, Any] = {"reset_optimizer": a.reset_optimizer,
-                                    "attempt": attempts.get(_key(a), 0)}
-            if a.kind == TRAIN:
-                last = len(progress.visited[a.config]) == num_partitions - 1
-                opts["completes_epoch"] = last
-                opts["snapshot"] = last and snapshot_epochs(a.config, a.epoch)
-            else:
-                opts["eval_kinds"] = list(eval_kinds)
-            executor.submit(a, opts)
+            executor.submit(a, options(a, progress))
+        if ahead:
+            _queue_ahead(policy, progress, executor, options, elastic.retiring,
+                         clock() - start)
         if not progress.running:
             if hooks is not None:
                 hooks.stalled()
@@ -183,7 +202,7 @@ def run_fit(policy: Policy, progress: Progress, executor: Executor, *,
             progress.finish(worker, True)
             if unit.kind == TRAIN:
                 progress.observe(unit.config, data.get("seconds"), unit.epoch)
-            if worker in elastic.retiring:
+            if worker in elastic.retiring and worker not in progress.running:
                 elastic.leave(worker, "removed")
             r = results.setdefault(unit.config, ConfigResult())
             if unit.kind == TRAIN:
@@ -212,6 +231,27 @@ def run_fit(policy: Policy, progress: Progress, executor: Executor, *,
                     if hooks is not None:
                         hooks.on_evaluated(unit.config, unit.epoch, r, clock() - start)
     return FitOutcome(results, clock() - start, done_units, retried)
+
+
+def _queue_ahead(policy: Policy, progress: Progress, executor: Any,
+                 options: Callable[[Assignment, Progress], dict[str, Any]],
+                 retiring: set[int], now: float) -> None:
+    """Queue the next unit of every busy worker that has none queued (and is not leaving):
+    what the policy would give it if its unit in flight ended now, decided on
+    :meth:`Progress.ahead`. A worker the policy has nothing for now gets its next unit the
+    usual way once it is idle."""
+    for w in sorted(progress.running):
+        if w in progress.queued or w in retiring or not executor.can_queue(w):
+            continue
+        ahead = progress.ahead(w)
+        snap = dataclasses.replace(ahead.snapshot(now), idle_workers=(w,))
+        picks = [a for a in policy.assign(snap) if a.worker == w]
+        if not picks:
+            continue
+        a = picks[0]
+        ahead.check(a)
+        if executor.queue(a, options(a, ahead)):
+            progress.queue(a, ahead)
 
 
 class _Elastic:

@@ -29,6 +29,19 @@ transaction holds a lock on it) is a deadlock the server cannot see, because the
 waits for its workers through dblink; the fit fails at once with SQLSTATE 40P01 naming the
 blocking session.
 
+Pipelined dispatch. With ``pipeline_depth`` > 1 (``cerebro_db.pipeline_depth``) a unit
+travels as a chain: its ``__run_unit`` statement and then ``pipeline_depth - 1`` slots
+(``__run_slot``), each statement committed on its own (a ``COMMIT`` after each: a
+statement's answer comes back before its commit, and a unit counts as done only when its
+``COMMIT``'s status has come back too). While a worker's unit runs, the coordinator posts
+its next unit in the next slot (:meth:`DblinkExecutor.queue_unit`, a row of
+``unit_postings`` written by the control session), and the worker starts it as soon as its
+unit has committed, without waiting for the coordinator to notice the end, decide and send
+a statement. A slot with nothing posted waits for a posting (:meth:`submit_unit` posts
+there when the worker is idle) until the coordinator posts 'stop' (at the end of the fit)
+or, after ``entrypoints.units.SLOT_WAIT``, abandons it; the rest of the chain then answers
+at once and the next unit goes as a new statement.
+
 Elasticity. Workers can be added (:meth:`DblinkExecutor.add`, a new session) and retired
 (:meth:`DblinkExecutor.retire`, its session closed) while the fit runs.
 
@@ -213,6 +226,14 @@ class DblinkExecutor:
         self._unpoked = 0  # units collected in a row without a poke before them
         self._will_poke: set[int] = set()  # busy workers whose statement pokes as it ends
         self._woken = float("-inf")
+        self.pipeline_depth = 1  # statements per chain (1: one unit per statement)
+        self.chained = False  # whether units go as chains (the coordinator queues ahead)
+        self._slot: dict[int, int] = {}  # worker -> the chain's slot it runs or waits on
+        self._last: dict[int, int] = {}  # worker -> its chain's last slot
+        self._posted: dict[int, tuple[int, tuple[Any, str] | None]] = {}  # next slot's unit
+        self._waiting: set[int] = set()  # workers whose chain waits on a slot: no unit runs
+        self._seqs: dict[int, int] = {}  # worker -> the next slot number to use
+        self._fit: dict[int, int] = {}  # worker -> the fit of its chain
 
     def name(self, worker: int | str) -> str:
         return self._conn.get(worker) or f"cerebro_{self.tag}_{worker}"
@@ -262,6 +283,9 @@ class DblinkExecutor:
 
     def retire(self, worker: int) -> None:
         """Close an idle worker's session; it gets no more units."""
+        if worker in self._waiting:
+            self._post(worker, self._slot[worker], self._fit[worker], "stop", None)
+            self._drain(worker)
         if worker in self.busy:
             raise CerebroError(f"worker {worker} is busy", INTERNAL_ERROR)
         self._send_failed.pop(worker, None)
@@ -354,6 +378,7 @@ class DblinkExecutor:
     def reopen(self, worker: int) -> bool:
         """Give ``worker`` a fresh session (after its old one was lost); False if that fails."""
         self.busy.pop(worker, None)
+        self._end_chain(worker)
         self._unexpect(worker)
         self._send_failed.pop(worker, None)
         self._drop(worker)
@@ -437,13 +462,112 @@ class DblinkExecutor:
         ``__run_unit`` statement on the worker's session; executors that run units
         elsewhere override this method (and keep the control session). ``key``: as in
         :meth:`submit`."""
-        if self._waker is not None:
-            options = {**options, "wake": self._waker.name}
-        self.submit(worker, sql.run_unit(self.cat, fit_id, mst_key, epoch, partition, worker,
-                                         kind, options), key=key)
+        unit = {"mst_key": int(mst_key), "epoch": int(epoch), "partition": int(partition),
+                "kind": kind, "options": options}
+        if worker in self._waiting:  # its chain waits on a slot: post the unit there
+            if self._post(worker, self._slot[worker], fit_id, "unit", unit):
+                self._waiting.discard(worker)
+                self._started(worker, key)
+                return
+            self._drain(worker)  # it abandoned the slot first: its chain has ended
+        wake = self._waker.name if self._waker is not None else None
+        chain = self.chained and self.pipeline_depth > 1
+        # in a chain, the first slot pokes for this unit once it has committed
+        statement = sql.run_unit(self.cat, fit_id, mst_key, epoch, partition, worker, kind,
+                                 {**options, "wake": wake} if wake and not chain else options)
+        if chain:
+            first = self._seqs.get(worker, 0)
+            seqs = range(first + 1, first + self.pipeline_depth)
+            self._seqs[worker] = seqs[-1] + 1
+            statement = sql.run_chain(self.cat, statement, self.tag, fit_id, worker, seqs,
+                                      wake)
+            self._slot[worker], self._last[worker] = first, seqs[-1]
+            self._fit[worker] = fit_id
+        self.submit(worker, statement, key=key)
         if self._waker is not None:
             self._will_poke.add(worker)
             self._credits += 1
+
+    def can_queue(self, worker: int) -> bool:
+        """Whether ``worker`` runs a unit of a chain with a slot left and nothing posted in
+        it yet (see the module: pipelined dispatch)."""
+        return (worker in self.busy and worker in self._last and worker not in self._waiting
+                and worker not in self._posted and worker not in self._send_failed
+                and self._slot[worker] < self._last[worker])
+
+    def queue_unit(self, worker: int, fit_id: int, mst_key: int, epoch: int, partition: int,
+                   kind: str, options: dict[str, Any], key: tuple[Any, str] | None = None
+                   ) -> bool:
+        """Post ``worker``'s next unit in its chain's next slot: it starts as soon as the
+        worker's unit in flight has committed. False (nothing posted) when it cannot."""
+        if not self.can_queue(worker):
+            return False
+        seq = self._slot[worker] + 1
+        unit = {"mst_key": int(mst_key), "epoch": int(epoch), "partition": int(partition),
+                "kind": kind, "options": options}
+        if not self._post(worker, seq, fit_id, "unit", unit):
+            return False
+        self._posted[worker] = (seq, key)
+        if self._waker is not None:
+            self._credits += 1
+        return True
+
+    def _post(self, worker: int, seq: int, fit_id: int, kind: str,
+              unit: dict[str, Any] | None) -> bool:
+        """Post ``kind`` in ``worker``'s slot ``seq`` (control session); False when the
+        worker abandoned the slot first."""
+        if self.control_query(sql.post_unit(self.cat, self.tag, fit_id, worker, seq, kind,
+                                            unit)):
+            return True
+        # a lost control session's retry finds the first try's row: ours if it is our kind
+        rows = self.control_query(sql.slot_kind(self.cat, self.tag, fit_id, worker, seq))
+        return bool(rows) and rows[0][0] == kind
+
+    def _started(self, worker: int, key: tuple[Any, str] | None) -> None:
+        """A unit of ``worker``'s chain started (as far as the coordinator can tell: now)."""
+        self.busy[worker] = time.monotonic()
+        self.limits[worker] = self._limit(key)
+        if key is not None:
+            self._keys[worker] = key
+        if self._waker is not None:
+            self._will_poke.add(worker)
+            self._credits += 1
+
+    def _end_chain(self, worker: int) -> None:
+        for d in (self._slot, self._last, self._posted, self._fit):
+            d.pop(worker, None)
+        self._waiting.discard(worker)
+
+    def _drain(self, worker: int, wait: float = 30.0) -> None:
+        """Read ``worker``'s statement to its end (a chain that ended: the rest of its
+        slots answer at once); the session is then free."""
+        name, end = self.name(worker), time.monotonic() + wait
+        try:
+            while True:
+                while self.cat.dblink_is_busy(name):
+                    if time.monotonic() > end:
+                        raise CerebroError(f"worker {worker}'s statement did not end",
+                                           INTERNAL_ERROR)
+                    time.sleep(0.0002)
+                if self.cat.dblink_next(name) is None:
+                    break
+        except Exception as e:  # noqa: BLE001 - a broken session: its next unit finds out
+            reraise_cancel(e)
+            self._drop(worker)
+        self.busy.pop(worker, None)
+        self.limits.pop(worker, None)
+        self._keys.pop(worker, None)
+        self._end_chain(worker)
+        self._unexpect(worker)
+
+    def stop_chains(self) -> None:
+        """End every chain that waits on a slot (post 'stop' there, read it to its end)."""
+        for w in sorted(self._waiting):
+            try:
+                self._post(w, self._slot[w], self._fit[w], "stop", None)
+            except Exception as e:  # noqa: BLE001 - the drain below ends it or drops it
+                reraise_cancel(e)
+            self._drain(w)
 
     def submit_check(self, worker: int, spec: dict[str, Any]) -> None:
         """Send the fit's checks (``__check_fit``; the answer is JSON like a unit's);
@@ -476,8 +600,9 @@ class DblinkExecutor:
             if self._send_failed:
                 return [self._lost(w, self._send_failed.pop(w)) for w in list(self._send_failed)]
             done = [w for w in list(self.busy) if not self._is_busy(w)]
-            if done:
-                return [self._collect(w) for w in done]
+            got = [r for w in done if (r := self._collect(w)) is not None]
+            if got:
+                return got
             now = time.monotonic()
             late = [w for w, t in self.busy.items()
                     if (limit := self.limits.get(w)) is not None and now - t > limit]
@@ -583,6 +708,7 @@ class DblinkExecutor:
 
     def _lost(self, worker: int, message: str, pid: int | None = None) -> WorkerResult:
         self.busy.pop(worker, None)
+        self._end_chain(worker)
         self._unexpect(worker)
         self._keys.pop(worker, None)
         return WorkerResult(worker, False, {"lost": True, "message": message,
@@ -601,7 +727,10 @@ class DblinkExecutor:
             why = f"unit exceeded cerebro_db.unit_timeout ({limit:g} s)"
         return self._lost(worker, f"{why}; its session (pid {pid}) was terminated", pid)
 
-    def _collect(self, worker: int) -> WorkerResult:
+    def _collect(self, worker: int) -> WorkerResult | None:
+        """The answer of ``worker``'s unit (None: its chain answered without a unit)."""
+        if worker in self._last:
+            return self._collect_slot(worker)
         try:
             ok, text, err = self.cat.dblink_result(self.name(worker))
         except Exception as e:  # noqa: BLE001
@@ -609,6 +738,83 @@ class DblinkExecutor:
             ok, text, err = False, None, getattr(e, "message", None) or str(e)
         if not ok or text is None:
             return self._lost(worker, (err or "worker session failed").strip())
+        return self._answer(worker, text, free=True)
+
+    def _collect_slot(self, worker: int) -> WorkerResult | None:
+        """One answer of ``worker``'s chain, once its ``COMMIT`` is through; the worker
+        then goes on to its posted unit, waits on its next slot, or its chain has ended."""
+        name = self.name(worker)
+        try:
+            text = self._next_ready(name)
+            while text is not None and not text.startswith("{"):  # BEGIN, a chain's pad
+                text = self._next_ready(name)
+            status = None if text is None else self._next_ready(name)
+        except Exception as e:  # noqa: BLE001
+            reraise_cancel(e)
+            text, status = None, None
+            err = getattr(e, "message", None) or str(e)
+        else:
+            err = None if text is None else f"the unit's commit failed: {status}"
+        if text is None or status != sql.COMMIT_STATUS:
+            if err is None:
+                err = self._error(name)
+            if worker in self._waiting:  # no unit ran: its next unit finds the session broken
+                self._end_chain(worker)
+                self.busy.pop(worker, None)
+                self._unexpect(worker)
+                return None
+            return self._lost(worker, (err or "worker session failed").strip())
+        data = json.loads(text)
+        if data.get("idle") or data.get("skip"):
+            self._drain(worker)  # the chain ended here (stopped or abandoned)
+            return None
+        slot = self._slot[worker]
+        if slot >= self._last[worker]:
+            posted = None
+            while self._next_ready(name) is not None:  # the last pad; the statement's end
+                pass
+        else:
+            self._slot[worker] = slot + 1
+            posted = self._posted.pop(worker, None)
+        res = self._answer(worker, text, free=slot >= self._last[worker])
+        if not res.ok and slot < self._last[worker]:
+            # the unit failed: the session must not go on to a unit posted after it (the
+            # coordinator retries the unit or fails the fit)
+            self.terminate(worker)
+            self._drop(worker)
+            self.busy.pop(worker, None)
+            self._end_chain(worker)
+            self._unexpect(worker)
+            return res
+        if slot >= self._last[worker]:
+            self._end_chain(worker)
+        elif posted is not None:
+            self._started(worker, posted[1])
+        else:
+            self._waiting.add(worker)
+            self.busy[worker] = time.monotonic()
+            self.limits[worker] = None  # a worker waiting for its next unit is not stalled
+            self._will_poke.add(worker)
+        return res
+
+    def _next_ready(self, name: str) -> str | None:
+        """The next result of a chain, once it has come (its statement's end)."""
+        while self.cat.dblink_is_busy(name):
+            if self._waker is not None:
+                self._poked(self._waker.wait(WOKEN_POLL_INTERVAL))  # others' pokes count
+            else:
+                time.sleep(WOKEN_POLL_INTERVAL)
+        return self.cat.dblink_next(name)
+
+    def _error(self, name: str) -> str | None:
+        try:
+            return self.cat.dblink_error(name)
+        except Exception as e:  # noqa: BLE001 - no connection left to ask
+            reraise_cancel(e)
+            return None
+
+    def _answer(self, worker: int, text: str, free: bool) -> WorkerResult:
+        """``worker``'s unit answered ``text``; ``free``: its session has no statement left."""
         seconds = time.monotonic() - self.busy.pop(worker)
         if worker in self._will_poke:
             if self._waker is not None:  # its poke came before its answer: count it first
@@ -618,7 +824,8 @@ class DblinkExecutor:
                 self._unpoked = 0
             else:
                 self._unpoked += 1
-            self._unexpect(worker)
+            if free:
+                self._unexpect(worker)
         key = self._keys.pop(worker, None)
         data = json.loads(text)
         if data.get("ok") and key is not None:
@@ -631,6 +838,16 @@ class DblinkExecutor:
         """Cancel what is running and close every session (safe to call twice); with
         ``keep`` (a fit that ended well) and ``keep_idle`` > 0 the idle worker sessions go
         to the pool instead, for the next fit of this calling session."""
+        if self._waiting:
+            try:
+                self.stop_chains()
+            except Exception:  # noqa: BLE001, S110 - closing anyway
+                pass
+        if self._seqs and "ctl" in self.pids:
+            try:
+                self.control(sql.clear_postings(self.cat, self.tag))
+            except Exception:  # noqa: BLE001, S110 - closing anyway (unlogged rows of ours)
+                pass
         if keep and self.keep_idle > 0 and self.may_keep():
             for w in self.workers:
                 if w not in self.busy and w not in self._send_failed \
@@ -645,6 +862,8 @@ class DblinkExecutor:
         self._will_poke.clear()
         self._credits = self._pokes = 0
         self._keys.clear()
+        for w in list(self._last):
+            self._end_chain(w)
         for name in self.opened:
             try:
                 self.cat.dblink_disconnect(name)

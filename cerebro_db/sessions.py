@@ -10,8 +10,10 @@ unset / ``'auto'``: a :class:`~cerebro_db.executors.StallRule` from
 ``cerebro_db.unit_timeout_floor``, ``_factor`` and ``_first``; ``0``: none),
 ``cerebro_db.replicas`` (default 1: with r > 1 worker w holds partitions w .. w+r-1 mod p,
 so a worker lost for good leaves the fit and the others serve its partitions),
-``cerebro_db.worker_conninfo``, ``cerebro_db.worker_idle_timeout`` and
-``cerebro_db.test_hook`` (tests; forwarded to the worker sessions).
+``cerebro_db.worker_conninfo``, ``cerebro_db.worker_idle_timeout``,
+``cerebro_db.pipeline_depth`` (default 32: units a worker session's statement chains, see
+:mod:`cerebro_db.executors`; 1: one unit per statement) and ``cerebro_db.test_hook``
+(tests; forwarded to the worker sessions).
 """
 from __future__ import annotations
 
@@ -35,6 +37,8 @@ TIMEOUT_FIRST_SETTING = "cerebro_db.unit_timeout_first"
 HOOK_SETTING = "cerebro_db.test_hook"
 REPLICAS_SETTING = "cerebro_db.replicas"
 IDLE_SETTING = "cerebro_db.worker_idle_timeout"
+PIPELINE_SETTING = "cerebro_db.pipeline_depth"
+DEFAULT_PIPELINE_DEPTH = 32
 DEFAULT_IDLE_TIMEOUT = 300.0
 DEFAULT_MAX_UNIT_RETRIES = 3
 """Rows of the DBA's table ``limits``; defaults: :func:`default_worker_limits`."""
@@ -64,7 +68,24 @@ def make_executor(cat: Catalog, num_workers: int) -> DblinkExecutor:
             DblinkExecutor(cat, tag, num_workers, conninfo(cat), unit_timeout=timeout)
     ex.refuse_reopen = refused_reopen(cat)
     ex.keep_idle = idle_timeout(cat)
+    if type(ex) is DblinkExecutor:  # remote workers take one unit per call
+        ex.pipeline_depth = pipeline_depth(cat)
     return ex
+
+
+def pipeline_depth(cat: Catalog) -> int:
+    """``cerebro_db.pipeline_depth``: units a worker session's statement may chain, each
+    posted while the one before runs (default 32; 1: one unit per statement, each sent
+    when the coordinator has seen the one before end)."""
+    raw = cat.setting(PIPELINE_SETTING)
+    try:
+        n = DEFAULT_PIPELINE_DEPTH if raw is None or not raw.strip() else int(raw)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= 1000:
+        raise invalid(f"{PIPELINE_SETTING} must be an integer from 1 to 1000 (1: no "
+                      f"pipelined dispatch), got {raw!r}")
+    return n
 
 
 def conninfo(cat: Catalog) -> str | None:
@@ -221,6 +242,19 @@ class UnitExecutor:
         kind = "train" if a.kind != EVAL else "eval"
         self.ex.submit_unit(a.worker, self.fit_id, a.config, a.epoch, a.partition, kind,
                             options, key=(a.config, kind))
+
+    def pipeline(self, on: bool) -> None:
+        """Whether the coordinator queues units ahead: units then go as chains."""
+        self.ex.chained = on
+
+    def can_queue(self, worker: int) -> bool:
+        return self.ex.can_queue(worker)
+
+    def queue(self, a: Assignment, options: dict[str, Any]) -> bool:
+        """Post ``a`` as its busy worker's next unit (pipelined dispatch)."""
+        kind = "train" if a.kind != EVAL else "eval"
+        return self.ex.queue_unit(a.worker, self.fit_id, a.config, a.epoch, a.partition,
+                                  kind, options, key=(a.config, kind))
 
     def wait(self, timeout: float | None = None) -> list[tuple[int, bool, dict[str, Any]]]:
         return [(r.worker, r.ok, r.data) for r in self.ex.wait(timeout)]

@@ -80,8 +80,9 @@ class SimulatedExecutor:
     :meth:`wait` (``RuntimeError`` past ``max_steps``).
     """
 
-    def __init__(self, *, max_steps: int, batch: bool = False) -> None:
-        self.max_steps, self.batch = max_steps, batch
+    def __init__(self, *, max_steps: int, batch: bool = False, pipeline: bool = False) -> None:
+        self.max_steps, self.batch, self.pipeline = max_steps, batch, pipeline
+        self._queued: dict[int, tuple[Assignment, dict[str, Any]]] = {}
         self.now = 0.0
         self.steps = 0
         self.log: list[UnitRecord] = []
@@ -122,6 +123,18 @@ class SimulatedExecutor:
         end = self.now + (secs if frac is None else max(0.0, min(1.0, float(frac))) * secs)
         self._running[a.worker] = (a, options, self.now, self._seq, frac is not None)
         self._push(end, _UNIT_END, a.worker)
+
+    def can_queue(self, worker: int) -> bool:
+        """With ``pipeline``: a busy worker takes one next unit, which starts as its unit in
+        flight ends well (dropped if that unit's session is lost), like worker sessions'
+        chains (:class:`cerebro_db.executors.DblinkExecutor`)."""
+        return self.pipeline and worker in self._running and worker not in self._queued
+
+    def queue(self, a: Assignment, options: dict[str, Any]) -> bool:
+        if not self.can_queue(a.worker):
+            raise RuntimeError(f"worker {a.worker} cannot queue {a}")
+        self._queued[a.worker] = (a, options)
+        return True
 
     def wait(self, timeout: float | None = None) -> list[tuple[int, bool, dict[str, Any]]]:
         self.steps += 1
@@ -168,9 +181,13 @@ class SimulatedExecutor:
         a, opts, start, _, _ = self._running.pop(worker)
         self.log.append(UnitRecord(a.config, a.epoch, a.partition, worker, a.kind, start,
                                    self.now, not lost))
+        nxt = self._queued.pop(worker, None)
         if lost:
             return worker, False, {"lost": True, "message": message}
-        return worker, True, self.result(a, opts, start, self.now)
+        out = worker, True, self.result(a, opts, start, self.now)
+        if nxt is not None:
+            self.submit(*nxt)
+        return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -276,8 +293,9 @@ class _Cluster(SimulatedExecutor):
     poll_interval = 0.0
 
     def __init__(self, progress: Progress, train_t: TimeFn, eval_t: TimeFn, fail_at: FailureFn,
-                 changes: Iterable[WorkerChange], max_steps: int) -> None:
-        super().__init__(max_steps=max_steps, batch=True)
+                 changes: Iterable[WorkerChange], max_steps: int, pipeline: bool = False
+                 ) -> None:
+        super().__init__(max_steps=max_steps, batch=True, pipeline=pipeline)
         self.progress = progress
         self.train_t, self.eval_t, self.fail_at = train_t, eval_t, fail_at
         self.ids = {w: w for w in progress.workers}  # a change's worker name -> worker id
@@ -379,6 +397,7 @@ class _Counted:
 
     def __init__(self, policy: Policy) -> None:
         self.policy, self.decisions = policy, 0
+        self.lookahead = policy.lookahead
 
     def assign(self, snapshot: Snapshot) -> list[Assignment]:
         self.decisions += 1
@@ -399,6 +418,7 @@ def simulate(
     workers: Mapping[int, Iterable[int]] | None = None,
     max_steps: int = 1_000_000,
     max_unit_retries: int = 1000,
+    pipeline: bool = False,
 ) -> SimulationResult:
     """Run ``policy`` through the coordinator's fit loop on a fake cluster; log every unit.
 
@@ -411,7 +431,9 @@ def simulate(
       the first attempt of those training units fail after that fraction of their time;
     - ``worker_changes``: :class:`WorkerChange` s;
     - ``workers``: worker -> partitions held (default: worker ``w`` holds partition ``w``);
-    - ``max_unit_retries``: the coordinator's limit of lost attempts per unit.
+    - ``max_unit_retries``: the coordinator's limit of lost attempts per unit;
+    - ``pipeline``: busy workers take their next unit ahead (pipelined dispatch), as worker
+      sessions do.
 
     Raises :class:`~cerebro_db.scheduling.SchedulingError` if the policy assigns something
     the invariants forbid, :class:`~cerebro_db.coordinator.WorkerFailed` past
@@ -429,7 +451,7 @@ def simulate(
     else:
         eval_t = _as_time_fn(eval_time)
     cluster = _Cluster(progress, train_t, eval_t, _as_failure_fn(failures), worker_changes,
-                       max_steps)
+                       max_steps, pipeline)
     counted = _Counted(policy)
     try:
         run_fit(cast(Policy, counted), progress, cluster, eval_kinds=["eval_train"],

@@ -174,19 +174,24 @@ def _runtime(threads: int | None) -> None:
 HOOK_SETTING = "cerebro_db.test_hook"
 
 
+def test_hooks(cat: Catalog) -> Any:
+    """The parsed ``cerebro_db.test_hook`` (a hook or a list of them), for superuser
+    sessions only; else None."""
+    text = cat.setting(HOOK_SETTING)
+    if text and cat.setting("is_superuser") == "on":
+        try:
+            return json.loads(text)
+        except ValueError:
+            return None
+    return None
+
+
 def _hook(cat: Catalog, point: str, mst_key: int, epoch: int, partition: int,
           options: dict[str, Any]) -> None:
     """Sleep where ``cerebro_db.test_hook`` says (superuser sessions only; tests). The
     setting is read once per call (kept in ``options``, the call's own dict)."""
     if "_test_hooks" not in options:
-        text = cat.setting(HOOK_SETTING)
-        spec: Any = None
-        if text and cat.setting("is_superuser") == "on":
-            try:
-                spec = json.loads(text)
-            except ValueError:
-                spec = None
-        options["_test_hooks"] = spec
+        options["_test_hooks"] = test_hooks(cat)
     spec = options["_test_hooks"]
     if not spec:
         return

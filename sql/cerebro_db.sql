@@ -332,6 +332,14 @@ CREATE OR REPLACE FUNCTION @extschema@.__run_unit(
 @plpython __run_unit@
 $python$;
 
+-- One slot of a worker session's chain of units (internal, see unit_postings): waits for
+-- the unit the coordinator posts for it and runs it like __run_unit.
+CREATE OR REPLACE FUNCTION @extschema@.__run_slot(
+    tag TEXT, fit_id BIGINT, worker INTEGER, seq INTEGER, last INTEGER, wake TEXT
+) RETURNS TEXT LANGUAGE plpython3u VOLATILE AS $python$
+@plpython __run_slot@
+$python$;
+
 -- @entrypoint
 CREATE OR REPLACE FUNCTION @extschema@.madlib_keras_fit(
     source_table              VARCHAR,

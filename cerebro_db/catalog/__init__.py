@@ -109,6 +109,13 @@ class DblinkMixin:
             return False, None, self.dblink_error(name)
         return True, rows[0]["r"], None
 
+    def dblink_next(self: Any, name: str) -> str | None:
+        """The next result of a statement string sent on ``name`` (one per statement: a
+        row's first column, or a command's status), None at the end or on an error."""
+        rows = self.query(f"SELECT r FROM {self._dl('dblink_get_result')}($1, false) AS t(r text)",
+                          [name], ["text"])
+        return rows[0]["r"] if rows else None
+
     def dblink_cancel(self: Any, name: str) -> None:
         self.query(f"SELECT {self._dl('dblink_cancel_query')}($1)", [name], ["text"])
 

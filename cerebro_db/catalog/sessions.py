@@ -24,6 +24,8 @@ SYNCHRONOUS_COMMIT_ON = "SET synchronous_commit = on"
 RESET_ALL = "RESET ALL"
 BACKEND_PID = "SELECT pg_catalog.pg_backend_pid()::text"
 ROLES = "SELECT concat_ws(',', current_user, session_user)"
+COMMIT_STATUS = "COMMIT"
+"""What a chain's ``COMMIT`` answers once the statement before it has committed."""
 ROLES_AND_PID = "SELECT concat_ws(',', current_user, session_user, pg_catalog.pg_backend_pid())"
 
 
@@ -50,6 +52,58 @@ def run_unit(cat: Catalog, fit_id: int, mst_key: int, epoch: int, partition: int
         [int(fit_id), int(mst_key), int(epoch), int(partition), int(worker), kind,
          json.dumps(options)],
         ["int8", "int4", "int4", "int4", "int4", "text", "text"])
+
+
+CHAIN_PAD = 9000
+"""Bytes of the statement after each ``COMMIT`` of a chain: a server sends the results of a
+statement string's statements as its output buffer (8 kB) fills, or all at the end; a row
+larger than the buffer makes it send at once what came before, so a unit's answer and its
+``COMMIT`` reach the coordinator as soon as the unit has committed."""
+
+
+def run_chain(cat: Catalog, first: str, tag: str, fit_id: int, worker: int, seqs: range,
+              wake: str | None) -> str:
+    """A worker session's chain: ``first`` (a :func:`run_unit` statement) and then one
+    ``__run_slot`` per seq of ``seqs``, each in a transaction of its own (``BEGIN``, the
+    statement, ``COMMIT``: a statement's answer is written before its commit, the
+    ``COMMIT``'s status after it) followed by a :data:`CHAIN_PAD` row that pushes them out.
+    Without ``seqs``: ``first`` alone."""
+    if not len(seqs):
+        return first
+    head = cat.format_sql(f"BEGIN; SELECT {ext(cat, '__run_slot')}(%L, %s::bigint, %s, ",
+                          [tag, int(fit_id), int(worker)], ["text", "int8", "int4"])
+    tail = cat.format_sql(", %s, %L); COMMIT; SELECT pg_catalog.repeat(' ', %s)",
+                          [int(seqs[-1]), wake, CHAIN_PAD], ["int4", "text", "int4"])
+    pad = tail[tail.index("; SELECT pg_catalog.repeat"):]
+    return "; ".join([f"BEGIN; {first}; COMMIT{pad}",
+                      *(f"{head}{int(s)}{tail}" for s in seqs)])
+
+
+def post_unit(cat: Catalog, tag: str, fit_id: int, worker: int, seq: int, kind: str,
+              unit: dict[str, Any] | None) -> str:
+    """For the control session: post ``kind`` ('unit' with ``unit``, or 'stop') in a
+    worker's slot unless the worker abandoned it first; returns a row when posted."""
+    return cat.format_sql(
+        f"INSERT INTO {ext(cat, 'unit_postings')} (tag, worker, seq, fit_id, kind, unit) "
+        "VALUES (%L, %s, %s, %s::bigint, %L, %L::jsonb) ON CONFLICT DO NOTHING "
+        "RETURNING 'posted'",
+        [tag, int(worker), int(seq), int(fit_id), kind,
+         None if unit is None else json.dumps(unit)],
+        ["text", "int4", "int4", "int8", "text", "text"])
+
+
+def slot_kind(cat: Catalog, tag: str, fit_id: int, worker: int, seq: int) -> str:
+    """For the control session: what a worker's slot holds (no row: nothing)."""
+    return cat.format_sql(f"SELECT kind FROM {ext(cat, 'unit_postings')} WHERE fit_id = "
+                          "%s::bigint AND tag = %L AND worker = %s AND seq = %s",
+                          [int(fit_id), tag, int(worker), int(seq)],
+                          ["int8", "text", "int4", "int4"])
+
+
+def clear_postings(cat: Catalog, tag: str) -> str:
+    """For the control session: forget an executor's postings."""
+    return cat.format_sql(f"DELETE FROM {ext(cat, 'unit_postings')} WHERE tag = %L", [tag],
+                          ["text"])
 
 
 def check_fit(cat: Catalog, spec: dict[str, Any]) -> str:

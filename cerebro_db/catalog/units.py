@@ -126,3 +126,22 @@ def log_unit(cat: Any, *, fit_id: int, mst_key: int, epoch: int, partition: int,
          t_load, t_run, t_save, state_bytes],
         ["int8", "int4", "int4", "int4", "int4", "text", "float8", "float8", "int8", "float8",
          "float8[]", "float8", "float8", "float8", "int8"])
+
+
+# -- pipelined dispatch: a worker session's slots (see migration 080_unit_postings) ------------
+def posting(cat: Any, tag: str, fit_id: int, worker: int, seq: int
+            ) -> tuple[str, str | None] | None:
+    """The slot's posting: (kind, unit JSON) or None while nothing is posted."""
+    rows = cat.query(f"SELECT kind, unit::text AS unit FROM {cat.ext('unit_postings')} "
+                     "WHERE fit_id = $1 AND tag = $2 AND worker = $3 AND seq = $4",
+                     [fit_id, tag, worker, seq], ["int8", "text", "int4", "int4"])
+    return (rows[0]["kind"], rows[0]["unit"]) if rows else None
+
+
+def abandon_slot(cat: Any, tag: str, fit_id: int, worker: int, seq: int) -> bool:
+    """Mark the slot abandoned unless something was posted for it first (the primary key
+    decides); True when it is abandoned."""
+    return bool(cat.query(
+        f"INSERT INTO {cat.ext('unit_postings')} (tag, worker, seq, fit_id, kind) "
+        "VALUES ($1, $2, $3, $4, 'abandoned') ON CONFLICT DO NOTHING RETURNING 1 AS x",
+        [tag, worker, seq, fit_id], ["text", "int4", "int4", "int8"]))

@@ -36,6 +36,81 @@ def run_unit(plpy: Any, schema: str, *, fit_id: int, mst_key: int, epoch: int, p
     return out
 
 
+SLOT_WAIT = 10.0
+"""Seconds a worker session's slot waits for the coordinator's posting before it abandons
+the slot, ending its chain (the coordinator then sends a new statement when it has a unit):
+a worker with nothing to do does not hold its statement open for long."""
+SLOT_POLL_FIRST, SLOT_POLL_MAX = 0.0001, 0.002
+"""Seconds between two looks for the posting: from the first, doubling up to the last."""
+
+_ended: dict[tuple[str, str, int], int] = {}
+"""(schema, executor tag, worker) -> the last seq of a chain that ended early (a slot
+stopped or abandoned): that chain's later slots return at once."""
+
+
+def _slot_wait(cat: Catalog) -> float:
+    """:data:`SLOT_WAIT`, or the seconds of a ``{"point": "slot_wait"}`` test hook."""
+    from ..worker import test_hooks
+
+    spec = test_hooks(cat)
+    for h in spec if isinstance(spec, list) else [spec]:
+        if isinstance(h, dict) and h.get("point") == "slot_wait":
+            return float(h.get("seconds", SLOT_WAIT))
+    return SLOT_WAIT
+
+
+def run_slot(plpy: Any, schema: str, *, tag: str, fit_id: int, worker: int, seq: int,
+             last: int, wake: str | None) -> str:
+    """One slot of a worker session's chain (pipelined dispatch, see
+    ``DblinkExecutor.submit_unit``): wait for what the coordinator posts for it in
+    ``unit_postings``, then run that unit as :func:`run_unit` does, or end the chain (a
+    'stop' posting, or nothing posted within :data:`SLOT_WAIT`: the slot is abandoned).
+    It pokes the coordinator (``wake``) as it starts, for the slot before it, whose answer
+    has then reached the coordinator's connection, and, the chain's last slot, as it ends.
+    Answers the unit's JSON, or ``{"idle": true}`` when the chain ended here, or
+    ``{"skip": true}`` for a slot after the end."""
+    import time
+
+    from .. import worker as w
+    from ..catalog import units as sql
+    from ..wakeup import poke
+
+    key = (schema, tag, worker)
+    if _ended.get(key, -1) >= seq:
+        return '{"skip": true}'
+    # the slot before has committed and its answer is out: the coordinator may read it now
+    # (a poke as a unit ends would wake the coordinator while the worker still commits)
+    poke(wake)
+    w.dedicated_session()
+    cat = _catalog(plpy, schema)
+    end, nap = None, SLOT_POLL_FIRST
+    while (found := sql.posting(cat, tag, fit_id, worker, seq)) is None:
+        if end is None:
+            end = time.monotonic() + _slot_wait(cat)
+        if time.monotonic() >= end and sql.abandon_slot(cat, tag, fit_id, worker, seq):
+            found = ("abandoned", None)
+            break
+        time.sleep(nap)
+        nap = min(SLOT_POLL_MAX, nap * 2)
+    kind, text = found
+    unit = json.loads(text) if kind == "unit" and text else None
+    if not isinstance(unit, dict):
+        for k in [k for k in _ended if k[1] != tag]:
+            del _ended[k]  # a pooled session's earlier fits
+        _ended[key] = last
+        poke(wake)
+        return json.dumps({"idle": True, "seq": seq, "posting": kind})
+    opts = unit.get("options") or {}
+    res = w.run_unit(cat, int(fit_id), int(unit["mst_key"]), int(unit["epoch"]),
+                     int(unit["partition"]), int(worker), str(unit["kind"]),
+                     opts if isinstance(opts, dict) else {})
+    res["seq"] = seq
+    out = json.dumps(res)
+    if seq == last:  # no slot after it to say so
+        poke(wake)
+    return out
+
+
 def check_fit(plpy: Any, schema: str, *, spec: str) -> str:
     """The checks of a fit that need Keras (``fit_checks.check_configs``), run in a
     worker session before the fit writes anything; the JSON answer says ok or carries the

@@ -257,6 +257,11 @@ class Policy(ABC):
     """Registry name (the one SQL uses)."""
     option_names: ClassVar[tuple[str, ...]] = ()
     """Keyword options accepted by the constructor (and by ``get_policy``)."""
+    lookahead: ClassVar[bool] = False
+    """Whether the coordinator may ask the policy for a busy worker's next unit before its
+    unit in flight ends (pipelined dispatch), on a snapshot as if that unit had ended and
+    the worker were the only idle one. Only for a policy whose choice for a worker does not
+    wait for others (no barrier) and whose :meth:`assign` has no effect but its choices."""
 
     @abstractmethod
     def assign(self, snapshot: Snapshot) -> list[Assignment]:

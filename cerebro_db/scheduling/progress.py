@@ -4,6 +4,13 @@
 workers; it builds the :class:`~.base.Snapshot` a policy sees and refuses any assignment that
 would break an invariant (completeness, model isolation, worker exclusivity), so a buggy
 policy fails loudly instead of training a config twice on a partition.
+
+Queued units (pipelined dispatch). A busy worker may hold one *queued* unit, decided on
+:meth:`Progress.ahead` (this progress as if the worker's unit in flight had ended well) and
+started by :meth:`Progress.finish` when that unit does end well; if it fails, the queued
+unit is dropped (it never ran). Until then a queued unit counts as in flight for everybody
+else: its config is training and its evaluation unit is not pending, so no other worker
+takes either.
 """
 from __future__ import annotations
 
@@ -50,6 +57,8 @@ class Progress:
         for w, parts in workers.items():
             self.add_worker(w, parts)
         self.running: dict[int, RunningUnit] = {}
+        self.queued: dict[int, RunningUnit] = {}
+        self._queued_taken: set[int] = set()  # queued evaluation units already not pending
         self.pending_evals: list[EvalUnit] = []
         self._eval_epochs = eval_epochs
         self._samples: dict[int, list[tuple[int, float]]] = {}
@@ -63,7 +72,8 @@ class Progress:
             target_epochs=self.targets,
             completed_epochs=self.completed,
             visited={c: frozenset(v) for c, v in self.visited.items()},
-            running=tuple(self.running[w] for w in sorted(self.running)),
+            running=tuple(self.running[w] for w in sorted(self.running))
+            + tuple(self.queued[w] for w in sorted(self.queued)),
             workers=self.workers,
             idle_workers=tuple(w for w in sorted(self.workers) if w not in self.running),
             pending_evals=tuple(self.pending_evals),
@@ -133,7 +143,7 @@ class Progress:
         where = f"assignment {a}"
         if a.worker not in self.workers:
             raise SchedulingError(f"{where}: worker {a.worker} is not present")
-        if a.worker in self.running:
+        if a.worker in self.running or a.worker in self.queued:
             raise SchedulingError(f"{where}: worker {a.worker} is busy")
         if a.partition not in self.workers[a.worker]:
             raise SchedulingError(f"{where}: worker {a.worker} does not hold the partition")
@@ -146,7 +156,8 @@ class Progress:
                 raise SchedulingError(
                     f"{where}: config is in epoch {self.completed[a.config] + 1}"
                 )
-            if any(u.config == a.config and u.kind == TRAIN for u in self.running.values()):
+            if any(u.config == a.config and u.kind == TRAIN
+                   for u in (*self.running.values(), *self.queued.values())):
                 raise SchedulingError(f"{where}: config is already training")
             if a.partition in self.visited[a.config]:
                 raise SchedulingError(f"{where}: partition already visited this epoch")
@@ -166,16 +177,58 @@ class Progress:
         return unit
 
     def finish(self, worker: int, ok: bool) -> RunningUnit:
-        """The unit on ``worker`` ended; if not ``ok`` nothing of it counts and it is re-queued."""
+        """The unit on ``worker`` ended; if not ``ok`` nothing of it counts and it is re-queued.
+        The worker's queued unit, if any, starts when it ended ``ok``, else is dropped."""
         unit = self.running.pop(worker, None)
         if unit is None:
             raise SchedulingError(f"worker {worker} is not running a unit")
+        nxt = self.queued.pop(worker, None)
+        taken = worker in self._queued_taken
+        self._queued_taken.discard(worker)
         if unit.kind == EVAL:
             if not ok:
                 self.pending_evals.append(EvalUnit(unit.config, unit.epoch, unit.partition))
-            return unit
-        if ok:
+        elif ok:
             self._visit(unit.config, unit.partition)
+        if nxt is not None:
+            a = Assignment(worker, nxt.config, nxt.epoch, nxt.partition, nxt.kind)
+            if ok:
+                if taken:  # not pending since it was queued: check it as if it were
+                    self.pending_evals.append(EvalUnit(a.config, a.epoch, a.partition))
+                self.start(a)
+            elif taken:
+                self.pending_evals.append(EvalUnit(a.config, a.epoch, a.partition))
+        return unit
+
+    def ahead(self, worker: int) -> Progress:
+        """A copy of this progress as if ``worker``'s unit in flight had ended well (the
+        progress a queued unit for it is decided and checked on)."""
+        if worker not in self.running:
+            raise SchedulingError(f"worker {worker} is not running a unit")
+        p = Progress.__new__(Progress)
+        p.num_partitions, p.targets = self.num_partitions, dict(self.targets)
+        p.completed = dict(self.completed)
+        p.visited = {c: set(v) for c, v in self.visited.items()}
+        p.workers = dict(self.workers)
+        p.running, p.queued = dict(self.running), dict(self.queued)
+        p._queued_taken = set(self._queued_taken)
+        p.pending_evals = list(self.pending_evals)
+        p._eval_epochs, p._samples = self._eval_epochs, self._samples
+        p.finish(worker, True)
+        return p
+
+    def queue(self, a: Assignment, ahead: Progress) -> RunningUnit:
+        """Queue ``a`` on its busy worker (checked on ``ahead``, :meth:`ahead` of it)."""
+        if a.worker not in self.running or a.worker in self.queued:
+            raise SchedulingError(f"queued assignment {a}: worker {a.worker} is not running "
+                                  "a unit, or has one queued already")
+        ahead.check(a)
+        u = EvalUnit(a.config, a.epoch, a.partition)
+        if a.kind == EVAL and u in self.pending_evals:
+            self.pending_evals.remove(u)
+            self._queued_taken.add(a.worker)
+        unit = RunningUnit(a.worker, a.config, a.epoch, a.partition, a.kind)
+        self.queued[a.worker] = unit
         return unit
 
     def _visit(self, config: int, partition: int) -> None:

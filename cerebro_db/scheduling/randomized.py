@@ -86,6 +86,7 @@ class RandomizedMOP(Policy):
     """
 
     name = "mop"
+    lookahead = True
     option_names = ("random_state", "prefer_lagging", "seeded_order", "cost_aware",
                     "rotated_order", "config_costs")
 

@@ -24,7 +24,7 @@ BY_TYPE = {"integer": "0", "bigint": "0", "text": "'x'", "name": "current_user",
            "timestamp with time zone": "pg_catalog.now()", "boolean": "false"}
 BY_COLUMN = {"status": {"fit_workers": "'active'", "automl_trials": "'training'",
                         "fits": "'running'"},
-             "kind": {"units": "'train'", "fits": "'fit'"},
+             "kind": {"units": "'train'", "fits": "'fit'", "unit_postings": "'stop'"},
              "decision": {"automl_decisions": "'launch'"},
              # a job run belongs to a job of the writing role (its own policy checks that too)
              "job_id": {"job_runs": "(SELECT max(job_id) FROM cerebro_db.jobs "

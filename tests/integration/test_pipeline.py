@@ -1,0 +1,112 @@
+"""Pipelined dispatch on the real server: worker sessions run chains of units, each busy
+worker's next unit posted ahead in ``unit_postings`` (``cerebro_db.pipeline_depth``), and
+train the same models as one unit per statement."""
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+from ..helpers import connect, error_of, load_mnist_rows, mlp_json, q
+
+psycopg2 = pytest.importorskip("psycopg2")
+
+pytestmark = pytest.mark.db
+
+COMPILES = [
+    "loss='categorical_crossentropy', optimizer='Adam(learning_rate=0.01)', metrics=['accuracy']",
+    "loss='categorical_crossentropy', optimizer='SGD(lr=0.1, momentum=0.9)', metrics=['accuracy']",
+]
+FITS = ["batch_size=32", "batch_size=64"]
+
+
+@pytest.fixture(scope="module")
+def pl(session_conn):
+    """600 training and 200 validation rows over 2 partitions; 4 configs."""
+    conn = session_conn
+    load_mnist_rows(conn, ("pl_train", 0, 600), ("pl_test", 600, 800))
+    q(conn, "DROP TABLE IF EXISTS pl_p, pl_p_summary, pl_v, pl_v_summary, pl_arch, pl_mst, "
+            "pl_mst_summary")
+    q(conn, "SELECT training_preprocessor_dl('pl_train', 'pl_p', 'y', 'x', NULL, 255.0, NULL, "
+            "NULL, 2, 3)")
+    q(conn, "SELECT validation_preprocessor_dl('pl_test', 'pl_v', 'y', 'x', 'pl_p')")
+    q(conn, "SELECT load_keras_model('pl_arch', %s)", (mlp_json(8),))
+    q(conn, "SELECT load_model_selection_table('pl_arch', 'pl_mst', ARRAY[1], %s, %s)",
+      (COMPILES, FITS))
+    yield conn
+    q(conn, "RESET cerebro_db.pipeline_depth")
+    q(conn, "RESET cerebro_db.test_hook")
+
+
+def fit(conn, out: str) -> list[tuple]:
+    q(conn, f"DROP TABLE IF EXISTS {out}, {out}_info, {out}_summary")
+    q(conn, "SELECT madlib_keras_fit_multiple_model('pl_p', %s, 'pl_mst', 3, FALSE, 'pl_v', 1, "
+            "FALSE, NULL, NULL, TRUE, 'mop', NULL, 11)", (out,))
+    return q(conn, f"SELECT mst_key, training_loss, validation_loss, validation_metrics "
+                   f"FROM {out}_info ORDER BY mst_key")
+
+
+def watch_postings(dbname: str, stop: threading.Event, seen: list[int]) -> None:
+    """Count, while a fit runs, the units posted ahead in worker sessions' slots."""
+    c = connect(dbname, autocommit=True)
+    try:
+        while not stop.is_set():
+            seen.append(q(c, "SELECT count(*) FROM cerebro_db.unit_postings "
+                             "WHERE kind = 'unit'")[0][0])
+            stop.wait(0.01)
+    finally:
+        c.close()
+
+
+def test_a_pipelined_fit_trains_what_one_unit_per_statement_trains(pl, dbname):
+    """Default depth: units are posted ahead (seen in unit_postings while the fit runs, gone
+    after it); the losses and metrics equal, bitwise, those of a fit with depth 1."""
+    stop, seen = threading.Event(), []
+    t = threading.Thread(target=watch_postings, args=(dbname, stop, seen))
+    t.start()
+    try:
+        chained = fit(pl, "pl_out")
+    finally:
+        stop.set()
+        t.join()
+    assert max(seen) > 0
+    assert q(pl, "SELECT count(*) FROM cerebro_db.unit_postings") == [(0,)]
+    q(pl, "SET cerebro_db.pipeline_depth = 1")
+    try:
+        plain = fit(pl, "pl_out1")
+    finally:
+        q(pl, "RESET cerebro_db.pipeline_depth")
+    assert chained == plain
+    assert len(chained) == 4
+
+
+def test_slots_given_up_at_once_end_their_chains_and_the_fit_goes_on(pl):
+    """A slot that finds nothing posted abandons it at once (a test hook sets the wait to
+    0): the chain ends there, the next unit goes as a new statement, same models."""
+    want = fit(pl, "pl_out2")
+    q(pl, "SET cerebro_db.test_hook = %s",
+      (json.dumps([{"point": "slot_wait", "seconds": 0},
+                   {"point": "before_train", "worker": 1, "seconds": 0.05}]),))
+    try:
+        got = fit(pl, "pl_out3")
+    finally:
+        q(pl, "RESET cerebro_db.test_hook")
+    assert got == want
+    fit_id = q(pl, "SELECT max(fit_id) FROM cerebro_db.fits WHERE model_output_table = "
+                   "'pl_out3'")[0][0]
+    assert q(pl, "SELECT status FROM cerebro_db.fits WHERE fit_id = %s", (fit_id,)) == \
+        [("done",)]
+    assert q(pl, "SELECT count(*) FROM cerebro_db.unit_postings") == [(0,)]
+
+
+@pytest.mark.parametrize("value", ["0", "1001", "two", "1.5"])
+def test_a_bad_pipeline_depth_is_refused_before_any_work(pl, value):
+    q(pl, "DROP TABLE IF EXISTS pl_bad, pl_bad_info, pl_bad_summary")
+    q(pl, "SET cerebro_db.pipeline_depth = %s", (value,))
+    try:
+        e = error_of(pl, "SELECT madlib_keras_fit_multiple_model('pl_p', 'pl_bad', 'pl_mst', 1)")
+    finally:
+        q(pl, "RESET cerebro_db.pipeline_depth")
+    assert e.pgcode == "22023" and "cerebro_db.pipeline_depth" in e.pgerror
+    assert q(pl, "SELECT to_regclass('pl_bad'), to_regclass('pl_bad_info')") == [(None, None)]
