@@ -31,9 +31,11 @@ blocking session.
 
 Pipelined dispatch. With ``pipeline_depth`` > 1 (``cerebro_db.pipeline_depth``) a unit
 travels as a chain: its ``__run_unit`` statement and then ``pipeline_depth - 1`` slots
-(``__run_slot``), each statement committed on its own (a ``COMMIT`` after each: a
-statement's answer comes back before its commit, and a unit counts as done only when its
-``COMMIT``'s status has come back too). While a worker's unit runs, the coordinator posts
+(``__run_slot``), each in a transaction of its own (``BEGIN``, the statement, ``COMMIT``
+and a row larger than the server's output buffer, which pushes the answers out as they
+come: :func:`cerebro_db.catalog.sessions.run_chain`). A statement's answer comes back
+before its commit, so a unit counts as done only once its ``COMMIT``'s status has come back
+too. While a worker's unit runs, the coordinator posts
 its next unit in the next slot (:meth:`DblinkExecutor.queue_unit`, a row of
 ``unit_postings`` written by the control session), and the worker starts it as soon as its
 unit has committed, without waiting for the coordinator to notice the end, decide and send

@@ -257,6 +257,7 @@ def run(cat: Catalog, *, request: FitRequest, outputs: Callable[[FitRun], Any],
                                      request.validate_compile, request.custom_functions))
         ex.control(sql.mark_interrupted(cat))
         ex.control(sql.purge_done_states(cat))
+        ex.control(sql.purge_postings(cat))
         if resume is None:
             fit.fit_id = register(cat, ex, request, total)
         else:

@@ -113,6 +113,15 @@ def purge_done_states(cat: Catalog) -> str:
             "f.status = 'done' AND f.owner = current_user AND s.owner = current_user")
 
 
+def purge_postings(cat: Catalog) -> str:
+    """The units posted in worker sessions' slots (``unit_postings``) of this role's fits
+    that no coordinator runs any more (their executor closes without deleting its rows when
+    it ends abnormally, e.g. terminated)."""
+    postings, fits = cat.ext("unit_postings"), cat.ext("fits")
+    return (f"DELETE FROM {postings} p USING {fits} f WHERE p.fit_id = f.fit_id AND "
+            "f.status <> 'running' AND f.owner = current_user AND p.owner = current_user")
+
+
 def drop_states(cat: Catalog, fit_id: int, mst_keys: Sequence[int] = ()) -> str:
     """Model states a done fit no longer needs: every version but 'current', and all of
     ``mst_keys`` (AutoML trials freed). 'current' goes when the role's next fit starts
