@@ -212,7 +212,7 @@ def unit_seed(random_state: int, mst_key: int, epoch: int, partition: int, salt:
     return int(ss.generate_state(1)[0] & 0x7FFFFFFF)
 
 
-def _fit_row(cat: Catalog, fit_id: int) -> dict[str, Any]:
+def fit_row(cat: Catalog, fit_id: int) -> dict[str, Any]:
     row = _fits.get(fit_id)
     if row is None:
         found = units.fit(cat, fit_id)
@@ -694,7 +694,7 @@ def _run_unit(cat: Catalog, fit_id: int, mst_key: int, epoch: int, partition: in
               kind: str, options: dict[str, Any], t0: float) -> dict[str, Any]:
     from . import training
 
-    fit = _fit_row(cat, fit_id)
+    fit = fit_row(cat, fit_id)
     fopts = fit["options"]
     _runtime(fopts.get("worker_threads"))
     cfg = _config_row(cat, fit_id, mst_key)

@@ -73,6 +73,7 @@ def run_slot(plpy: Any, schema: str, *, tag: str, fit_id: int, worker: int, seq:
 
     from .. import worker as w
     from ..catalog import units as sql
+    from ..errors import CerebroError
     from ..wakeup import poke
 
     key = (schema, tag, worker)
@@ -83,6 +84,10 @@ def run_slot(plpy: Any, schema: str, *, tag: str, fit_id: int, worker: int, seq:
     poke(wake)
     w.dedicated_session()
     cat = _catalog(plpy, schema)
+    try:
+        w.fit_row(cat, fit_id)  # a fit this role cannot see is refused at once (42704)
+    except CerebroError as e:
+        plpy.error(e.message, sqlstate=e.sqlstate)
     end, nap = None, SLOT_POLL_FIRST
     while (found := sql.posting(cat, tag, fit_id, worker, seq)) is None:
         if end is None:

@@ -110,3 +110,10 @@ def test_a_bad_pipeline_depth_is_refused_before_any_work(pl, value):
         q(pl, "RESET cerebro_db.pipeline_depth")
     assert e.pgcode == "22023" and "cerebro_db.pipeline_depth" in e.pgerror
     assert q(pl, "SELECT to_regclass('pl_bad'), to_regclass('pl_bad_info')") == [(None, None)]
+
+
+def test_a_slot_of_a_fit_the_role_cannot_see_is_refused_at_once(pl):
+    """``__run_slot`` (internal, callable like ``__run_unit``) refuses a fit that does not
+    exist for its role before it waits for any posting."""
+    e = error_of(pl, "SELECT cerebro_db.__run_slot('t', 987654321, 0, 1, 1, NULL)")
+    assert e.pgcode == "42704" and "fit 987654321 does not exist" in e.pgerror
