@@ -70,8 +70,8 @@ def db_metrics(run: dict, p: int, epochs: int) -> dict[str, float]:
     lb_train = lower_bound(recs, p)
     lb = max(sum(dur) / p, lb_train)
     # state traffic: every training unit writes its state; every one but a config's first
-    # reads the previous one; an evaluation call reads the epoch's snapshot once per
-    # partition; the last training unit of an evaluated epoch writes that snapshot.
+    # reads the previous one; an evaluation call reads the epoch's state once per
+    # partition (the first unit of the next epoch keeps it by relabelling: nothing written).
     size: dict[int, int] = {}
     first: dict[int, float] = {}
     for u in train:
@@ -80,9 +80,7 @@ def db_metrics(run: dict, p: int, epochs: int) -> dict[str, float]:
     written = sum(u["state_bytes"] or 0 for u in train)
     read = sum(u["state_bytes"] or 0 for u in train if u["start"] != first[u["config"]])
     ev_calls = {(u["config"], u["epoch"], u["partition"]) for u in evals}
-    snaps = {(c, e) for c, e, _ in ev_calls}
     read += sum(size.get(c, 0) for c, _, _ in ev_calls)
-    written += sum(size.get(c, 0) for c, _ in snaps)
     busy = sum(dur)
     # dispatch gaps: a worker's short pauses between consecutive units (the unit's commit,
     # the coordinator noticing it and sending the next); longer pauses wait for a config
@@ -424,6 +422,35 @@ def main(path: Path | str = ROOT / "bench" / "results" / "results.json") -> None
                     f"{fmt(cold, 2)} / {fmt(warm, 2)} |")
     if len(real) > 5:
         L += [*real, ""]
+
+    # ---------------------------------------------------------------- where the time goes
+    wt = ["## Where the worker sessions' time goes (one extra sampled mop fit per workload)",
+          "",
+          ("Each workload runs one more cerebro_db (mop) fit after the measured ones, while a "
+           "separate session samples `pg_stat_activity` of its worker sessions every "
+           "5 ms (`suite.py: WaitSampler`; its makespan is not reported, the sampling takes "
+           "CPU). Running: in a statement without a wait event (training, evaluating, the "
+           "worker's Python). WAL: waiting to write or flush WAL (a state's records, the "
+           "commit's flush, a buffer evicted ahead of its WAL). Between statements: the "
+           "session's statement ended and the next had not come (dispatch; with pipelined "
+           "dispatch, a worker waiting for its posted unit is running). Largest waits: the "
+           "wait events with the most samples."),
+          "",
+          ("| workload | samples | running | WAL | data files | locks | other waits | "
+           "between statements | largest waits |"),
+          "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for name, w in wl.items():
+        ws = (w.get("wait_sample") or {}).get("waits")
+        if not ws:
+            continue
+        counts, n = ws["counts"], sum(ws["counts"].values()) or 1
+        top = sorted(ws["events"].items(), key=lambda kv: -kv[1])[:3]
+        wt.append(f"| {name} | {n} | " + " | ".join(
+            f"{100 * counts.get(k, 0) / n:.1f}%" for k in
+            ("running", "WAL", "data files", "locks", "other waits", "between statements"))
+            + " | " + ", ".join(f"{e} {100 * v / n:.1f}%" for e, v in top) + " |")
+    if len(wt) > 6:
+        L += [*wt, ""]
 
     # ---------------------------------------------------------------- per workload tables
     summary_rows: list[tuple[str, dict[str, float]]] = []

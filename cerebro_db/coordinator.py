@@ -138,9 +138,11 @@ def run_fit(policy: Policy, progress: Progress, executor: Executor, *,
         opts: dict[str, Any] = {"reset_optimizer": a.reset_optimizer,
                                 "attempt": attempts.get(_key(a), 0)}
         if a.kind == TRAIN:
-            last = len(prog.visited[a.config]) == num_partitions - 1
-            opts["completes_epoch"] = last
-            opts["snapshot"] = last and snapshot_epochs(a.config, a.epoch)
+            seen = len(prog.visited[a.config])
+            opts["completes_epoch"] = seen == num_partitions - 1
+            # the epoch before's end state, kept for its evaluation by the unit that moves
+            # the config on (until then the evaluation reads 'current')
+            opts["keep_previous"] = seen == 0 and snapshot_epochs(a.config, a.epoch - 1)
         else:
             opts["eval_kinds"] = list(eval_kinds)
         return opts

@@ -29,8 +29,9 @@ Training over buffers shuffles the buffer order, then the rows within each buffe
 batch never spans two buffers (as MADlib trains); with one buffer per partition it gives
 bitwise the models ``use_caching`` gives.
 
-A unit's state save, its unit row and (at an epoch's end) the epoch snapshot are written
-in the worker's own transaction, committed when the unit's statement ends, inside one
+A unit's state save, its unit row and (the first unit of an epoch after an evaluated one)
+the relabelling of the config's 'current' state as 'epoch:N' are written in the worker's own
+transaction, committed when the unit's statement ends, inside one
 subtransaction: a unit that fails part way (even after its state save) leaves nothing, and a
 session killed mid-unit leaves the config's previous state. A unit never raises: failures
 come back as a JSON result with the message, SQLSTATE and traceback.
@@ -648,7 +649,10 @@ def labels_for(compile_params: str, y: np.ndarray) -> np.ndarray:
 
 
 def load_state(cat: Catalog, fit_id: int, mst_key: int, version: str) -> bytes | None:
-    chunks = units.state_chunks(cat, fit_id, mst_key, version)
+    return _joined(units.state_chunks(cat, fit_id, mst_key, version))
+
+
+def _joined(chunks: list[bytes]) -> bytes | None:
     if not chunks:
         return None
     return chunks[0] if len(chunks) == 1 and state_mod.is_state(chunks[0]) \
@@ -718,9 +722,9 @@ def _run_unit(cat: Catalog, fit_id: int, mst_key: int, epoch: int, partition: in
                 bool(options.get("reset_optimizer")),
                 completes_epoch=bool(options.get("completes_epoch")))
         t2 = time.time()
+        if options.get("keep_previous"):
+            units.keep_state(cat, fit_id, mst_key, f"epoch:{epoch - 1}")
         save_state(cat, fit_id, mst_key, "current", new_state, chunk)
-        if options.get("snapshot"):
-            save_state(cat, fit_id, mst_key, f"epoch:{epoch}", new_state, chunk)
         t3 = time.time()
         metrics = [float(v) for v in res.metrics.values()]
         _log_unit(cat, fit_id, mst_key, epoch, partition, worker, kind, t0, t3, res.rows,
@@ -730,12 +734,12 @@ def _run_unit(cat: Catalog, fit_id: int, mst_key: int, epoch: int, partition: in
                 "seconds": t3 - t0, "train_seconds": t2 - t1, "worker": worker}
     from .params import parse_fit_params
 
-    state = load_state(cat, fit_id, mst_key, f"epoch:{epoch}")
+    _hook(cat, "eval", mst_key, epoch, partition, options)
+    state = _joined(units.epoch_state_chunks(cat, fit_id, mst_key, epoch))
     if state is None:
         raise CerebroError(f"no state of configuration {mst_key} at epoch {epoch}", INTERNAL_ERROR)
     entry = model_cache().get(cfg["model_arch"], cp)
     bs = training.eval_batch_size(entry.model, parse_fit_params(cfg["fit_params"]).batch_size)
-    _hook(cat, "eval", mst_key, epoch, partition, options)
     evals: dict[str, Any] = {}
     loaded = False  # the cached model holds the state's weights (after the first evaluate)
     t1 = t0  # the first kind's row covers the call's own work: the state's read and load

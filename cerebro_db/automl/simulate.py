@@ -290,16 +290,16 @@ class SimulatedExecutor(BaseSimulatedExecutor):
         spec = self.trials.specs[a.config]
         model = self.trials.model
         if a.kind == TRAIN:
+            if options.get("keep_previous"):  # as the worker keeps 'current' as 'epoch:N'
+                self._snapshots[(a.config, a.epoch - 1)] = self.trials.level[a.config]
             loss, level = model.step(spec, self.trials.level[a.config], a.epoch, a.partition,
                                      self.num_partitions)
             self.trials.level[a.config] = level
-            if options.get("snapshot"):
-                self._snapshots[(a.config, a.epoch)] = level
             return {"loss": loss, "rows": self.rows, "seconds": end - start,
                     "train_seconds": end - start}
         kinds = list(options["eval_kinds"])
-        train, valid = model.evaluate(spec, self._snapshots[(a.config, a.epoch)], a.epoch,
-                                      "eval_valid" in kinds)
+        level = self._snapshots.get((a.config, a.epoch), self.trials.level[a.config])
+        train, valid = model.evaluate(spec, level, a.epoch, "eval_valid" in kinds)
         losses = {"eval_train": train, "eval_valid": valid}
         return {"evals": {k: {"loss": losses[k], "rows": self.rows, "metrics": {}}
                           for k in kinds}}

@@ -100,6 +100,35 @@ def state_chunks(cat: Any, fit_id: int, mst_key: int, version: str) -> list[byte
     return [bytes(r["data"]) for r in rows]
 
 
+def epoch_state_chunks(cat: Any, fit_id: int, mst_key: int, epoch: int) -> list[bytes]:
+    """The chunks of the state at the end of ``epoch``, as an evaluation of that epoch reads
+    it: the kept 'epoch:N' version once the config trained on (:func:`keep_state`), else
+    'current' while the config's latest logged training unit is of that epoch (it has not
+    moved on: 'current' is that state). One statement, so one snapshot: a unit of the next
+    epoch that commits meanwhile (keeping 'epoch:N' and writing a new 'current' together)
+    is seen whole or not at all. None when neither holds."""
+    states, log = cat.ext("model_states"), cat.ext("units")
+    rows = cat.query(
+        f"SELECT data FROM {states} WHERE fit_id = $1 AND mst_key = $2 AND version = "
+        f"(CASE WHEN EXISTS (SELECT 1 FROM {states} WHERE fit_id = $1 AND mst_key = $2 AND "
+        f"version = $3) THEN $3 WHEN (SELECT max(epoch) FROM {log} WHERE fit_id = $1 AND "
+        "mst_key = $2 AND kind = 'train') = $4 THEN 'current' END) ORDER BY chunk",
+        [fit_id, mst_key, f"epoch:{epoch}", epoch], ["int8", "int4", "text", "int4"])
+    return [bytes(r["data"]) for r in rows]
+
+
+def keep_state(cat: Any, fit_id: int, mst_key: int, version: str) -> None:
+    """Keep the 'current' state as ``version`` ('epoch:N', for that epoch's evaluation) by
+    relabelling its rows: the data stays where it is (no second copy, no WAL for it); the
+    unit then writes a new 'current'. A ``version`` left by an earlier attempt goes first."""
+    states = cat.ext("model_states")
+    args, types = [fit_id, mst_key, version], ["int8", "int4", "text"]
+    cat.query(f"DELETE FROM {states} WHERE fit_id = $1 AND mst_key = $2 AND version = $3",
+              args, types)
+    cat.query(f"UPDATE {states} SET version = $3 WHERE fit_id = $1 AND mst_key = $2 AND "
+              "version = 'current'", args, types)
+
+
 def replace_state(cat: Any, fit_id: int, mst_key: int, version: str,
                   chunks: Sequence[bytes]) -> None:
     """Store one model state as ``chunks`` in place of the one stored before."""

@@ -1,6 +1,7 @@
 """Pipelined dispatch on the real server: worker sessions run chains of units, each busy
 worker's next unit posted ahead in ``unit_postings`` (``cerebro_db.pipeline_depth``), and
-train the same models as one unit per statement."""
+train the same models as one unit per statement; units that overlap in time (an evaluation
+and its config's next epoch) read the states they must."""
 from __future__ import annotations
 
 import json
@@ -117,3 +118,45 @@ def test_a_slot_of_a_fit_the_role_cannot_see_is_refused_at_once(pl):
     exist for its role before it waits for any posting."""
     e = error_of(pl, "SELECT cerebro_db.__run_slot('t', 987654321, 0, 1, 1, NULL)")
     assert e.pgcode == "42704" and "fit 987654321 does not exist" in e.pgerror
+
+
+def test_an_evaluation_that_reads_after_its_config_moved_on_gets_its_epochs_state(pl):
+    """An evaluation of epoch 1 that reads its state only after its config's first unit of
+    epoch 2 committed (a test hook delays it) gets the end-of-epoch-1 state, which that unit
+    kept as 'epoch:1' (an evaluation decides between 'epoch:1' and 'current' in one
+    statement): its losses and metrics equal an undelayed fit's, bitwise."""
+    def fit_id(out: str) -> int:
+        return q(pl, "SELECT max(fit_id) FROM cerebro_db.fits WHERE model_output_table = %s",
+                 (out,))[0][0]
+
+    def evals(fid: int) -> list[tuple]:
+        return q(pl, "SELECT kind, partition, loss, metrics FROM cerebro_db.units WHERE "
+                     "fit_id = %s AND mst_key = 1 AND epoch = 1 AND kind <> 'train' "
+                     "ORDER BY kind, partition", (fid,))
+
+    want = fit(pl, "pl_out4")
+    ref = fit_id("pl_out4")
+    # config 1's first partition in epoch 2 (its seeded visit order): delay its evaluation
+    # of epoch 1 on the other one, whose worker is then busy while config 1 moves on
+    first = q(pl, "SELECT partition FROM cerebro_db.units WHERE fit_id = %s AND mst_key = 1 "
+                  "AND epoch = 2 AND kind = 'train' ORDER BY started_at LIMIT 1", (ref,))[0][0]
+    q(pl, "SET cerebro_db.test_hook = %s",
+      (json.dumps({"point": "eval", "mst_key": 1, "epoch": 1, "partition": 1 - first,
+                   "seconds": 5}),))
+    try:
+        got = fit(pl, "pl_out5")
+    finally:
+        q(pl, "RESET cerebro_db.test_hook")
+    fid = fit_id("pl_out5")
+    moved_on, loaded = q(pl, """
+        SELECT (SELECT extract(epoch FROM ended_at) FROM cerebro_db.units WHERE fit_id = %s
+                   AND mst_key = 1 AND epoch = 2 AND partition = %s AND kind = 'train'),
+               (SELECT extract(epoch FROM started_at) + 5 FROM cerebro_db.units
+                 WHERE fit_id = %s AND mst_key = 1 AND epoch = 1 AND partition = %s
+                   AND kind = 'eval_train')""", (fid, first, fid, 1 - first))[0]
+    assert moved_on < loaded - 1  # the delayed evaluation read after the config moved on
+    assert evals(fid) == evals(ref)
+    assert got == want
+    # the kept versions go with the fit's end; 'current' stays for its outputs
+    assert q(pl, "SELECT DISTINCT version FROM cerebro_db.model_states WHERE fit_id = %s",
+             (fid,)) == [("current",)]

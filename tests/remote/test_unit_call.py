@@ -16,7 +16,7 @@ from .conftest import fit, q
 
 pytestmark = pytest.mark.db
 
-OPTIONS = {"attempt": 0, "completes_epoch": False, "snapshot": False}
+OPTIONS = {"attempt": 0, "completes_epoch": False, "keep_previous": False}
 
 
 def call(role, fit_id, **kw):
