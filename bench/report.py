@@ -428,8 +428,9 @@ def main(path: Path | str = ROOT / "bench" / "results" / "results.json") -> None
           "",
           ("Each workload runs one more cerebro_db (mop) fit after the measured ones, while a "
            "separate session samples `pg_stat_activity` of its worker sessions every "
-           "5 ms (`suite.py: WaitSampler`; its makespan is not reported, the sampling takes "
-           "CPU). Running: in a statement without a wait event (training, evaluating, the "
+           "5 ms over the whole call, the opening of the sessions and the checks before the "
+           "first unit included (`suite.py: WaitSampler`; its makespan is not reported, the "
+           "sampling takes CPU). Running: in a statement without a wait event (training, evaluating, the "
            "worker's Python). WAL: waiting to write or flush WAL (a state's records, the "
            "commit's flush, a buffer evicted ahead of its WAL). Between statements: the "
            "session's statement ended and the next had not come (dispatch; with pipelined "

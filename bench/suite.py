@@ -222,6 +222,66 @@ def _run_concurrent(arg_lists: list[list[str]], env: dict[str, str],
 # --------------------------------------------------------------------------- cerebro_db
 
 
+# --------------------------------------------------------------------------- waits
+
+
+WAIT_INTERVAL = 0.005
+"""Seconds between two samples of what the worker sessions wait on (the sampled fit only)."""
+WAIT_CLASSES = ("running", "WAL", "data files", "locks", "other waits", "between statements")
+
+
+def wait_class(state: str | None, kind: str | None, event: str | None) -> str:
+    """The class of one worker session's ``pg_stat_activity`` sample: running (in a
+    statement, no wait event: training, evaluating, or the worker's own Python), WAL (writing
+    or flushing WAL: a state's records, a commit's flush, a buffer evicted ahead of its WAL),
+    data files (reading, writing, extending relations), locks (heavyweight locks and buffer
+    locks), other waits, between statements (idle: its statement ended, the next not there)."""
+    if state != "active":
+        return "between statements"
+    if kind is None:
+        return "running"
+    if (kind in ("IO", "LWLock") and event and event.startswith("WAL")) or \
+            event == "WALInsert":
+        return "WAL"
+    if kind == "IO":
+        return "data files"
+    if kind in ("Lock", "LWLock"):
+        return "locks"
+    return "other waits"
+
+
+class WaitSampler(threading.Thread):
+    """Counts, every :data:`WAIT_INTERVAL` seconds, what each worker session of the fit
+    (``pg_stat_activity``: application names '... worker N') is doing, by
+    :func:`wait_class`, over its own connection. Sampling costs CPU, so it runs in one extra
+    fit per workload whose times are not reported (its ``units`` are)."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.counts: dict[str, int] = dict.fromkeys(WAIT_CLASSES, 0)
+        self.events: dict[str, int] = {}
+        self._halt = threading.Event()
+        self.conn = connect()
+
+    def run(self) -> None:
+        sql = ("SELECT state, wait_event_type, wait_event FROM pg_catalog.pg_stat_activity "
+               "WHERE application_name ~ ' worker [0-9]+$'")
+        while not self._halt.is_set():
+            for state, kind, event in q(self.conn, sql) or []:
+                c = wait_class(state, kind, event)
+                self.counts[c] += 1
+                if kind is not None and state == "active":
+                    self.events[f"{kind}:{event}"] = self.events.get(f"{kind}:{event}", 0) + 1
+            self._halt.wait(WAIT_INTERVAL)
+
+    def stop(self) -> dict[str, Any]:
+        """Stop; {'counts': {class: samples}, 'events': {type:event: samples}}."""
+        self._halt.set()
+        self.join()
+        self.conn.close()
+        return {"counts": self.counts, "events": self.events}
+
+
 class Db:
     """The workload's tables in the benchmark database and the cerebro_db runs on them."""
 
@@ -297,10 +357,11 @@ class Db:
         return [dict(zip(keys, r)) for r in rows]
 
     def fit(self, policy: str, params: str | None, epochs: int | None = None,
-            warm: bool = False) -> dict[str, Any]:
+            warm: bool = False, waits: bool = False) -> dict[str, Any]:
         """One madlib_keras_fit_multiple_model call in the fit session: makespan, memory,
         unit log, seconds from the call to the first unit. Cold (the session's kept worker
-        sessions closed first) unless ``warm``."""
+        sessions closed first) unless ``warm``; ``waits``: sample what the worker sessions
+        wait on (:class:`WaitSampler`, in ``"waits"``)."""
         t, c = self.t, self.fit_conn
         q(c, f"DROP TABLE IF EXISTS {t}_out, {t}_out_info, {t}_out_summary")
         if not warm:
@@ -308,6 +369,9 @@ class Db:
         pids = self._pids()
         s = Sampler(pids)
         s.start()
+        ws = WaitSampler() if waits else None
+        if ws is not None:
+            ws.start()
         called = q(c, "SELECT extract(epoch FROM clock_timestamp())::float8")[0][0]
         t0 = time.perf_counter()
         q(c, f"SELECT madlib_keras_fit_multiple_model('{t}_p', '{t}_out', '{t}_mst', %s, "
@@ -315,8 +379,11 @@ class Db:
           (epochs or self.w.epochs, self.w.use_caching, policy, params))
         wall = time.perf_counter() - t0
         mem = s.stop()
+        sampled = ws.stop() if ws is not None else None
         pids.close()  # type: ignore[attr-defined]
         res = self._result(wall, mem)
+        if sampled is not None:
+            res["waits"] = sampled
         res["warm"] = warm
         res["first_unit_s"] = min((u["start"] for u in res["units"]), default=called) - called
         return res
@@ -455,6 +522,12 @@ def run_workload(conn, w: Workload, work: Path, skip: set[str], baseline: dict[s
                     res["runs"][name] = got
                     log(f"{w.name}: {name} x{len(got)}: makespan "
                         f"{statistics.median(r['makespan'] for r in got):.1f} s")
+                if "mop" in fits:  # one more, sampled: where the workers' time goes
+                    res["wait_sample"] = db.fit("mop", None, waits=True)
+                    counts = res["wait_sample"]["waits"]["counts"]
+                    n = sum(counts.values()) or 1
+                    log(f"{w.name}: worker sessions sampled: " + ", ".join(
+                        f"{k} {100 * v / n:.1f}%" for k, v in counts.items()))
                 log(f"{w.name}: cerebro_db fits done (wall {time.perf_counter() - t0:.0f} s)")
                 continue
             if system == "keras_split":
