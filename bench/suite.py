@@ -240,8 +240,7 @@ def wait_class(state: str | None, kind: str | None, event: str | None) -> str:
         return "between statements"
     if kind is None:
         return "running"
-    if (kind in ("IO", "LWLock") and event and event.startswith("WAL")) or \
-            event == "WALInsert":
+    if kind in ("IO", "LWLock") and event and event.startswith("WAL"):
         return "WAL"
     if kind == "IO":
         return "data files"
