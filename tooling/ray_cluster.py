@@ -47,11 +47,13 @@ def _free_ports(n: int) -> list[int]:
     return ports
 
 
-def _free_range(width: int) -> int:
-    """The first port of ``width`` consecutive ports free on loopback."""
+def _free_range(width: int, avoid: frozenset[int] = frozenset()) -> int:
+    """The first port of ``width`` consecutive ports free on loopback, none of them in
+    ``avoid`` (ports already given to the cluster's components: they are free until Ray
+    binds them, and Ray refuses a worker port range that holds one)."""
     for _ in range(50):
         base = _free_ports(1)[0]
-        if base + width >= 65535:
+        if base + width >= 65535 or avoid.intersection(range(base, base + width)):
             continue
         ok = True
         for p in range(base, base + width):
@@ -75,7 +77,7 @@ class RayHead:
         if ray is None:
             raise RuntimeError("ray is not installed in this venv (pip install 'cerebro_db[ray]')")
         ports = dict(zip(PORT_NAMES, _free_ports(len(PORT_NAMES))))
-        first = _free_range(40)
+        first = _free_range(40, frozenset(ports.values()))
         self.temp_dir = tempfile.mkdtemp(prefix="ray_", dir="/tmp")  # short: socket paths
         self.client_port = ports["ray-client-server-port"]
         self.client_address = f"ray://127.0.0.1:{self.client_port}"
