@@ -8,8 +8,9 @@ first), warm fits with ``'mop'`` alternate ``SET cerebro_db.replicas = 1`` and `
 the span of the unit log, span / (all unit time / 2) (what a schedule that kept both workers
 busy to the end would reach: 1), each worker's busy time, and which partitions each worker
 trained; then the medians. With one replica a worker trains only its own partition, so when
-one worker runs the same units slower the other idles at the end; with two, either may take
-any unit (the visit orders are seeded, so the models are the same).
+one worker runs the same units slower the other idles at the end; with two (what fits get by
+default when the data fits the cache budget), a worker with nothing left on its own partition
+takes the other's units (the visit orders are seeded, so the models are the same).
 """
 from __future__ import annotations
 

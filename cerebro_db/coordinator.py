@@ -246,7 +246,7 @@ def _queue_ahead(policy: Policy, progress: Progress, executor: Any,
         if w in progress.queued or w in retiring or not executor.can_queue(w):
             continue
         ahead = progress.ahead(w)
-        snap = dataclasses.replace(ahead.snapshot(now), idle_workers=(w,))
+        snap = dataclasses.replace(ahead.snapshot(now), idle_workers=(w,), ahead=True)
         picks = [a for a in policy.assign(snap) if a.worker == w]
         if not picks:
             continue

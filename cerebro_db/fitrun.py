@@ -40,6 +40,7 @@ from .scheduling import (
     EVAL,
     TRAIN,
     Progress,
+    auto_replicas,
     evaluation_epochs,
     get_policy,
     initial_workers,
@@ -306,6 +307,36 @@ def cache_memory(cat: Catalog, num_workers: int) -> int:
     from . import worker
 
     return worker.cache_memory(cat.setting(worker.CACHE_SETTING), num_workers)
+
+
+def data_bytes(tables: Sequence[PackedTable | None]) -> int | None:
+    """The decoded size of ``tables`` (features as float32, labels), from their summaries'
+    row counts; None when a summary has none (a table packed by MADlib)."""
+    total = 0
+    for t in tables:
+        if t is None:
+            continue
+        rows = t.summary.get("num_rows")
+        if rows is None:
+            return None
+        _, _, x_sizes, y_widths, _ = t.columns()
+        total += int(rows) * (sum(x_sizes) + sum(y_widths)) * 4
+    return total
+
+
+def fit_replicas(cat: Catalog, setting: int | None, policy: str, source: PackedTable,
+                 validation: PackedTable | None, num_workers: int) -> int:
+    """The fit's replication factor: ``cerebro_db.replicas`` when set; by default
+    (:func:`~cerebro_db.scheduling.auto_replicas`) every worker holds every partition when
+    the policy steals work (takes another partition's units only when it would idle) and
+    the data of all partitions fits one worker's cache budget (:func:`cache_memory`), else
+    1."""
+    if setting is not None:
+        return setting
+    if not policy_class(policy).steals:
+        return 1
+    return auto_replicas(source.partitions, data_bytes([source, validation]),
+                         cache_memory(cat, num_workers))
 
 
 def refuse_uncommitted(cat: Catalog, ex: DblinkExecutor,

@@ -8,8 +8,9 @@ Settings read here: ``cerebro_db.max_unit_retries`` (default 3: how often one un
 lose its worker session before the fit fails), ``cerebro_db.unit_timeout`` (seconds, or
 unset / ``'auto'``: a :class:`~cerebro_db.executors.StallRule` from
 ``cerebro_db.unit_timeout_floor``, ``_factor`` and ``_first``; ``0``: none),
-``cerebro_db.replicas`` (default 1: with r > 1 worker w holds partitions w .. w+r-1 mod p,
-so a worker lost for good leaves the fit and the others serve its partitions),
+``cerebro_db.replicas`` (default ``'auto'``, :func:`cerebro_db.fitrun.fit_replicas`: with
+r > 1 worker w holds partitions w .. w+r-1 mod p, so a worker lost for good leaves the fit and
+the others serve its partitions),
 ``cerebro_db.worker_conninfo``, ``cerebro_db.worker_idle_timeout``,
 ``cerebro_db.pipeline_depth`` (default 32: units a worker session's statement chains, see
 :mod:`cerebro_db.executors`; 1: one unit per statement) and ``cerebro_db.test_hook``
@@ -153,15 +154,18 @@ def check_worker_limits(cat: Catalog, want: int, fit_id: int | None = None) -> N
                       f"max_workers_per_role in {where}.")
 
 
-def replicas(cat: Catalog) -> int:
-    """``cerebro_db.replicas``, checked."""
+def replicas(cat: Catalog) -> int | None:
+    """``cerebro_db.replicas``, checked: a positive integer, or None when unset or
+    ``'auto'`` (the fit decides, :func:`cerebro_db.fitrun.fit_replicas`)."""
     raw = cat.setting(REPLICAS_SETTING)
+    if raw is None or raw.strip().lower() in ("", "auto"):
+        return None
     try:
-        r = 1 if raw is None or raw == "" else int(raw)
+        r = int(raw)
     except ValueError:
         r = 0
     if r < 1:
-        raise invalid(f"{REPLICAS_SETTING} must be a positive integer, got {raw!r}")
+        raise invalid(f"{REPLICAS_SETTING} must be a positive integer or 'auto', got {raw!r}")
     return r
 
 

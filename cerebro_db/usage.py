@@ -113,8 +113,11 @@ cerebro_db.unit_timeout = <seconds> for a fixed limit, 0 for none. A fit whose o
 died is 'interrupted'; one stopped by a cancel (pg_cancel_backend, statement_timeout,
 cerebro_db_cancel_fit(fit_id)) is 'cancelled': continue either with
 madlib_keras_fit_resume(fit_id). The fit is marked done in the calling transaction.
-Replicas: SET cerebro_db.replicas = r (default 1): worker w holds partitions w .. w+r-1
-mod p; a worker that cannot reconnect leaves and the others serve its partitions. Change a
+Replicas: SET cerebro_db.replicas = r: worker w holds partitions w .. w+r-1 mod p and,
+with nothing left on its own partition, takes units of the others it holds; a worker that
+cannot reconnect leaves and the others serve its partitions. Default 'auto': r = p when
+all partitions (training and validation, decoded) fit one worker's cerebro_db.cache_memory
+budget, else 1 (always 1 for 'ring'). Change a
 running fit's worker count from another session with cerebro_db_fit_workers(fit_id, n);
 workers are listed in cerebro_db.fit_workers.""",
     "madlib_keras_fit": """\

@@ -194,7 +194,8 @@ def madlib_keras_fit_multiple_model(
         num_iterations=num_iterations, frequency=metrics_compute_frequency, policy=pname,
         policy_params=popts, random_state=seed, num_workers=src.partitions,
         use_caching=use_caching, mst_table=mst, arch_table=arch, warm_start=warm, name=name,
-        description=description, replicas=replicas(cat),
+        description=description,
+        replicas=fitrun.fit_replicas(cat, replicas(cat), pname, src, val, src.partitions),
         checks=[check_item(c, f"compile_params of mst_key {c.mst_key}") for c in configs],
         object_table=str(obj) if obj else None, custom_functions=refs)
     run = fitrun.run(cat, request=req, outputs=outputs.write_fit_multiple)
@@ -247,7 +248,9 @@ def madlib_keras_fit(
         num_iterations=num_iterations, frequency=metrics_compute_frequency, policy=pname,
         policy_params=popts, random_state=seed, num_workers=1, use_caching=None,
         mst_table=None, arch_table=arch_t, warm_start=warm, name=name,
-        description=description, replicas=replicas(cat), checks=[check_item(cfg)],
+        description=description, replicas=fitrun.fit_replicas(cat, replicas(cat), pname, src,
+                                                              val, 1),
+        checks=[check_item(cfg)],
         validate_compile=True, object_table=str(obj) if obj else None,
         custom_functions=refs)
     run = fitrun.run(cat, request=req, outputs=outputs.write_fit)

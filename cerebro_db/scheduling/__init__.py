@@ -35,7 +35,14 @@ from .invariants import (
 from .progress import Progress
 from .randomized import RandomizedMOP
 from .registry import DEFAULT_POLICY, POLICIES, get_policy, policy_class, policy_names
-from .replicas import cover, initial_workers, replica_partitions, uncovered
+from .replicas import (
+    auto_replicas,
+    cover,
+    home_partitions,
+    initial_workers,
+    replica_partitions,
+    uncovered,
+)
 from .ring import RingPolicy
 
 __all__ = [
@@ -54,11 +61,13 @@ __all__ = [
     "SchedulingError",
     "Snapshot",
     "UnitRecord",
+    "auto_replicas",
     "check_invariants",
     "cover",
     "evaluation_epochs",
     "find_violations",
     "get_policy",
+    "home_partitions",
     "initial_workers",
     "lower_bound",
     "partition_bound",

@@ -99,7 +99,9 @@ class Snapshot:
     - ``now``: monotone clock in seconds, for policies that care;
     - ``unit_seconds``: config -> expected seconds of its next training unit, from its
       measured successful units (configs not measured yet are absent; see
-      :meth:`~.progress.Progress.observe`), for cost-aware policies.
+      :meth:`~.progress.Progress.observe`), for cost-aware policies;
+    - ``ahead``: a look-ahead snapshot (pipelined dispatch): its one idle worker is still
+      running a unit, so a policy may leave it without work it would only take when idle.
     """
 
     num_partitions: int
@@ -112,6 +114,7 @@ class Snapshot:
     pending_evals: tuple[EvalUnit, ...] = ()
     now: float = 0.0
     unit_seconds: Mapping[int, float] = field(default_factory=dict)
+    ahead: bool = False
     _training: Mapping[int, RunningUnit] = field(init=False, repr=False, compare=False)
     _configs: tuple[int, ...] = field(init=False, repr=False, compare=False)
     _partitions: frozenset[int] = field(init=False, repr=False, compare=False)
@@ -189,13 +192,16 @@ class Snapshot:
 
 
 def assign_evals(
-    snapshot: Snapshot, workers: Iterable[int], reset_optimizer: bool = False
+    snapshot: Snapshot, workers: Iterable[int], reset_optimizer: bool = False,
+    partitions: Mapping[int, Collection[int]] | None = None,
+    taken: set[EvalUnit] | None = None,
 ) -> list[Assignment]:
-    """Give each of ``workers`` the oldest pending evaluation unit on a partition it holds."""
-    taken: set[EvalUnit] = set()
+    """Give each of ``workers`` the oldest pending evaluation unit on a partition it holds
+    (among ``partitions[worker]`` when given) and not in ``taken`` (updated)."""
+    taken = set() if taken is None else taken
     out: list[Assignment] = []
     for w in workers:
-        held = snapshot.workers[w]
+        held = snapshot.workers[w] if partitions is None else partitions[w]
         for u in snapshot.pending_evals:
             if u.partition in held and u not in taken:
                 taken.add(u)
@@ -262,6 +268,12 @@ class Policy(ABC):
     unit in flight ends (pipelined dispatch), on a snapshot as if that unit had ended and
     the worker were the only idle one. Only for a policy whose choice for a worker does not
     wait for others (no barrier) and whose :meth:`assign` has no effect but its choices."""
+
+    steals: ClassVar[bool] = False
+    """Whether the policy gives a worker units off its home partitions only when it would
+    otherwise idle (:func:`~.replicas.home_partitions`), so that holding every partition
+    (a fit's default replicas when its data fits, ``fitrun.fit_replicas``) changes nothing
+    while the workers keep pace."""
 
     @abstractmethod
     def assign(self, snapshot: Snapshot) -> list[Assignment]:

@@ -173,7 +173,8 @@ def test_workers_added_and_removed_while_the_fit_runs(rp, baseline, dbname, tabl
     assert weights(rp, "rp_el") == baseline
     assert q(rp, "SELECT count(*) FROM cerebro_db.unit_failures WHERE fit_id = %s",
              (fit_id,)) == [(0,)]
-    assert fit_workers(rp, fit_id) == {0: ([0, 1], "closed"), 1: ([1], "removed"),
+    # the default replicas: the data fits, so every worker holds both partitions
+    assert fit_workers(rp, fit_id) == {0: ([0, 1], "closed"), 1: ([0, 1], "removed"),
                                        2: ([0, 1], "removed")}
     # the new worker only ran units after it was asked for
     assert q(rp, "SELECT min(started_at) > %s FROM cerebro_db.units WHERE fit_id = %s AND "
@@ -187,6 +188,33 @@ def test_workers_added_and_removed_while_the_fit_runs(rp, baseline, dbname, tabl
                  "started_at > (SELECT max(updated_at) FROM cerebro_db.fit_workers WHERE "
                  "fit_id = %s AND status = 'removed')", (fit_id, fit_id))[0][0] > 0
     assert worker_sessions_gone(rp)
+
+
+def test_default_replicas_follow_the_cache_budget(rp, baseline, tables):
+    """Unset (or 'auto'), cerebro_db.replicas gives every worker both partitions when the
+    data (600 x 784 features, 1.9 MB) fits a worker's cache budget, else 1; the ring keeps
+    to 1 (its schedule is MADlib's). Same models whatever the setting."""
+    tables += ["rp_r1", "rp_r1_info", "rp_r1_summary", "rp_small", "rp_small_info",
+               "rp_small_summary"]
+    base = last_fit(rp, "rp_base")
+    opts = "SELECT options->>'replicas' FROM cerebro_db.fits WHERE fit_id = %s"
+    assert q(rp, opts, (base,)) == [("2",)]
+    assert fit_workers(rp, base) == {0: ([0, 1], "closed"), 1: ([0, 1], "closed")}
+    q(rp, "SET cerebro_db.replicas = 1")
+    try:
+        one = fit(rp, "rp_r1")
+    finally:
+        q(rp, "RESET cerebro_db.replicas")
+    assert q(rp, opts, (one,)) == [("1",)]
+    assert fit_workers(rp, one) == {0: ([0], "closed"), 1: ([1], "closed")}
+    assert weights(rp, "rp_r1") == baseline
+    q(rp, "SET cerebro_db.cache_memory = '1MB'; SET cerebro_db.replicas = 'auto'")
+    try:
+        small = fit(rp, "rp_small")
+    finally:
+        q(rp, "RESET cerebro_db.cache_memory; RESET cerebro_db.replicas")
+    assert q(rp, opts, (small,)) == [("1",)]
+    assert weights(rp, "rp_small") == baseline
 
 
 def test_fit_workers_refuses(rp, baseline):

@@ -3,17 +3,24 @@ churn, and the coordinator loop with a fake executor and worker pool (the real s
 exercised in tests/integration/test_replicas.py)."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
 
 from cerebro_db.coordinator import run_fit
 from cerebro_db.scheduling import (
+    EVAL,
+    TRAIN,
+    Assignment,
     Progress,
+    RandomizedMOP,
     SchedulingError,
+    auto_replicas,
     check_invariants,
     cover,
     get_policy,
+    home_partitions,
     initial_workers,
     replica_partitions,
     uncovered,
@@ -36,6 +43,100 @@ def test_replica_rule():
         assert sum(q in p for p in ws.values()) == 2
     assert initial_workers(1, 3, 1) == {0: frozenset({0, 1, 2})}
     assert initial_workers(2, 5, 1) == {0: {0, 2, 4}, 1: {1, 3}}
+
+
+def test_home_partitions():
+    # without replicas every held partition is its holder's home
+    assert home_partitions({0: {0}, 1: {1}}, 2) == {0: {0}, 1: {1}}
+    assert home_partitions({0: {0, 2, 4}, 1: {1, 3}}, 5) == {0: {0, 2, 4}, 1: {1, 3}}
+    # replicas: worker q is at home on partition q; a partition whose worker is gone goes
+    # to one of its holders; a worker that joined later is at home on all it holds
+    assert home_partitions({0: {0, 1}, 1: {0, 1}}, 2) == {0: {0}, 1: {1}}
+    assert home_partitions({0: {0, 1, 2}, 2: {0, 1, 2}}, 3) == {0: {0}, 2: {1, 2}}
+    assert home_partitions({0: {0, 1}, 1: {1, 0}, 5: {0, 1}}, 2) == {0: {0}, 1: {1},
+                                                                      5: {0, 1}}
+    ws = initial_workers(4, 4, 2)
+    home = home_partitions(ws, 4)
+    assert home == {w: {w} for w in range(4)}
+
+
+def test_auto_replicas():
+    assert auto_replicas(2, 100, 200) == 2
+    assert auto_replicas(4, 200, 200) == 4
+    assert auto_replicas(2, 201, 200) == 1  # the data does not fit one worker's budget
+    assert auto_replicas(2, None, 200) == 1  # size unknown (a MADlib-packed table)
+    with pytest.raises(SchedulingError):
+        auto_replicas(0, 1, 1)
+
+
+def _steal_setup(workers):
+    """Config 1 has trained partition 0 and waits for partition 1, where worker 1 trains
+    config 2; worker 0 is idle."""
+    prog = Progress({1: 1, 2: 1}, 2, workers, eval_epochs={1})
+    prog.start(Assignment(0, 1, 1, 0))
+    prog.finish(0, True)
+    prog.start(Assignment(1, 2, 1, 1))
+    return prog
+
+
+def test_a_worker_takes_another_partitions_unit_only_when_it_would_idle():
+    both = {0: (0, 1), 1: (0, 1)}
+    snap = _steal_setup(both).snapshot()
+    assert RandomizedMOP(0).assign(snap) == [Assignment(0, 1, 1, 1, TRAIN)]
+    # not on a look-ahead snapshot (the worker is still busy; its home worker may come first)
+    assert RandomizedMOP(0).assign(dataclasses.replace(snap, ahead=True)) == []
+    # without replicas it waits
+    assert RandomizedMOP(0).assign(_steal_setup({0: (0,), 1: (1,)}).snapshot()) == []
+    # its home partition's evaluation comes before another partition's training unit
+    prog = Progress({1: 1, 2: 1, 3: 1}, 2, both, eval_epochs={1})
+    for c, w in ((3, 0), (3, 1), (1, 0)):
+        prog.start(Assignment(w, c, 1, w))
+        prog.finish(w, True)
+    prog.start(Assignment(1, 2, 1, 1))
+    assert RandomizedMOP(0).assign(prog.snapshot()) == [Assignment(0, 3, 1, 0, EVAL)]
+    # ... and with none left at home it takes the other partition's oldest evaluation
+    prog.start(Assignment(0, 3, 1, 0, EVAL))
+    prog.finish(0, True)
+    prog.start(Assignment(0, 1, 1, 1))
+    prog.finish(0, True)  # config 1 done: its evaluations are pending on both partitions
+    snap = prog.snapshot()
+    assert RandomizedMOP(0).assign(snap) == [Assignment(0, 1, 1, 0, EVAL)]
+    prog.start(Assignment(0, 1, 1, 0, EVAL))
+    prog.finish(0, True)
+    assert RandomizedMOP(0).assign(prog.snapshot()) == [Assignment(0, 3, 1, 1, EVAL)]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_replicas_absorb_a_slower_worker_and_change_nothing_when_workers_keep_pace(seed):
+    """What fits use (seeded rotated orders, cost-aware, pipelined), 8 configs of different
+    cost, 2 partitions, 3 epochs evaluated each: with equal workers, holding both
+    partitions gives the very same schedule (nothing taken off its home); with worker 1
+    slower, it evens the workers out. Measured: span / (all unit time / 2) 1.048 -> 1.008
+    (10% slower), 1.111 -> 1.007 (25% slower), seeds 0-3."""
+    from .test_scheduling import FIT_DEFAULTS, table_times
+
+    base = table_times(seed, "per_config", 1.0, 4.0)
+    for slow, worst in ((1.0, 1.0 + 1e-9), (1.1, 1.02), (1.25, 1.02)):
+        def times(c, q, w, slow=slow):
+            return base(c, q, w) * (slow if w == 1 else 1.0)
+
+        logs = {}
+        for r, ws in ((1, {0: (0,), 1: (1,)}), (2, {0: (0, 1), 1: (0, 1)})):
+            res = simulate(get_policy("mop", random_state=seed, **FIT_DEFAULTS),
+                           list(range(1, 9)), 2, 3, times, eval_epochs=range(1, 4),
+                           workers=ws, pipeline=True)
+            check_invariants(res.log, num_partitions=2, epochs=3)
+            logs[r] = res
+        one, two = logs[1], logs[2]
+        if slow == 1.0:
+            assert [(u.config, u.partition, u.worker, u.start) for u in two.log] == \
+                [(u.config, u.partition, u.worker, u.start) for u in one.log]
+        else:
+            # pinned partitions: the faster worker idles while the slower one finishes
+            idle_ratio = one.makespan / (sum(u.duration for u in one.log) / 2)
+            assert idle_ratio >= 2 * slow / (1 + slow) - 0.005
+            assert any(u.worker != u.partition for u in two.log)
+        assert two.makespan / (sum(u.duration for u in two.log) / 2) <= worst
 
 
 def test_cover_gives_orphans_to_the_least_loaded():
