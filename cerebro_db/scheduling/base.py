@@ -245,7 +245,8 @@ class Policy(ABC):
       unit on a partition the worker holds. It may leave idle workers unassigned (a barrier),
       and returns an empty list only when nothing may run now.
     - An idle worker prefers an eligible training unit; with none it takes a pending
-      evaluation unit for a partition it holds.
+      evaluation unit for a partition it holds. (A policy that ``steals`` applies this
+      to the worker's home partitions first, then to the others it holds.)
     - Decisions depend only on the constructor options and the sequence of snapshots, so a
       seeded policy given the same snapshots makes the same decisions.
     - :meth:`done` says whether all work is finished.
