@@ -35,7 +35,7 @@ class Scale:
     synth_valid: int
     hetero_rows: int
     ma_epochs: int           # model averaging vs sequential SGD
-    repeats_short: int       # repeats of the short runs (synthetic x1)
+    repeats_short: int       # repeats of the short runs (the synthetic ones)
     repeats_adult: int = 1
     repeats_small: int = 1   # repeats of the 4,000-row fashion-mnist and hetero workloads
     repeats_realistic_fits: int = 1  # runs of each cerebro_db fit of the realistic workloads
@@ -335,7 +335,7 @@ def workloads(scale: Scale, only: set[str] | None = None) -> list[Workload]:
             out.append(Workload(name, f"synthetic wide tabular x{f} ({len(y):,} rows, "
                                 f"{SYNTH_FEATURES} features)", x, y, vx, vy, 2,
                                 tabular_configs(SYNTH_FEATURES), 1,
-                                repeats=scale.repeats_short if f == 1 else 1,
+                                repeats=scale.repeats_short,
                                 systems=("mop", "sequential")))
     if want("adult"):
         x, y, vx, vy = adult(scale.adult_rows, scale.adult_valid)

@@ -18,7 +18,14 @@ epoch. What differs from the paper:
   two worker sessions differ by 5-20% on the same units) at the price of caching it too. Not
   on a look-ahead snapshot (``Snapshot.ahead``): a busy worker is not idle yet, and the home
   worker may take the unit first. Among the candidates the config is drawn uniformly, then
-  (several held partitions unvisited, without ``seeded_order``) one such partition;
+  (several held partitions unvisited, without ``seeded_order``) one such partition. In the
+  tail of the fit (at most ``tail_units`` units per worker left to start: training units
+  not in flight and pending evaluations) a look-ahead snapshot gets nothing when some
+  partition has several holders: a unit queued on a busy worker waits for its unit in
+  flight while another holder may be idle sooner, and the last units are what evens the
+  workers out (simulated in ``tests/unit/test_replicas.py``: a short fit with one-off build
+  costs, one worker 10% slower, span / (work / 2) up to 1.048 -> at most 1.004; in cold fits
+  of the suite's synthetic workloads, medians of 10, 1.038 -> 1.023 and 1.057 -> 1.028);
 - evaluation units: a worker with no eligible training unit takes the oldest pending
   evaluation unit on a partition it holds (evaluations read a frozen state and never block
   training);
@@ -74,11 +81,17 @@ from ..errors import invalid
 from .base import TRAIN, Assignment, EvalUnit, Policy, Snapshot, _check_bool, assign_evals
 from .replicas import home_partitions
 
-__all__ = ["FIRST_UNIT_SHARE", "RandomizedMOP", "balanced_offsets"]
+__all__ = ["FIRST_UNIT_SHARE", "TAIL_UNITS", "RandomizedMOP", "balanced_offsets"]
 
 FIRST_UNIT_SHARE = 0.5
 """The one-off cost of a config's first unit (model build, tracing), as a share of the mean
 unit cost, that :func:`balanced_offsets` spreads over the partitions."""
+
+
+TAIL_UNITS = 3
+"""Per worker: with replicas, once no more than this many units per worker are left to start
+(training units not in flight and pending evaluations), busy workers get no unit queued
+ahead (:func:`_in_tail`)."""
 
 
 class RandomizedMOP(Policy):
@@ -91,23 +104,29 @@ class RandomizedMOP(Policy):
     left (ties at random) instead of among all eligible configs.
     ``config_costs``: mst_key -> estimated relative unit cost (positive; keys may be text, as
     stored in JSON), which plans the rotations' offsets under ``rotated_order``.
+    ``tail_units``: per worker, the units left to start below which nothing is queued ahead
+    when partitions have several holders (:data:`TAIL_UNITS`; 0 turns it off).
     """
 
     name = "mop"
     lookahead = True
     steals = True
     option_names = ("random_state", "prefer_lagging", "seeded_order", "cost_aware",
-                    "rotated_order", "config_costs")
+                    "rotated_order", "config_costs", "tail_units")
 
     def __init__(self, random_state: int | None = None, prefer_lagging: bool = False,
                  seeded_order: bool = False, cost_aware: bool = False,
                  rotated_order: bool = False,
-                 config_costs: Mapping[Any, Any] | None = None) -> None:
+                 config_costs: Mapping[Any, Any] | None = None,
+                 tail_units: int = TAIL_UNITS) -> None:
         self.prefer_lagging = _check_bool("prefer_lagging", prefer_lagging)
         self.seeded_order = _check_bool("seeded_order", seeded_order)
         self.cost_aware = _check_bool("cost_aware", cost_aware)
         self.rotated_order = _check_bool("rotated_order", rotated_order)
         self.config_costs = _check_costs(config_costs)
+        if isinstance(tail_units, bool) or not isinstance(tail_units, int) or tail_units < 0:
+            raise invalid(f"tail_units must be a non-negative integer, got {tail_units!r}")
+        self.tail_units = tail_units
         if random_state is None:
             random_state = random.SystemRandom().randrange(2**32)
         if isinstance(random_state, bool):
@@ -132,6 +151,8 @@ class RandomizedMOP(Policy):
             "random_state": self.random_state, "prefer_lagging": self.prefer_lagging,
             "seeded_order": self.seeded_order, "cost_aware": self.cost_aware,
             "rotated_order": self.rotated_order}
+        if self.tail_units != TAIL_UNITS:
+            out["tail_units"] = self.tail_units
         if self.config_costs is not None:
             out["config_costs"] = {str(c): v for c, v in sorted(self.config_costs.items())}
         return out
@@ -157,6 +178,8 @@ class RandomizedMOP(Policy):
         partitions first, then their oldest pending evaluation, and only then (replicas, not
         on a look-ahead snapshot) on another partition it holds, then that one's evaluation
         (:func:`~.replicas.home_partitions`)."""
+        if snapshot.ahead and _in_tail(snapshot, self.tail_units):
+            return []
         idle = list(snapshot.idle_workers)
         self._rng.shuffle(idle)
         taken = {c for c in snapshot.configs if snapshot.is_training(c)}
@@ -252,6 +275,23 @@ def _check_costs(costs: Mapping[Any, Any] | None) -> dict[int, float] | None:
             raise invalid(f"config_costs must be positive numbers, got {v!r} for {k!r}")
         out[key] = float(v)
     return out
+
+
+def _in_tail(snapshot: Snapshot, per_worker: int) -> bool:
+    """Whether the fit is in its tail and some partition has several holders: a unit queued
+    ahead on a busy worker then waits for that worker's unit in flight although another
+    holder of its partition may be idle sooner (the last units are what evens the workers
+    out), so units go to whichever worker is idle first (a dispatch round trip each)."""
+    holders: dict[int, int] = {}
+    for held in snapshot.workers.values():
+        for q in held:
+            holders[q] = holders.get(q, 0) + 1
+    if not holders or max(holders.values()) < 2:
+        return False
+    left = len(snapshot.pending_evals) + sum(
+        _units_left(snapshot, c) - (1 if snapshot.is_training(c) else 0)
+        for c in snapshot.configs)
+    return left <= per_worker * len(snapshot.workers)
 
 
 def _units_left(snapshot: Snapshot, config: int) -> int:

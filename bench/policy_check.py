@@ -1,0 +1,58 @@
+"""Two settings of the scheduling policy side by side, on cold fits.
+
+    python bench/policy_check.py WORKLOAD PAIRS PARAMS_A PARAMS_B [--load]
+
+On a ``bench/workloads.py`` workload already in the benchmark database (``--load`` packs it
+first), cold fits with ``'mop'`` (the session's kept worker sessions closed before each, as
+the suite's ``mop`` runs) alternate ``policy_params`` ``PARAMS_A`` and ``PARAMS_B`` (``''``:
+the defaults; ``PAIRS`` pairs, the order swapped every pair). Printed per fit: makespan, the
+span of the unit log, span / lower bound (``bench/report.db_metrics``, as in the report) and
+span / busiest worker's work; then the medians of each side. Alternating in one run keeps
+the machine's drift out of the comparison (two workers on this 2-core VM run the same units
+5-20% apart from one run to the next).
+"""
+from __future__ import annotations
+
+import os
+import statistics as st
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+
+import report
+import suite
+import workloads
+from common import connect
+
+
+def main() -> None:
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    if len(args) != 4:
+        sys.exit(__doc__)
+    name, pairs, sides = args[0], int(args[1]), (args[2], args[3])
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    w = workloads.workloads(workloads.SCALES["default"], {name})[0]
+    db = suite.Db(connect(), w)
+    if "--load" in sys.argv:
+        db.load()
+    seen: dict[str, list[dict[str, float]]] = {s: [] for s in sides}
+    for i in range(pairs):
+        for side in sides if i % 2 == 0 else sides[::-1]:
+            run = db.fit("mop", side or None)
+            m = report.db_metrics(run, suite.P, w.epochs)
+            m["makespan"] = run["makespan"]
+            seen[side].append(m)
+            print(f"{side or 'defaults'!r}: makespan {run['makespan']:.2f} s, span "
+                  f"{m['span']:.2f} s, span / LB {m['ratio']:.3f}, span / busiest "
+                  f"{m['busiest']:.3f}", flush=True)
+    for side, ms in seen.items():
+        print(f"{side or 'defaults'!r}: median makespan "
+              f"{st.median(m['makespan'] for m in ms):.2f} s, span / LB "
+              f"{st.median(m['ratio'] for m in ms):.3f}, span / busiest "
+              f"{st.median(m['busiest'] for m in ms):.3f} over {len(ms)} fits")
+
+
+if __name__ == "__main__":
+    main()
