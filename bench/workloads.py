@@ -58,7 +58,7 @@ SCALES: dict[str, Scale] = {
     # is not part of the suite: the repository has no copy and Debian packages none
     # (Fashion-MNIST comes from Debian).
     "default": Scale("default", 4000, 1000, 2, 10000, 4000, 4000, 2000, 4000, 5, 3,
-                     repeats_adult=3, repeats_small=3, repeats_realistic_fits=3),
+                     repeats_adult=5, repeats_small=3, repeats_realistic_fits=3),
     "large": Scale("large", 60000, 10000, 3, None, 16281, 80000, 10000, 30000, 10, 1,
                    repeats_adult=3, wide_rows=400000),
 }
