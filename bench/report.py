@@ -118,6 +118,16 @@ def db_metrics(run: dict, p: int, epochs: int) -> dict[str, float]:
     }
 
 
+def paired(mop: list[dict] | None, ring: list[dict] | None) -> str:
+    """Median over the interleaved rounds of mop's makespan / the ring's, and the rounds
+    mop won ('n/a' without both)."""
+    if not mop or not ring:
+        return "n/a"
+    ratios = [m["makespan"] / r["makespan"] for m, r in zip(mop, ring)]
+    wins = sum(x < 1 for x in ratios)
+    return f"{statistics.median(ratios):.3f} ({wins} of {len(ratios)} faster)"
+
+
 def best_acc(curves: list[list[float]]) -> float:
     """Best validation accuracy over configs after the last epoch."""
     return max((c[-1] for c in curves if c), default=float("nan"))
@@ -338,7 +348,10 @@ def main(path: Path | str = ROOT / "bench" / "results" / "results.json") -> None
         "the best configuration's validation accuracy after the last epoch. Figures with "
         "repeats report the median run; the repeat count is in each table. The cerebro_db "
         "systems' repeats are interleaved (mop, ring, ... then again from the next system), so "
-        "a drift of the machine falls on each alike."),
+        "a drift of the machine falls on each alike. Mop / ring makespan, paired: the median "
+        "over the rounds of mop's makespan over the ring's in the same round, and in how many "
+        "rounds mop was the faster (a comparison less exposed to the machine's drift than "
+        "the two medians)."),
         "",
     ]
 
@@ -347,8 +360,8 @@ def main(path: Path | str = ROOT / "bench" / "results" / "results.json") -> None
            ("| workload | fastest system | cerebro_db (mop) makespan / fastest | leanest system "
            "(peak RSS total) | cerebro_db (mop) memory / leanest | mop span / LB "
            "| mop span / busiest worker's work | mop dispatch gaps / span "
-           "| ring span / LB |"),
-           "|---|---|---:|---|---:|---:|---:|---:|---:|"]
+           "| ring span / LB | mop / ring makespan, paired |"),
+           "|---|---|---:|---|---:|---:|---:|---:|---:|---:|"]
     for name, w in wl.items():
         runs = w["runs"]
         if "mop" not in runs or len(runs) < 2:
@@ -361,7 +374,8 @@ def main(path: Path | str = ROOT / "bench" / "results" / "results.json") -> None
                 if runs.get("ring") else "n/a")
         ans.append(f"| {name} | {NAMES.get(fast, fast)} | {ms['mop'] / ms[fast]:.2f} | "
                    f"{NAMES.get(lean, lean)} | {mm['mop'] / mm[lean]:.2f} | {dm['ratio']:.3f} | "
-                   f"{dm['busiest']:.3f} | {100 * dm['gaps']:.1f}% | {ring} |")
+                   f"{dm['busiest']:.3f} | {100 * dm['gaps']:.1f}% | {ring} | "
+                   f"{paired(runs.get('mop'), runs.get('ring'))} |")
     if len(ans) > 4:
         L += [*ans, ""]
 
