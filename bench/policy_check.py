@@ -1,15 +1,17 @@
 """Two settings of the scheduling policy side by side, on cold fits.
 
-    python bench/policy_check.py WORKLOAD PAIRS PARAMS_A PARAMS_B [--load]
+    python bench/policy_check.py WORKLOAD PAIRS SIDE_A SIDE_B [--load]
 
 On a ``bench/workloads.py`` workload already in the benchmark database (``--load`` packs it
-first), cold fits with ``'mop'`` (the session's kept worker sessions closed before each, as
-the suite's ``mop`` runs) alternate ``policy_params`` ``PARAMS_A`` and ``PARAMS_B`` (``''``:
-the defaults; ``PAIRS`` pairs, the order swapped every pair). Printed per fit: makespan, the
+first), cold fits (the session's kept worker sessions closed before each, as the suite's
+runs) alternate two sides (``PAIRS`` pairs, the order swapped every pair). A side is
+``policy_params`` for ``'mop'`` (``''``: the defaults), or ``POLICY:PARAMS`` (``ring:``,
+``mop:tail_units=0``). Printed per fit: makespan, the
 span of the unit log, span / lower bound (``bench/report.db_metrics``, as in the report) and
-span / busiest worker's work; then the medians of each side. Alternating in one run keeps
-the machine's drift out of the comparison (two workers on this 2-core VM run the same units
-5-20% apart from one run to the next).
+span / busiest worker's work and the units' summed time; then the medians of each side and
+the median of A / B makespans within a pair. Alternating in one run keeps the machine's
+drift out of the comparison (two workers on this 2-core VM run the same units 5-20% apart
+from one run to the next).
 """
 from __future__ import annotations
 
@@ -40,18 +42,25 @@ def main() -> None:
     seen: dict[str, list[dict[str, float]]] = {s: [] for s in sides}
     for i in range(pairs):
         for side in sides if i % 2 == 0 else sides[::-1]:
-            run = db.fit("mop", side or None)
+            policy, params = side.split(":", 1) if ":" in side else ("mop", side)
+            run = db.fit(policy, params or None)
             m = report.db_metrics(run, suite.P, w.epochs)
             m["makespan"] = run["makespan"]
+            m["work"] = sum(u["end"] - u["start"] for u in run["units"])
             seen[side].append(m)
             print(f"{side or 'defaults'!r}: makespan {run['makespan']:.2f} s, span "
                   f"{m['span']:.2f} s, span / LB {m['ratio']:.3f}, span / busiest "
-                  f"{m['busiest']:.3f}", flush=True)
+                  f"{m['busiest']:.3f}, units {m['work']:.2f} s", flush=True)
     for side, ms in seen.items():
         print(f"{side or 'defaults'!r}: median makespan "
               f"{st.median(m['makespan'] for m in ms):.2f} s, span / LB "
               f"{st.median(m['ratio'] for m in ms):.3f}, span / busiest "
-              f"{st.median(m['busiest'] for m in ms):.3f} over {len(ms)} fits")
+              f"{st.median(m['busiest'] for m in ms):.3f}, units "
+              f"{st.median(m['work'] for m in ms):.2f} s over {len(ms)} fits")
+    a, b = (seen[s] for s in sides)
+    ratios = [x["makespan"] / y["makespan"] for x, y in zip(a, b)]
+    print(f"A / B makespan within a pair: median {st.median(ratios):.3f}, A faster in "
+          f"{sum(r < 1 for r in ratios)} of {len(ratios)}")
 
 
 if __name__ == "__main__":
