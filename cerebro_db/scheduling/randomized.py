@@ -282,11 +282,8 @@ def _in_tail(snapshot: Snapshot, per_worker: int) -> bool:
     ahead on a busy worker then waits for that worker's unit in flight although another
     holder of its partition may be idle sooner (the last units are what evens the workers
     out), so units go to whichever worker is idle first (a dispatch round trip each)."""
-    holders: dict[int, int] = {}
-    for held in snapshot.workers.values():
-        for q in held:
-            holders[q] = holders.get(q, 0) + 1
-    if not holders or max(holders.values()) < 2:
+    held = [q for parts in snapshot.workers.values() for q in parts]
+    if len(held) == len(set(held)):  # every partition has one holder
         return False
     left = len(snapshot.pending_evals) + sum(
         _units_left(snapshot, c) - (1 if snapshot.is_training(c) else 0)
