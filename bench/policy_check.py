@@ -8,7 +8,9 @@ runs) alternate two sides (``PAIRS`` pairs, the order swapped every pair). A sid
 ``policy_params`` for ``'mop'`` (``''``: the defaults), or ``POLICY:PARAMS`` (``ring:``,
 ``mop:tail_units=0``). Printed per fit: makespan, the
 span of the unit log, span / lower bound (``bench/report.db_metrics``, as in the report) and
-span / busiest worker's work and the units' summed time; then the medians of each side and
+span / busiest worker's work, the units' summed time and the CPU time of the fit's
+calling backend (the coordinator) and of its worker sessions (opened by the fit: their
+TensorFlow import included); then the medians of each side and
 the median of A / B makespans within a pair. Alternating in one run keeps the machine's
 drift out of the comparison (two workers on this 2-core VM run the same units 5-20% apart
 from one run to the next).
@@ -43,24 +45,40 @@ def main() -> None:
     for i in range(pairs):
         for side in sides if i % 2 == 0 else sides[::-1]:
             policy, params = side.split(":", 1) if ":" in side else ("mop", side)
+            before = _cpu(db.backend_pid)
             run = db.fit(policy, params or None)
+            coordinator = _cpu(db.backend_pid) - before
+            workers = sum(_cpu(pid) for pid in {u["pid"] for u in run["units"]})
             m = report.db_metrics(run, suite.P, w.epochs)
             m["makespan"] = run["makespan"]
             m["work"] = sum(u["end"] - u["start"] for u in run["units"])
+            m["coordinator"], m["workers"] = coordinator, workers
             seen[side].append(m)
             print(f"{side or 'defaults'!r}: makespan {run['makespan']:.2f} s, span "
                   f"{m['span']:.2f} s, span / LB {m['ratio']:.3f}, span / busiest "
-                  f"{m['busiest']:.3f}, units {m['work']:.2f} s", flush=True)
+                  f"{m['busiest']:.3f}, units {m['work']:.2f} s, CPU: coordinator "
+                  f"{coordinator:.2f} s, workers {workers:.2f} s", flush=True)
     for side, ms in seen.items():
         print(f"{side or 'defaults'!r}: median makespan "
               f"{st.median(m['makespan'] for m in ms):.2f} s, span / LB "
               f"{st.median(m['ratio'] for m in ms):.3f}, span / busiest "
               f"{st.median(m['busiest'] for m in ms):.3f}, units "
-              f"{st.median(m['work'] for m in ms):.2f} s over {len(ms)} fits")
+              f"{st.median(m['work'] for m in ms):.2f} s, CPU: coordinator "
+              f"{st.median(m['coordinator'] for m in ms):.2f} s, workers "
+              f"{st.median(m['workers'] for m in ms):.2f} s over {len(ms)} fits")
     a, b = (seen[s] for s in sides)
     ratios = [x["makespan"] / y["makespan"] for x, y in zip(a, b)]
     print(f"A / B makespan within a pair: median {st.median(ratios):.3f}, A faster in "
           f"{sum(r < 1 for r in ratios)} of {len(ratios)}")
+
+
+def _cpu(pid: int) -> float:
+    """CPU seconds (user + system) a local process has used so far (0 once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 if __name__ == "__main__":

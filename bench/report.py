@@ -128,6 +128,23 @@ def paired(mop: list[dict] | None, ring: list[dict] | None) -> str:
     return f"{statistics.median(ratios):.3f} ({wins} of {len(ratios)} faster)"
 
 
+REPLAY_SEEDS = 5
+"""MOP seeds per replay (:func:`replayed`)."""
+
+
+def replayed(run: dict, p: int) -> str:
+    """MOP's and the ring's makespans on the unit times of ``run`` (a mop run), replayed
+    through the simulator (``bench/schedule_replay.py``, evaluations included, MOP's mean
+    over :data:`REPLAY_SEEDS` seeds): mop / ring, the two schedules compared on exactly the
+    same units, without the noise of how fast the units ran in each measured run."""
+    import schedule_replay
+
+    if not run.get("units"):
+        return "n/a"
+    r = schedule_replay.replay(run["units"], p, REPLAY_SEEDS, True)
+    return f"{r['mop_over_ring_mean']:.3f}"
+
+
 def best_acc(curves: list[list[float]]) -> float:
     """Best validation accuracy over configs after the last epoch."""
     return max((c[-1] for c in curves if c), default=float("nan"))
@@ -284,6 +301,7 @@ def main(path: Path | str = ROOT / "bench" / "results" / "results.json") -> None
         old.unlink()
     p = res["partitions"]
     m = res["machine"]
+    detail = f" ({m['cpu_detail']})" if m.get("cpu_detail") else ""
     wl: dict[str, dict] = res["workloads"]
     L: list[str] = [
         "# cerebro_db against its peers",
@@ -292,7 +310,7 @@ def main(path: Path | str = ROOT / "bench" / "results" / "results.json") -> None
         f"`bench/results/results.json`; do not edit by hand. Command: `{res['command']}` "
         f"(scale `{res['scale']}`), {res['seconds'] / 60:.1f} minutes in all."),
         "",
-        f"Machine: {m.get('cpu', '?')}, {m['cores']} cores, {m.get('memory_gib', '?')} GiB; "
+        f"Machine: {m.get('cpu', '?')}{detail}, {m['cores']} cores, {m.get('memory_gib', '?')} GiB; "
         f"{m['platform']}; Python {m['python']}, PostgreSQL {m['postgres'].split(' on ')[0]}, "
         f"cerebro_db {m['cerebro_db']}, TensorFlow {m['tensorflow']}, Keras {m['keras']}, "
         f"numpy {m['numpy']}, Ray {m.get('ray')}, psutil {m.get('psutil')}. Load average "
@@ -351,7 +369,14 @@ def main(path: Path | str = ROOT / "bench" / "results" / "results.json") -> None
         "a drift of the machine falls on each alike. Mop / ring makespan, paired: the median "
         "over the rounds of mop's makespan over the ring's in the same round, and in how many "
         "rounds mop was the faster (a comparison less exposed to the machine's drift than "
-        "the two medians)."),
+        "the two medians). Mop / ring, the same units replayed: the median mop run's unit "
+        "times (training units per config, epoch and partition, their one-off first costs "
+        "where they fell; evaluations) driven through the production coordinator loop on "
+        "a simulated clock with MOP (the fits' options, mean of "
+        f"{REPLAY_SEEDS} seeds) and with the ring (`bench/schedule_replay.py`, one "
+        "partition per worker): the schedules alone compared, on every workload, the "
+        "ring included where the suite does not run it (the simulator leaves out the "
+        "workers' contention and the coordinator's round trips)."),
         "",
     ]
 
@@ -360,8 +385,9 @@ def main(path: Path | str = ROOT / "bench" / "results" / "results.json") -> None
            ("| workload | fastest system | cerebro_db (mop) makespan / fastest | leanest system "
            "(peak RSS total) | cerebro_db (mop) memory / leanest | mop span / LB "
            "| mop span / busiest worker's work | mop dispatch gaps / span "
-           "| ring span / LB | mop / ring makespan, paired |"),
-           "|---|---|---:|---|---:|---:|---:|---:|---:|---:|"]
+           "| ring span / LB | mop / ring makespan, paired | mop / ring, the same units "
+           "replayed |"),
+           "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for name, w in wl.items():
         runs = w["runs"]
         if "mop" not in runs or len(runs) < 2:
@@ -375,7 +401,8 @@ def main(path: Path | str = ROOT / "bench" / "results" / "results.json") -> None
         ans.append(f"| {name} | {NAMES.get(fast, fast)} | {ms['mop'] / ms[fast]:.2f} | "
                    f"{NAMES.get(lean, lean)} | {mm['mop'] / mm[lean]:.2f} | {dm['ratio']:.3f} | "
                    f"{dm['busiest']:.3f} | {100 * dm['gaps']:.1f}% | {ring} | "
-                   f"{paired(runs.get('mop'), runs.get('ring'))} |")
+                   f"{paired(runs.get('mop'), runs.get('ring'))} | "
+                   f"{replayed(median_run(runs['mop']), p)} |")
     if len(ans) > 4:
         L += [*ans, ""]
 

@@ -39,6 +39,7 @@ class Scale:
     repeats_adult: int = 1
     repeats_small: int = 1   # repeats of the 4,000-row fashion-mnist and hetero workloads
     repeats_realistic_fits: int = 1  # runs of each cerebro_db fit of the realistic workloads
+    repeats_short_fits: int | None = None  # cerebro_db fits of the short runs (None: repeats_short)
     image_datasets: tuple[str, ...] = ("fashion-mnist",)
     synth_factors: tuple[int, ...] = (1, 4, 16)
     full_rows: int = 60000   # realistic scale: all of Fashion-MNIST's training rows
@@ -58,7 +59,8 @@ SCALES: dict[str, Scale] = {
     # is not part of the suite: the repository has no copy and Debian packages none
     # (Fashion-MNIST comes from Debian).
     "default": Scale("default", 4000, 1000, 2, 10000, 4000, 4000, 2000, 4000, 5, 3,
-                     repeats_adult=5, repeats_small=3, repeats_realistic_fits=3),
+                     repeats_adult=5, repeats_small=3, repeats_realistic_fits=3,
+                     repeats_short_fits=9),
     "large": Scale("large", 60000, 10000, 3, None, 16281, 80000, 10000, 30000, 10, 1,
                    repeats_adult=3, wide_rows=400000),
 }
@@ -336,6 +338,7 @@ def workloads(scale: Scale, only: set[str] | None = None) -> list[Workload]:
                                 f"{SYNTH_FEATURES} features)", x, y, vx, vy, 2,
                                 tabular_configs(SYNTH_FEATURES), 1,
                                 repeats=scale.repeats_short,
+                                fit_repeats=scale.repeats_short_fits,
                                 systems=("mop", "sequential")))
     if want("adult"):
         x, y, vx, vy = adult(scale.adult_rows, scale.adult_valid)
