@@ -14,9 +14,14 @@ import statistics
 import sys
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import schedule_replay
+
 FIG = ROOT / "bench" / "figures"
 OUT = ROOT / "bench" / "RESULTS.md"
 
@@ -132,17 +137,15 @@ REPLAY_SEEDS = 5
 """MOP seeds per replay (:func:`replayed`)."""
 
 
-def replayed(run: dict, p: int) -> str:
+def replayed(run: dict, p: int, family: dict[int, Any]) -> str:
     """MOP's and the ring's makespans on the unit times of ``run`` (a mop run), replayed
     through the simulator (``bench/schedule_replay.py``, evaluations included, MOP's mean
     over :data:`REPLAY_SEEDS` seeds): mop / ring, the two schedules compared on exactly the
     same units, without the noise of how fast the units ran in each measured run."""
-    import schedule_replay
-
     if not run.get("units"):
         return "n/a"
-    r = schedule_replay.replay(run["units"], p, REPLAY_SEEDS, True)
-    return f"{r['mop_over_ring_mean']:.3f}"
+    r = schedule_replay.replay(run["units"], p, REPLAY_SEEDS, True, family=family)
+    return f"{r['mop_over_ring_mean']:.3f} (mop / LB {r['ratio_lb_mean']:.3f})"
 
 
 def best_acc(curves: list[list[float]]) -> float:
@@ -369,9 +372,12 @@ def main(path: Path | str = ROOT / "bench" / "results" / "results.json") -> None
         "a drift of the machine falls on each alike. Mop / ring makespan, paired: the median "
         "over the rounds of mop's makespan over the ring's in the same round, and in how many "
         "rounds mop was the faster (a comparison less exposed to the machine's drift than "
-        "the two medians). Mop / ring, the same units replayed: the median mop run's unit "
-        "times (training units per config, epoch and partition, their one-off first costs "
-        "where they fell; evaluations) driven through the production coordinator loop on "
+        "the two medians). Mop / ring, the same units replayed: the median mop run's units "
+        "(training units per config, epoch and partition; evaluations), each at its steady "
+        "time, plus the one-off costs each schedule causes (a worker's first read; per "
+        "worker, the first training and the first evaluation unit of a model family, i.e. "
+        "of an architecture and regulariser, pay its build and trace, as measured in the "
+        "run), driven through the production coordinator loop on "
         "a simulated clock with MOP (the fits' options, mean of "
         f"{REPLAY_SEEDS} seeds) and with the ring (`bench/schedule_replay.py`, one "
         "partition per worker): the schedules alone compared, on every workload, the "
@@ -395,6 +401,7 @@ def main(path: Path | str = ROOT / "bench" / "results" / "results.json") -> None
         ms = {s: med(rs) for s, rs in runs.items()}
         mm = {s: mem(median_run(rs))[0] for s, rs in runs.items()}
         fast, lean = min(ms, key=ms.__getitem__), min(mm, key=mm.__getitem__)
+        families = schedule_replay.families(w.get("configs"))
         dm = db_metrics(median_run(runs["mop"]), p, w["epochs"])
         ring = (f"{statistics.median(db_metrics(r, p, w['epochs'])['ratio'] for r in runs['ring']):.3f}"
                 if runs.get("ring") else "n/a")
@@ -402,7 +409,7 @@ def main(path: Path | str = ROOT / "bench" / "results" / "results.json") -> None
                    f"{NAMES.get(lean, lean)} | {mm['mop'] / mm[lean]:.2f} | {dm['ratio']:.3f} | "
                    f"{dm['busiest']:.3f} | {100 * dm['gaps']:.1f}% | {ring} | "
                    f"{paired(runs.get('mop'), runs.get('ring'))} | "
-                   f"{replayed(median_run(runs['mop']), p)} |")
+                   f"{replayed(median_run(runs['mop']), p, families)} |")
     if len(ans) > 4:
         L += [*ans, ""]
 
