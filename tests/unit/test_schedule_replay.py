@@ -9,7 +9,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-import schedule_replay  # noqa: E402
+import schedule_replay
 
 STEADY = {1: 0.10, 2: 0.12, 3: 0.30, 4: 0.32}  # config -> steady training unit seconds
 EVAL = 0.05
