@@ -369,7 +369,13 @@ def main(path: Path | str = ROOT / "bench" / "results" / "results.json") -> None
         "the best configuration's validation accuracy after the last epoch. Figures with "
         "repeats report the median run; the repeat count is in each table. The cerebro_db "
         "systems' repeats are interleaved (mop, ring, ... then again from the next system), so "
-        "a drift of the machine falls on each alike. Mop / ring makespan, paired: the median "
+        "a drift of the machine falls on each alike" + (
+            "; before them one unmeasured fit (mop, 1 epoch, in a session of its own) takes "
+            "the penalty of the first fit after a workload's loading (units 4-17% slower)"
+            if any("warm_up_s" in x for x in wl.values()) else
+            " (no warm-up fit in this run: the first round's first system, mop, ran its "
+            "units slower than the others on most workloads)") + ". Mop / ring makespan, "
+        "paired: the median "
         "over the rounds of mop's makespan over the ring's in the same round, and in how many "
         "rounds mop was the faster (a comparison less exposed to the machine's drift than "
         "the two medians). Mop / ring, the same units replayed: the median mop run's units "
