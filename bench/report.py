@@ -371,7 +371,7 @@ def main(path: Path | str = ROOT / "bench" / "results" / "results.json") -> None
         "systems' repeats are interleaved (mop, ring, ... then again from the next system), so "
         "a drift of the machine falls on each alike" + (
             "; before them one unmeasured fit (mop, 1 epoch, in a session of its own) takes "
-            "the penalty of the first fit after a workload's loading (units 4-17% slower)"
+            "any penalty of the first fit after a workload's loading"
             if any("warm_up_s" in x for x in wl.values()) else
             " (no warm-up fit in this run: the first round's first system, mop, ran its "
             "units slower than the others on most workloads)") + ". Mop / ring makespan, "

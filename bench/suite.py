@@ -389,11 +389,12 @@ class Db:
 
     def warm_up(self) -> float:
         """One unmeasured fit (mop, 1 epoch) in a session of its own, its worker sessions
-        closed after; returns its seconds. The first fit after a workload's loading ran its
-        units 4-17% slower than the fits after it (summed unit time, mop against the ring
-        in the same round of the run of 2026-11-28, on 5 of 6 workloads), and the
-        interleaving has mop first in that round: this fit takes that penalty instead. The
-        measured fits' session is untouched (its first fit stays its first)."""
+        closed after; returns its seconds. In the run of 2026-11-28 the first measured fit
+        after a workload's loading (mop, first in the first round) ran its units 4-17% slower
+        than the ring's in the same round on 5 of 6 workloads; whether that is a penalty of
+        a first fit or this VM's fit-to-fit spread (two identical fits minutes apart: 15%),
+        one run cannot tell, and this fit takes whatever penalty there is. The measured
+        fits' session is untouched (its first fit stays its first)."""
         t = self.t
         c = connect()
         try:
