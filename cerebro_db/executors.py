@@ -165,16 +165,23 @@ class StallRule:
     """When a unit counts as stalled (its session is then terminated and the unit retried):
     after ``max(floor, factor x the median of the completed units of its configuration and
     kind)`` seconds; before any of them completed, the median of all completed units of
-    that kind; before any unit of the kind completed, ``first`` seconds."""
+    that kind; before any unit of the kind completed, and for the first unit of a session
+    opened again after a loss, ``first`` seconds at least."""
 
     floor: float = 60.0
     factor: float = 10.0
     first: float = 600.0
 
-    def limit(self, own: list[float], same_kind: list[float]) -> float:
+    def limit(self, own: list[float], same_kind: list[float], fresh: bool = False) -> float:
+        """The limit of a unit; ``fresh``: the first unit of a session opened again after a
+        loss, which also pays that session's start-up (TensorFlow's import, the first read,
+        the model's build and trace) that no completed unit measured, so it gets ``first``
+        seconds at least (on a slow host the start-up alone outlasted a low floor, and the
+        retried unit was declared stalled again at every attempt)."""
         times = own or same_kind
-        if not times:
-            return max(self.floor, self.first)
+        if not times or fresh:
+            return max(self.floor, self.first, self.factor * statistics.median(times)
+                       if times else 0.0)
         return max(self.floor, self.factor * statistics.median(times))
 
 
@@ -222,6 +229,7 @@ class DblinkExecutor:
         self.limits: dict[int, float | None] = {}
         self._keys: dict[int, tuple[Any, str]] = {}
         self.unit_times: dict[tuple[Any, str], list[float]] = {}
+        self._fresh: set[int] = set()  # reopened after a loss, no unit answered since
         self._waker: Waker | None = None
         self._pokes = 0  # pokes not yet matched by a collected unit
         self._credits = 0  # units sent that may still poke (one fast-polling spell each)
@@ -392,6 +400,7 @@ class DblinkExecutor:
             reraise_cancel(e)
             self._drop(worker)
             return False
+        self._fresh.add(worker)
         return True
 
     def _drop(self, worker: int | str) -> None:
@@ -451,7 +460,7 @@ class DblinkExecutor:
             reraise_cancel(e)
             self._send_failed[worker] = getattr(e, "message", None) or str(e)
         self.busy[worker] = time.monotonic()
-        self.limits[worker] = self._limit(key)
+        self.limits[worker] = self._limit(key, worker)
         if key is not None:
             self._keys[worker] = key
 
@@ -528,7 +537,7 @@ class DblinkExecutor:
     def _started(self, worker: int, key: tuple[Any, str] | None) -> None:
         """A unit of ``worker``'s chain started (as far as the coordinator can tell: now)."""
         self.busy[worker] = time.monotonic()
-        self.limits[worker] = self._limit(key)
+        self.limits[worker] = self._limit(key, worker)
         if key is not None:
             self._keys[worker] = key
         if self._waker is not None:
@@ -576,14 +585,14 @@ class DblinkExecutor:
         executors that run units elsewhere override this method too."""
         self.submit(worker, sql.check_fit(self.cat, spec))
 
-    def _limit(self, key: tuple[Any, str] | None) -> float | None:
+    def _limit(self, key: tuple[Any, str] | None, worker: int | None = None) -> float | None:
         rule = self.unit_timeout
         if not isinstance(rule, StallRule):
             return rule
         own = self.unit_times.get(key, []) if key is not None else []
         same_kind = [t for k, ts in self.unit_times.items()
                      if key is not None and k[1] == key[1] for t in ts]
-        return rule.limit(own, same_kind)
+        return rule.limit(own, same_kind, fresh=worker in self._fresh)
 
     def wait(self, timeout: float | None = None) -> list[WorkerResult]:
         """Block until at least one busy worker finished (or ``timeout``); return results.
@@ -829,6 +838,7 @@ class DblinkExecutor:
             if free:
                 self._unexpect(worker)
         key = self._keys.pop(worker, None)
+        self._fresh.discard(worker)
         data = json.loads(text)
         if data.get("ok") and key is not None:
             self.unit_times.setdefault(key, []).append(seconds)

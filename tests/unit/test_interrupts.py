@@ -19,6 +19,16 @@ def test_stall_limit_is_k_times_the_median_of_the_configs_units_above_a_floor():
     assert StallRule(floor=700.0).limit([], []) == 700.0
 
 
+def test_a_reopened_sessions_first_unit_gets_the_first_units_allowance():
+    # its start-up (TensorFlow's import, first read, build and trace) is in that unit, and
+    # no completed unit measured it: on a slow host it outlasted a 3 s floor at every retry
+    rule = StallRule(floor=3.0, factor=10.0, first=600.0)
+    assert rule.limit([0.2, 0.5, 0.4], [], fresh=True) == 600.0
+    assert rule.limit([], [], fresh=True) == 600.0
+    assert rule.limit([100.0], [], fresh=True) == pytest.approx(1000.0)  # never below
+    assert StallRule(floor=3.0, first=30.0).limit([0.1], [], fresh=True) == 30.0
+
+
 class _SPIError(Exception):
     def __init__(self, sqlstate):
         super().__init__("x")
