@@ -73,11 +73,32 @@ def create_database(schema: str = "cerebro_db", version: str | None = None) -> s
     return name
 
 
-def drop_database(name: str) -> None:
+def drop_database(name: str, wait: float = 60.0) -> None:
+    """``DROP DATABASE ... WITH (FORCE)``, tried again for ``wait`` seconds while it says the
+    database is in use: FORCE terminates the other sessions but waits only 5 s for them to
+    end, and a backend inside a PL/Python call (a unit whose worker is gone, TensorFlow's
+    import) ends only when the call returns to PostgreSQL. The sessions still there are in
+    the error if it never succeeds."""
+    import psycopg2.errors
+
     admin = connect("postgres", autocommit=True)
-    with admin.cursor() as cur:
-        cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    admin.close()
+    end = time.monotonic() + wait
+    try:
+        with admin.cursor() as cur:
+            while True:
+                try:
+                    cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+                    return
+                except psycopg2.errors.ObjectInUse:
+                    if time.monotonic() >= end:
+                        cur.execute("SELECT pid, application_name, state, left(query, 200), "
+                                    "now() - query_start FROM pg_stat_activity WHERE "
+                                    "datname = %s", (name,))
+                        raise AssertionError(f"database {name} still in use after {wait:g} s: "
+                                             f"{cur.fetchall()}") from None
+                    time.sleep(1.0)
+    finally:
+        admin.close()
 
 
 def cerebro_error(fn, *args: Any, **kwargs: Any):

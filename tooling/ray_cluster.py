@@ -141,8 +141,11 @@ class RayHead:
 
     def worker_pids(self, title: str = "ray::UnitActor") -> list[int]:
         """Pids of the cluster's processes whose title starts with ``title`` (Ray names an
-        actor's process ``ray::<class>``)."""
-        return sorted(p for p, cmd in self.pids().items() if cmd.startswith(title))
+        actor's process ``ray::<class>``), the actors' own processes only: a child an actor
+        forks carries its parent's title until it execs, and is not another actor."""
+        procs = self.pids()
+        titled = {p for p, cmd in procs.items() if cmd.startswith(title)}
+        return sorted(p for p in titled if _ppid(p) not in titled)
 
     def stop(self, grace: float = 40.0) -> None:
         """SIGTERM to the head (Ray stops its processes), then SIGKILL to whatever of its
@@ -165,3 +168,13 @@ class RayHead:
         self.log.close()
         if not os.environ.get("CEREBRO_KEEP_RAY_TEMP"):
             shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+def _ppid(pid: int) -> int | None:
+    """The parent pid of ``pid`` from /proc (None once it is gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # the command name (field 2) is in parentheses and may hold spaces
+    return int(stat.rsplit(")", 1)[1].split()[1])

@@ -48,10 +48,16 @@ class ActorWatch(threading.Thread):
     def __init__(self, cluster) -> None:
         super().__init__(daemon=True)
         self.cluster, self.seen, self.halt = cluster, set(), threading.Event()
+        self.t0, self.first = time.monotonic(), {}  # pid: (seconds from start, command line)
 
     def run(self) -> None:
         while not self.halt.is_set():
-            self.seen.update(self.cluster.worker_pids())
+            pids = self.cluster.worker_pids()
+            if set(pids) - self.seen:
+                cmds = self.cluster.pids()
+                for p in set(pids) - self.seen:
+                    self.first[p] = (round(time.monotonic() - self.t0, 2), cmds.get(p))
+            self.seen.update(pids)
             self.halt.wait(0.1)
 
     def stop(self) -> set[int]:
@@ -189,7 +195,10 @@ def test_killed_actor_mid_fit_loses_one_unit(role, su_role, radmin, ray_cluster,
     rows = unit_counts(radmin, fit_id)
     assert [(k, n, d) for k, n, d, _ in rows] == [("eval_train", 4, 4), ("train", 4, 4)]
     # a new actor took the killed one's slot
-    assert pid in seen and len(seen) == 3, seen
+    assert pid in seen and len(seen) == 3, (
+        pid, watch.first, su.notices,
+        q(radmin, "SELECT worker, pid, status FROM cerebro_db.fit_workers WHERE fit_id = %s",
+          (fit_id,)))
     # the killed actor's database backend (asleep in the hook) was ended, not left to run
     assert q(radmin, "SELECT count(*) FROM pg_stat_activity WHERE usename = %s AND "
                      "wait_event = 'PgSleep'", (su_role.name,)) == [(0,)]
