@@ -1,14 +1,16 @@
 """Two settings of the scheduling policy side by side, on cold fits.
 
-    python bench/policy_check.py WORKLOAD PAIRS SIDE_A SIDE_B [--load]
+    python bench/policy_check.py WORKLOAD PAIRS SIDE_A SIDE_B [--load] [--warm-up]
 
 On a ``bench/workloads.py`` workload already in the benchmark database (``--load`` packs it
-first), cold fits (the session's kept worker sessions closed before each, as the suite's
-runs) alternate two sides (``PAIRS`` pairs, the order swapped every pair). A side is
+first; ``--warm-up`` runs the suite's unmeasured warm-up fit before the measured ones), cold
+fits (the session's kept worker sessions closed before each, as the suite's runs) alternate
+two sides (``PAIRS`` pairs, the order swapped every pair). A side is
 ``policy_params`` for ``'mop'`` (``''``: the defaults), or ``POLICY:PARAMS`` (``ring:``,
 ``mop:tail_units=0``). Printed per fit: makespan, the
 span of the unit log, span / lower bound (``bench/report.db_metrics``, as in the report) and
-span / busiest worker's work, the units' summed time and the CPU time of the fit's
+span / busiest worker's work, the units' summed time (by kind, and of the units run
+away from their worker's home partition) and the CPU time of the fit's
 calling backend (the coordinator) and of its worker sessions (opened by the fit: their
 TensorFlow import included); then the medians of each side and
 the median of A / B makespans within a pair. Alternating in one run keeps the machine's
@@ -41,6 +43,8 @@ def main() -> None:
     db = suite.Db(connect(), w)
     if "--load" in sys.argv:
         db.load()
+    if "--warm-up" in sys.argv:
+        print(f"warm-up fit (unmeasured): {db.warm_up():.1f} s", flush=True)
     seen: dict[str, list[dict[str, float]]] = {s: [] for s in sides}
     for i in range(pairs):
         for side in sides if i % 2 == 0 else sides[::-1]:
@@ -53,10 +57,11 @@ def main() -> None:
             m["makespan"] = run["makespan"]
             m["work"] = sum(u["end"] - u["start"] for u in run["units"])
             m["coordinator"], m["workers"] = coordinator, workers
+            split = _split(run["units"])
             seen[side].append(m)
             print(f"{side or 'defaults'!r}: makespan {run['makespan']:.2f} s, span "
                   f"{m['span']:.2f} s, span / LB {m['ratio']:.3f}, span / busiest "
-                  f"{m['busiest']:.3f}, units {m['work']:.2f} s, CPU: coordinator "
+                  f"{m['busiest']:.3f}, units {m['work']:.2f} s ({split}), CPU: coordinator "
                   f"{coordinator:.2f} s, workers {workers:.2f} s", flush=True)
     for side, ms in seen.items():
         print(f"{side or 'defaults'!r}: median makespan "
@@ -70,6 +75,21 @@ def main() -> None:
     ratios = [x["makespan"] / y["makespan"] for x, y in zip(a, b)]
     print(f"A / B makespan within a pair: median {st.median(ratios):.3f}, A faster in "
           f"{sum(r < 1 for r in ratios)} of {len(ratios)}")
+
+
+def _split(units: list[dict]) -> str:
+    """The units' time by kind, and the units a worker ran away from its home partition
+    (worker ``q`` < P is at home on partition ``q``): each such unit's worker also read that
+    partition, once per fit."""
+    by: dict[str, float] = {}
+    away, away_s = 0, 0.0
+    for u in units:
+        s = u["end"] - u["start"]
+        by[u["kind"]] = by.get(u["kind"], 0.0) + s
+        if u["worker"] < suite.P and u["partition"] != u["worker"]:
+            away, away_s = away + 1, away_s + s
+    return ", ".join(f"{k} {v:.2f}" for k, v in sorted(by.items())) + \
+        f"; {away} away from home, {away_s:.2f} s"
 
 
 def _cpu(pid: int) -> float:
