@@ -142,10 +142,11 @@ class RayHead:
     def worker_pids(self, title: str = "ray::UnitActor") -> list[int]:
         """Pids of the cluster's processes whose title starts with ``title`` (Ray names an
         actor's process ``ray::<class>``), the actors' own processes only: a child an actor
-        forks carries its parent's title until it execs, and is not another actor."""
-        procs = self.pids()
-        titled = {p for p, cmd in procs.items() if cmd.startswith(title)}
-        return sorted(p for p in titled if _ppid(p) not in titled)
+        forks carries its parent's title until it execs, and is not another actor (nor is a
+        process gone before its parent could be read)."""
+        titled = {p for p, cmd in self.pids().items() if cmd.startswith(title)}
+        parents = {p: _ppid(p) for p in titled}
+        return sorted(p for p, pp in parents.items() if pp is not None and pp not in titled)
 
     def stop(self, grace: float = 40.0) -> None:
         """SIGTERM to the head (Ray stops its processes), then SIGKILL to whatever of its
