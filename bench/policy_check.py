@@ -12,7 +12,8 @@ span of the unit log, span / lower bound (``bench/report.db_metrics``, as in the
 span / busiest worker's work, the units' summed time (by kind, and of the units run
 away from their worker's home partition) and the CPU time of the fit's
 calling backend (the coordinator) and of its worker sessions (opened by the fit: their
-TensorFlow import included); then the medians of each side and
+TensorFlow import included) and the CPU time the hypervisor gave to other guests meanwhile
+(``steal``); then the medians of each side and
 the median of A / B makespans within a pair. Alternating in one run keeps the machine's
 drift out of the comparison (two workers on this 2-core VM run the same units 5-20% apart
 from one run to the next).
@@ -62,7 +63,8 @@ def main() -> None:
             print(f"{side or 'defaults'!r}: makespan {run['makespan']:.2f} s, span "
                   f"{m['span']:.2f} s, span / LB {m['ratio']:.3f}, span / busiest "
                   f"{m['busiest']:.3f}, units {m['work']:.2f} s ({split}), CPU: coordinator "
-                  f"{coordinator:.2f} s, workers {workers:.2f} s", flush=True)
+                  f"{coordinator:.2f} s, workers {workers:.2f} s, stolen by the hypervisor "
+                  f"{run['steal_s']:.2f} s", flush=True)
     for side, ms in seen.items():
         print(f"{side or 'defaults'!r}: median makespan "
               f"{st.median(m['makespan'] for m in ms):.2f} s, span / LB "

@@ -123,6 +123,17 @@ class Sampler(threading.Thread):
                 "samples": self.samples}
 
 
+def cpu_steal() -> float:
+    """CPU seconds the hypervisor gave to others so far, all CPUs together (``steal`` of
+    /proc/stat; 0 where it is not reported): on a VM, what a fit's units lost to other
+    guests, one of the reasons the same units run at different speeds from fit to fit."""
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()
+    except OSError:
+        return 0.0
+    return int(fields[8]) / os.sysconf("SC_CLK_TCK") if len(fields) > 8 else 0.0
+
+
 def private_memory(pid: int) -> int:
     """``RssAnon`` of ``/proc/<pid>/status`` in bytes: the process's own memory, without the
     shared memory (a PostgreSQL backend's RSS also counts every page of the server's shared
@@ -372,11 +383,13 @@ class Db:
         if ws is not None:
             ws.start()
         called = q(c, "SELECT extract(epoch FROM clock_timestamp())::float8")[0][0]
+        stolen = cpu_steal()
         t0 = time.perf_counter()
         q(c, f"SELECT madlib_keras_fit_multiple_model('{t}_p', '{t}_out', '{t}_mst', %s, "
              f"FALSE, '{t}_v', 1, FALSE, NULL, NULL, %s, %s, %s, 1)",
           (epochs or self.w.epochs, self.w.use_caching, policy, params))
         wall = time.perf_counter() - t0
+        stolen = cpu_steal() - stolen
         mem = s.stop()
         sampled = ws.stop() if ws is not None else None
         pids.close()  # type: ignore[attr-defined]
@@ -384,6 +397,7 @@ class Db:
         if sampled is not None:
             res["waits"] = sampled
         res["warm"] = warm
+        res["steal_s"] = stolen
         res["first_unit_s"] = min((u["start"] for u in res["units"]), default=called) - called
         return res
 
