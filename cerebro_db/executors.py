@@ -179,10 +179,8 @@ class StallRule:
         seconds at least (on a slow host the start-up alone outlasted a low floor, and the
         retried unit was declared stalled again at every attempt)."""
         times = own or same_kind
-        if not times or fresh:
-            return max(self.floor, self.first, self.factor * statistics.median(times)
-                       if times else 0.0)
-        return max(self.floor, self.factor * statistics.median(times))
+        limit = max(self.floor, self.factor * statistics.median(times)) if times else self.floor
+        return max(limit, self.first) if fresh or not times else limit
 
 
 @dataclass(frozen=True)

@@ -248,7 +248,7 @@ class RemoteExecutor(DblinkExecutor):
             reraise_cancel(e)
             self._send_failed[worker] = f"remote worker {worker}: {type(e).__name__}: {e}"
         self.busy[worker] = time.monotonic()
-        self.limits[worker] = self._limit(key)
+        self.limits[worker] = self._limit(key, worker)
         if key is not None:
             self._keys[worker] = key
 
@@ -277,6 +277,7 @@ class RemoteExecutor(DblinkExecutor):
             return self._lost(worker, f"remote worker {worker} gave no result")
         seconds = time.monotonic() - self.busy.pop(worker)
         key = self._keys.pop(worker, None)
+        self._fresh.discard(worker)
         if data.get("ok") and key is not None:
             self.unit_times.setdefault(key, []).append(seconds)
         state = str(data.get("sqlstate") or "")
