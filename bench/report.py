@@ -574,6 +574,19 @@ def main(path: Path | str = ROOT / "bench" / "results" / "results.json") -> None
             r = median_run(runs["ray"])
             L += ["", (f"Ray: `ray.init` took {fmt(r['init_s'])} s of its makespan "
                       f"(Ray {r.get('ray')}).")]
+        if "mop" in runs and "ring" in runs:
+            def train_s(run: dict) -> float:
+                return sum(u["run"] for u in run["units"] if u["kind"] == "train")
+            L += ["", "Mop and ring round by round (interleaved): makespan mop / ring in "
+                      "seconds, the training units' summed Keras time (how fast the machine "
+                      "ran the same units in each fit) and, where recorded, the CPU seconds "
+                      "the hypervisor gave to other guests during each fit (/proc/stat's "
+                      "steal): " + "; ".join(
+                          f"{m['makespan']:.1f} / {r['makespan']:.1f} (training "
+                          f"{train_s(m):.1f} / {train_s(r):.1f}"
+                          + (f", steal {m['steal_s']:.1f} / {r['steal_s']:.1f}"
+                             if "steal_s" in m and "steal_s" in r else "") + ")"
+                          for m, r in zip(runs["mop"], runs["ring"])) + "."]
         if "mop" in runs:
             r = median_run(runs["mop"])
             dm = db_metrics(r, p, w["epochs"])

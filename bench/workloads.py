@@ -40,6 +40,9 @@ class Scale:
     repeats_small: int = 1   # repeats of the 4,000-row fashion-mnist and hetero workloads
     repeats_realistic_fits: int = 1  # runs of each cerebro_db fit of the realistic workloads
     repeats_short_fits: int | None = None  # cerebro_db fits of the short runs (None: repeats_short)
+    repeats_cnn_fits: int | None = None  # fits of fashion-60k-cnn (None: repeats_realistic_fits)
+    repeats_small_fits: int | None = None  # fits of fashion-mnist and hetero (None: repeats_small)
+    repeats_adult_fits: int | None = None  # fits of adult (None: repeats_adult)
     image_datasets: tuple[str, ...] = ("fashion-mnist",)
     synth_factors: tuple[int, ...] = (1, 4, 16)
     full_rows: int = 60000   # realistic scale: all of Fashion-MNIST's training rows
@@ -58,9 +61,13 @@ SCALES: dict[str, Scale] = {
     # wide tabular set of 100,000 rows), then the small ones (about 16 minutes together). MNIST
     # is not part of the suite: the repository has no copy and Debian packages none
     # (Fashion-MNIST comes from Debian).
+    # The cerebro_db fits' rounds (mop and ring alternating) are what the paired mop / ring
+    # comparison rests on: two worker sessions on this VM run the same units 5-25% apart
+    # from one fit to the next, so a handful of rounds cannot tell a few percent apart.
     "default": Scale("default", 4000, 1000, 2, 10000, 4000, 4000, 2000, 4000, 5, 3,
-                     repeats_adult=5, repeats_small=3, repeats_realistic_fits=3,
-                     repeats_short_fits=9),
+                     repeats_adult=5, repeats_small=3, repeats_realistic_fits=5,
+                     repeats_short_fits=9, repeats_cnn_fits=4, repeats_small_fits=5,
+                     repeats_adult_fits=7),
     "large": Scale("large", 60000, 10000, 3, None, 16281, 80000, 10000, 30000, 10, 1,
                    repeats_adult=3, wide_rows=400000),
 }
@@ -292,7 +299,8 @@ def workloads(scale: Scale, only: set[str] | None = None) -> list[Workload]:
         x, y, vx, vy = images(ds, scale.image_rows, scale.image_valid)
         return Workload(ds, f"{ds}: 16 configs (MLP, CNN x 2 lr x 2 L2 x 2 batch)",
                         x / 255.0, y, vx / 255.0, vy, 10, grid16(10), scale.epochs,
-                        repeats=scale.repeats_small, systems=systems)
+                        repeats=scale.repeats_small, systems=systems,
+                        fit_repeats=scale.repeats_small_fits)
 
     if want("fashion-60k-mlp") or want("fashion-60k-cnn"):
         x, y, vx, vy = images("fashion-mnist", scale.full_rows, scale.full_valid)
@@ -306,7 +314,9 @@ def workloads(scale: Scale, only: set[str] | None = None) -> list[Workload]:
                                 "configs (2 lr x 2 batch)", x / 255.0, y, vx / 255.0, vy, 10,
                                 cnn4(10), max(1, scale.full_epochs - 1),
                                 systems=tuple(s for s in REALISTIC if s != "mop_warm"),
-                                use_caching=None, fit_repeats=scale.repeats_realistic_fits))
+                                use_caching=None,
+                                fit_repeats=scale.repeats_cnn_fits
+                                or scale.repeats_realistic_fits))
     if want("fashion-20k-mlp"):
         x, y, vx, vy = images("fashion-mnist", scale.mid_rows, scale.full_valid)
         out.append(Workload("fashion-20k-mlp", f"Fashion-MNIST, {len(y):,} rows: the 8 MLP "
@@ -329,6 +339,7 @@ def workloads(scale: Scale, only: set[str] | None = None) -> list[Workload]:
         out.append(Workload("hetero", "heterogeneous: 8 configs of very different cost "
                             "(MLP 32 .. CNN 32-64), Fashion-MNIST", x / 255.0, y, vx / 255.0, vy,
                             10, hetero(10), scale.epochs, repeats=scale.repeats_small,
+                            fit_repeats=scale.repeats_small_fits,
                             systems=("mop", "ring", "ring_reset")))
     for f in scale.synth_factors:
         name = f"synthetic-x{f}"
@@ -344,6 +355,6 @@ def workloads(scale: Scale, only: set[str] | None = None) -> list[Workload]:
         x, y, vx, vy = adult(scale.adult_rows, scale.adult_valid)
         out.append(Workload("adult", f"Adult: 8 MLP configs, {x.shape[1]} features (one-hot)",
                             x, y, vx, vy, 2, adult_configs(x.shape[1]), scale.epochs,
-                            repeats=scale.repeats_adult,
+                            repeats=scale.repeats_adult, fit_repeats=scale.repeats_adult_fits,
                             systems=("mop", "ring", "sequential", "ray")))
     return out
