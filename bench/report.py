@@ -133,6 +133,20 @@ def paired(mop: list[dict] | None, ring: list[dict] | None) -> str:
     return f"{statistics.median(ratios):.3f} ({wins} of {len(ratios)} faster)"
 
 
+def paired_per_work(mop: list[dict] | None, ring: list[dict] | None, p: int,
+                    epochs: int) -> str:
+    """As :func:`paired`, each fit's makespan first divided by its own lower bound (the
+    units it ran, at the speed it ran them: ``db_metrics``' wall ratio): whatever the
+    machine's speed did to a fit's units cancels, what the system did around them
+    (start-up, dispatch, idle workers, the schedule) stays ('n/a' without both)."""
+    if not mop or not ring:
+        return "n/a"
+    ratios = [db_metrics(m, p, epochs)["wall_ratio"] / db_metrics(r, p, epochs)["wall_ratio"]
+              for m, r in zip(mop, ring)]
+    wins = sum(x < 1 for x in ratios)
+    return f"{statistics.median(ratios):.3f} ({wins} of {len(ratios)})"
+
+
 REPLAY_SEEDS = 5
 """MOP seeds per replay (:func:`replayed`)."""
 
@@ -378,7 +392,13 @@ def main(path: Path | str = ROOT / "bench" / "results" / "results.json") -> None
         "paired: the median "
         "over the rounds of mop's makespan over the ring's in the same round, and in how many "
         "rounds mop was the faster (a comparison less exposed to the machine's drift than "
-        "the two medians). Mop / ring, the same units replayed: the median mop run's units "
+        "the two medians; a drift that lasts two fits can still fall on one system twice, "
+        "as the order of a round alternates). Mop / ring wall / LB, paired: the same with "
+        "each fit's makespan over its own lower bound first (the units it ran at the speed "
+        "it ran them), so how fast the machine ran a fit's units cancels and what the "
+        "system did around them stays (start-up, dispatch, idle workers, the schedule), "
+        "and in how many rounds mop's was the lower. "
+        "Mop / ring, the same units replayed: the median mop run's units "
         "(training units per config, epoch and partition; evaluations), each at its steady "
         "time, plus the one-off costs each schedule causes (a worker's first read; per "
         "worker, the first training and the first evaluation unit of a model family, i.e. "
@@ -397,9 +417,9 @@ def main(path: Path | str = ROOT / "bench" / "results" / "results.json") -> None
            ("| workload | fastest system | cerebro_db (mop) makespan / fastest | leanest system "
            "(peak RSS total) | cerebro_db (mop) memory / leanest | mop span / LB "
            "| mop span / busiest worker's work | mop dispatch gaps / span "
-           "| ring span / LB | mop / ring makespan, paired | mop / ring, the same units "
-           "replayed |"),
-           "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+           "| ring span / LB | mop / ring makespan, paired | mop / ring wall / LB, paired "
+           "| mop / ring, the same units replayed |"),
+           "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, w in wl.items():
         runs = w["runs"]
         if "mop" not in runs or len(runs) < 2:
@@ -415,6 +435,7 @@ def main(path: Path | str = ROOT / "bench" / "results" / "results.json") -> None
                    f"{NAMES.get(lean, lean)} | {mm['mop'] / mm[lean]:.2f} | {dm['ratio']:.3f} | "
                    f"{dm['busiest']:.3f} | {100 * dm['gaps']:.1f}% | {ring} | "
                    f"{paired(runs.get('mop'), runs.get('ring'))} | "
+                   f"{paired_per_work(runs.get('mop'), runs.get('ring'), p, w['epochs'])} | "
                    f"{replayed(median_run(runs['mop']), p, families)} |")
     if len(ans) > 4:
         L += [*ans, ""]
