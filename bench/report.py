@@ -549,7 +549,16 @@ def main(path: Path | str = ROOT / "bench" / "results" / "results.json") -> None
             L += ["Sequential Keras thread setting (median makespan): " + ", ".join(
                 f"{t} thread(s) {fmt(s)} s" for t, s in w["sequential_threads"].items())
                   + "; the faster one is used below and for every later workload.", ""]
-        if "sequential_settings" in w:
+        if "sequential_settings" in w and "sequential_chosen" in w:
+            L += ["Sequential Keras settings measured on this workload (median makespan, "
+                  "runs): " + ", ".join(
+                f"{r['threads']} thread(s) with {r['pipeline']} input {fmt(r['makespan'])} s "
+                f"({r['runs']})" for r in w["sequential_settings"])
+                  + "; the fastest (" + "{} thread(s), {} input".format(
+                      *w["sequential_chosen"]) + ") is used below for sequential Keras, "
+                  "the limit and our units in one process. The input pipeline is chosen on "
+                  "the first workload, the thread count on each.", ""]
+        elif "sequential_settings" in w:  # results of an older suite
             L += ["Sequential Keras setting (median makespan): " + ", ".join(
                 f"{r['threads']} thread(s) with {r['pipeline']} input {fmt(r['makespan'])} s"
                 for r in w["sequential_settings"])
