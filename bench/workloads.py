@@ -58,7 +58,7 @@ SCALES: dict[str, Scale] = {
                   full_valid=200, full_epochs=1, mid_rows=300, wide_rows=1000,
                   wide_valid=300),
     # default: the realistic workloads first (full Fashion-MNIST with MLPs and with CNNs, a
-    # wide tabular set of 100,000 rows), then the small ones (about 16 minutes together). MNIST
+    # wide tabular set of 100,000 rows), then the small ones (about 27 minutes together). MNIST
     # is not part of the suite: the repository has no copy and Debian packages none
     # (Fashion-MNIST comes from Debian).
     # The cerebro_db fits' rounds (mop and ring alternating) are what the paired mop / ring
