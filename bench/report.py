@@ -123,28 +123,22 @@ def db_metrics(run: dict, p: int, epochs: int) -> dict[str, float]:
     }
 
 
-def paired(mop: list[dict] | None, ring: list[dict] | None) -> str:
+def paired(mop: list[dict] | None, ring: list[dict] | None,
+           per_work: tuple[int, int] | None = None) -> str:
     """Median over the interleaved rounds of mop's makespan / the ring's, and the rounds
-    mop won ('n/a' without both)."""
+    mop won ('n/a' without both). With ``per_work`` (p, epochs) each fit's makespan is
+    first divided by its own lower bound (the units it ran, at the speed it ran them:
+    ``db_metrics``' wall ratio): whatever the machine's speed did to a fit's units
+    cancels, what the system did around them (start-up, dispatch, idle workers, the
+    schedule) stays."""
     if not mop or not ring:
         return "n/a"
-    ratios = [m["makespan"] / r["makespan"] for m, r in zip(mop, ring)]
+    def size(run: dict) -> float:
+        return db_metrics(run, *per_work)["wall_ratio"] if per_work else run["makespan"]
+    ratios = [size(m) / size(r) for m, r in zip(mop, ring)]
     wins = sum(x < 1 for x in ratios)
-    return f"{statistics.median(ratios):.3f} ({wins} of {len(ratios)} faster)"
-
-
-def paired_per_work(mop: list[dict] | None, ring: list[dict] | None, p: int,
-                    epochs: int) -> str:
-    """As :func:`paired`, each fit's makespan first divided by its own lower bound (the
-    units it ran, at the speed it ran them: ``db_metrics``' wall ratio): whatever the
-    machine's speed did to a fit's units cancels, what the system did around them
-    (start-up, dispatch, idle workers, the schedule) stays ('n/a' without both)."""
-    if not mop or not ring:
-        return "n/a"
-    ratios = [db_metrics(m, p, epochs)["wall_ratio"] / db_metrics(r, p, epochs)["wall_ratio"]
-              for m, r in zip(mop, ring)]
-    wins = sum(x < 1 for x in ratios)
-    return f"{statistics.median(ratios):.3f} ({wins} of {len(ratios)})"
+    return (f"{statistics.median(ratios):.3f} ({wins} of {len(ratios)}"
+            + ("" if per_work else " faster") + ")")
 
 
 REPLAY_SEEDS = 5
@@ -435,7 +429,7 @@ def main(path: Path | str = ROOT / "bench" / "results" / "results.json") -> None
                    f"{NAMES.get(lean, lean)} | {mm['mop'] / mm[lean]:.2f} | {dm['ratio']:.3f} | "
                    f"{dm['busiest']:.3f} | {100 * dm['gaps']:.1f}% | {ring} | "
                    f"{paired(runs.get('mop'), runs.get('ring'))} | "
-                   f"{paired_per_work(runs.get('mop'), runs.get('ring'), p, w['epochs'])} | "
+                   f"{paired(runs.get('mop'), runs.get('ring'), (p, w['epochs']))} | "
                    f"{replayed(median_run(runs['mop']), p, families)} |")
     if len(ans) > 4:
         L += [*ans, ""]

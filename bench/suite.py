@@ -546,6 +546,13 @@ def sequential_runs(w: Workload, data: Path, baseline: dict[str, Any],
     return by_setting[best]
 
 
+def _keras_setting(res: dict[str, Any], baseline: dict[str, Any]) -> tuple[int, str]:
+    """(threads, pipeline) of the Keras baselines on this workload: sequential's best here,
+    else the suite's chosen one, else 1 thread on numpy input."""
+    th, pl = res.get("sequential_chosen", baseline.get("chosen", (1, "numpy")))
+    return int(th), str(pl)
+
+
 def run_workload(conn, w: Workload, work: Path, skip: set[str], baseline: dict[str, Any],
                  scale_name: str) -> dict[str, Any]:
     """Every system of ``w``. ``baseline["chosen"]``: (threads, pipeline) of the Keras
@@ -585,7 +592,7 @@ def run_workload(conn, w: Workload, work: Path, skip: set[str], baseline: dict[s
             if system == "keras_split":
                 runs = []
                 for _ in range(w.repeats):
-                    th, pl = res.get("sequential_chosen", baseline.get("chosen", (1, "numpy")))
+                    th, pl = _keras_setting(res, baseline)
                     outs, mem, wall = run_concurrent(
                         [["bench/keras_runner.py", "sequential", str(data), "--threads",
                           str(th), "--pipeline", pl, "--shard", f"{i}/{P}"]
@@ -603,8 +610,7 @@ def run_workload(conn, w: Workload, work: Path, skip: set[str], baseline: dict[s
                 runs = []
                 for _ in range(w.repeats):
                     out, mem = run_sub(["bench/keras_runner.py", "sequential", str(data),
-                                        "--threads", str(res.get("sequential_chosen",
-                                                                 baseline.get("chosen", (1, "")))[0]),
+                                        "--threads", str(_keras_setting(res, baseline)[0]),
                                         "--pipeline", "units"])
                     runs.append({**out, "memory": mem,
                                  "curves": [c["curve"] for c in out["configs"]]})
