@@ -10,6 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
+import cerebro_db  # noqa: F401 - before any test module imports TensorFlow: its oneDNN default
+
 from .helpers import connect, create_database, drop_database, server_params
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

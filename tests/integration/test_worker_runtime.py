@@ -1,8 +1,9 @@
 """A worker session's TensorFlow, in a real backend: imported through the worker entry point
 (``__check_fit``) without the packages Keras imports only to support them
 (worker.UNUSED_BY_WORKERS) and with what the import made frozen out of the garbage
-collector's passes (worker._collector_paused), the collector on again afterwards, Keras
-working on the arrays a worker gives it; a process that is not a worker session (a remote
+collector's passes (worker._collector_paused), the collector on again afterwards, oneDNN's
+kernels on (cerebro_db's default, set before TensorFlow's import), Keras working on the
+arrays a worker gives it; a process that is not a worker session (a remote
 worker, the caller's own session) imports them as usual and freezes nothing."""
 from __future__ import annotations
 
@@ -26,9 +27,10 @@ m = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, activation="softm
 m.compile(optimizer="sgd", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
 h = m.fit(np.ones((8, 3), np.float32), np.zeros(8, np.int32), batch_size=4, verbose=0)
 import pandas
-plpy.notice("absent=%s loss=%d pandas=%s frozen=%s collector=%s" % (
+from tensorflow.python.util import _pywrap_util_port
+plpy.notice("absent=%s loss=%d pandas=%s frozen=%s collector=%s onednn=%s" % (
     absent, len(h.history["loss"]), pandas.DataFrame({"a": [1]}).shape,
-    gc.get_freeze_count() > 100000, gc.isenabled()))
+    gc.get_freeze_count() > 100000, gc.isenabled(), _pywrap_util_port.IsMklEnabled()))
 $$ LANGUAGE plpython3u
 """
 
@@ -49,7 +51,7 @@ def test_only_worker_sessions_import_tensorflow_without_pandas_and_matplotlib(
             assert cur.fetchone()[0] == "true"
             cur.execute(PROBE)
         assert c.notices[-1].strip() == (f"NOTICE:  absent={absent} loss=1 pandas=(1, 1) "
-                                         f"frozen={frozen} collector=True")
+                                         f"frozen={frozen} collector=True onednn=True")
     finally:
         c.close()
 
