@@ -1,6 +1,7 @@
 """Plain Keras baselines of the suite, run as a subprocess (so its memory is its own).
 
     python bench/keras_runner.py sequential DATA.npz --threads N [--pipeline P] [--shard I/P]
+        [--onednn 0|1]
     python bench/keras_runner.py averaging DATA.npz --config I --epochs E --partitions P
 
 ``sequential``: every configuration of DATA.json one after another in this one process, on
@@ -11,7 +12,9 @@ of its train function), ``--pipeline dataset`` is Keras at its fastest: tf.data 
 made once from tensors and reused (a seeded reshuffle of row indices each epoch, batches
 gathered from the tensors, prefetched; evaluation batches of 1,024 from the tensors), and
 ``steps_per_execution`` covering a whole pass (the batches run in a loop inside the graph);
-the suite measures both and keeps the faster; ``--pipeline units`` is not Keras' API but
+the suite measures both and keeps the faster; ``--onednn`` sets ``TF_ENABLE_ONEDNN_OPTS``
+(TensorFlow's oneDNN kernels; TensorFlow leaves them off on CPUs without AVX-512, cerebro_db
+turns them on), which the suite measures both ways too; ``--pipeline units`` is not Keras' API but
 cerebro_db's own unit code (``cerebro_db.training``: ``initial_state``, ``train_unit`` and
 ``evaluate`` on the arrays, one model cache) in this one process, without a database: a
 fit over p workers against it shows what the parallelism itself gives; with
@@ -198,9 +201,16 @@ def main() -> None:
     ap.add_argument("--partitions", type=int, default=2)
     ap.add_argument("--pipeline", choices=["numpy", "dataset", "units"], default="numpy")
     ap.add_argument("--shard", default=None, help="I/P: train on rows I, I+P, ... only")
+    ap.add_argument("--onednn", choices=["0", "1"], default=None,
+                    help="TF_ENABLE_ONEDNN_OPTS for this process (default: cerebro_db's, on)")
     a = ap.parse_args()
+    if a.onednn is not None:  # before anything imports TensorFlow (or cerebro_db's default)
+        os.environ["TF_ENABLE_ONEDNN_OPTS"] = a.onednn
     out = (sequential(a.data, a.threads, a.shard, a.pipeline) if a.mode == "sequential"
            else averaging(a.data, a.config, a.epochs, a.partitions))
+    from tensorflow.python.util import _pywrap_util_port
+
+    out["onednn"] = bool(_pywrap_util_port.IsMklEnabled())  # the kernels this run used
     print(json.dumps(out), flush=True)
 
 

@@ -39,7 +39,9 @@ def trainable(config: dict, data: dict) -> None:
 
     configure_runtime(1)
     from keras_runner import build
+    from tensorflow.python.util import _pywrap_util_port
 
+    onednn = bool(_pywrap_util_port.IsMklEnabled())  # set by cerebro_db's import: on
     x, y, vx, vy = (np.array(data[k], copy=True) for k in ("x", "y", "vx", "vy"))
     cfg = data["configs"][config["i"]]
     m = build(cfg, steps_per_execution=1 << 20)  # Keras' fastest: one call per pass
@@ -50,7 +52,7 @@ def trainable(config: dict, data: dict) -> None:
         m.evaluate(x, y, batch_size=1024, verbose=0)
         r = m.evaluate(vx, vy, batch_size=1024, verbose=0, return_dict=True)
         tune.report({"val_acc": float(r["accuracy"]), "epoch": e + 1, "train_s": train_s,
-                     "pid": os.getpid()})
+                     "pid": os.getpid(), "onednn": onednn})
 
 
 def main() -> None:
@@ -86,11 +88,13 @@ def main() -> None:
                 raise SystemExit(f"trial failed: {r.error}")
             df = df.sort_values("epoch")
             trials.append({"i": int(r.config["i"]), "curve": [float(v) for v in df["val_acc"]],
-                           "train_s": float(df["train_s"].sum()), "pid": int(df["pid"].iloc[0])})
+                           "train_s": float(df["train_s"].sum()), "pid": int(df["pid"].iloc[0]),
+                           "onednn": bool(df["onednn"].iloc[0])})
     ray.shutdown()
     trials.sort(key=lambda t: t["i"])
     print(json.dumps({"makespan": makespan, "init_s": t_init, "configs": trials,
                       "processes": len({t["pid"] for t in trials}),
+                      "onednn": sorted({t["onednn"] for t in trials}),
                       "data_bytes": int(sum(v.nbytes for v in (x, y, vx, vy))),
                       "ray": ray.__version__}), flush=True)
 

@@ -301,6 +301,21 @@ def scale_fig(rows: list[tuple[int, dict[str, float]]], path: Path) -> None:
 # --------------------------------------------------------------------------- report
 
 
+def _ray_onednn(r: dict) -> str:
+    """Whether Ray Tune's trials ran with oneDNN, as its runs recorded (nothing for results
+    of an older suite)."""
+    seen = {v for w in r["workloads"].values() for run in w.get("runs", {}).get("ray", [])
+            for v in run.get("onednn", [])}
+    return "" if not seen else (", with oneDNN " + " and ".join(
+        "on" if v else "off" for v in sorted(seen, reverse=True)))
+
+
+def _onednn(on: bool | None) -> str:
+    """How a Keras baseline's setting names TensorFlow's oneDNN kernels (None: not recorded,
+    results of an older suite)."""
+    return "" if on is None else (", oneDNN on" if on else ", oneDNN off")
+
+
 def fmt(v: float, d: int = 1) -> str:
     return "n/a" if math.isnan(v) else f"{v:,.{d}f}"
 
@@ -342,12 +357,18 @@ def main(path: Path | str = ROOT / "bench" / "results" / "results.json") -> None
         "epoch; **ring** = the same with MADlib's rotation (a barrier per hop); **ring, "
         "optimizer reset per hop** = `policy_params => 'reset_optimizer_per_hop=True'`; "
         "**sequential Keras** = one process, configs one after another at its best (thread "
-        "count and input: numpy arrays, or tf.data made once with `steps_per_execution` "
-        "covering a pass, chosen by measurement, below); **Ray Tune** = 2 concurrent trials on a "
+        "count, input: numpy arrays, or tf.data made once with `steps_per_execution` "
+        "covering a pass" + (", and TensorFlow's oneDNN kernels off or on" if any(
+            "onednn" in x for w in wl.values() for x in w.get("sequential_settings", []))
+            else "") + ", chosen by measurement, below); **Ray Tune** = 2 concurrent trials on a "
         "local Ray cluster (`num_cpus=2`, no dashboard), 1 CPU and 1 TensorFlow thread each, "
         "Keras compiled with `steps_per_execution` covering a pass, data passed with "
-        "`tune.with_parameters` and copied into each trial. Every system "
-        "computes training and validation metrics after every epoch."),
+        "`tune.with_parameters` and copied into each trial" + _ray_onednn(res) + ". "
+        + ("" if "server_onednn" not in m else
+           "cerebro_db's worker sessions (and our units in one process) ran with TensorFlow's "
+           f"oneDNN kernels {'on' if m['server_onednn'] else 'off'} (cerebro_db's default: "
+           "on; TensorFlow's own leaves them off on CPUs without AVX-512). ")
+        + "Every system computes training and validation metrics after every epoch."),
         "",
         ("Makespan: wall time of the whole training call (cerebro_db: the SQL call, including "
         "opening the worker sessions and TensorFlow's import in them; Ray: `ray.init` plus "
@@ -546,12 +567,15 @@ def main(path: Path | str = ROOT / "bench" / "results" / "results.json") -> None
         if "sequential_settings" in w and "sequential_chosen" in w:
             L += ["Sequential Keras settings measured on this workload (median makespan, "
                   "runs): " + ", ".join(
-                f"{r['threads']} thread(s) with {r['pipeline']} input {fmt(r['makespan'])} s "
-                f"({r['runs']})" for r in w["sequential_settings"])
+                f"{r['threads']} thread(s) with {r['pipeline']} input"
+                f"{_onednn(r.get('onednn'))} {fmt(r['makespan'])} s ({r['runs']})"
+                for r in w["sequential_settings"])
                   + "; the fastest (" + "{} thread(s), {} input".format(
-                      *w["sequential_chosen"]) + ") is used below for sequential Keras, "
-                  "the limit and our units in one process. The input pipeline is chosen on "
-                  "the first workload, the thread count on each.", ""]
+                      *w["sequential_chosen"][:2]) + _onednn(
+                      bool(w["sequential_chosen"][2]) if len(w["sequential_chosen"]) > 2
+                      else None) + ") is used below for sequential Keras and the limit, "
+                  "its thread count for our units in one process. The input pipeline is "
+                  "chosen on the first workload, the thread count and oneDNN on each.", ""]
         elif "sequential_settings" in w:  # results of an older suite
             L += ["Sequential Keras setting (median makespan): " + ", ".join(
                 f"{r['threads']} thread(s) with {r['pipeline']} input {fmt(r['makespan'])} s"

@@ -18,7 +18,9 @@ configurations:
                first workload 1 and 2 TensorFlow threads are measured on numpy input, then
                tf.data pipelines made once with steps_per_execution covering a pass
                (keras_runner.py --pipeline dataset, Keras at its fastest) at the
-               better thread count; the fastest setting is kept for every later workload
+               better thread count; the fastest pipeline is kept for every later workload,
+               and on every workload it is measured at both thread counts with
+               TensorFlow's oneDNN kernels off (its default here) and on (cerebro_db's)
   keras_split  p concurrent Keras processes with sequential's setting, each training every
                configuration on 1/p of the rows: the machine's limit for data-parallel work
   ray          Ray Tune, 2 concurrent trials, each with its own copy of the data
@@ -505,52 +507,57 @@ def interleaved_fits(db: Db, systems: list[str], repeats: int) -> dict[str, list
 
 def sequential_runs(w: Workload, data: Path, baseline: dict[str, Any],
                     res: dict[str, Any]) -> list[dict]:
-    """Sequential Keras on ``w`` at its best setting (threads, pipeline). The first call
-    measures 1 and 2 threads on numpy input, then tf.data at the better thread count, and
-    keeps the fastest pipeline in ``baseline["chosen"]``; every call (the first included)
-    then also measures that pipeline at the other thread count, since the best count
-    differs by model (on this 2-core host the MLPs ran fastest on 1 thread, the CNNs on 2):
-    once, and ``w.repeats`` times if that one run beat the chosen setting's median. The
-    workload's fastest goes to ``res["sequential_chosen"]`` (what the limit and our units
-    in one process use) and every setting measured to ``res["sequential_settings"]``."""
-    by_setting: dict[tuple[int, str], list[dict]] = {}
+    """Sequential Keras on ``w`` at its best setting (threads, pipeline, oneDNN). The first
+    call measures 1 and 2 threads on numpy input, then tf.data at the better thread count,
+    with TensorFlow's default kernels (oneDNN off on this AVX2 host), and keeps the fastest
+    pipeline in ``baseline["chosen"]``; every call (the first included) then also measures
+    that pipeline at each other combination of thread count and oneDNN (off, on), since the
+    best ones differ by model (on this 2-core host the MLPs ran fastest on 1 thread without
+    oneDNN, the CNNs on 2 threads, and oneDNN halved a CNN's step): once each, and
+    ``w.repeats`` times if that one run beat the best median so far. The workload's
+    fastest goes to ``res["sequential_chosen"]`` (what the limit uses; our units in one
+    process take its thread count) and every setting measured to
+    ``res["sequential_settings"]``."""
+    by_setting: dict[tuple[int, str, int], list[dict]] = {}
 
-    def measure(th: int, pl: str, times: int) -> None:
+    def measure(th: int, pl: str, dnn: int, times: int) -> None:
         for _ in range(times):
             out, mem = run_sub(["bench/keras_runner.py", "sequential", str(data),
-                                "--threads", str(th), "--pipeline", pl])
-            by_setting.setdefault((th, pl), []).append(
+                                "--threads", str(th), "--pipeline", pl, "--onednn", str(dnn)])
+            by_setting.setdefault((th, pl, dnn), []).append(
                 {**out, "memory": mem, "curves": [c["curve"] for c in out["configs"]]})
 
-    def median_of(key: tuple[int, str]) -> float:
+    def median_of(key: tuple[int, str, int]) -> float:
         return statistics.median(r["makespan"] for r in by_setting[key])
 
     if "chosen" in baseline:
-        measure(*baseline["chosen"], w.repeats)
+        measure(*baseline["chosen"], 0, w.repeats)
     else:
         for th in (1, 2):
-            measure(th, "numpy", w.repeats)
-        measure(min(by_setting, key=median_of)[0], "dataset", w.repeats)
-        baseline["chosen"] = min(by_setting, key=median_of)
+            measure(th, "numpy", 0, w.repeats)
+        measure(min(by_setting, key=median_of)[0], "dataset", 0, w.repeats)
+        baseline["chosen"] = min(by_setting, key=median_of)[:2]
     th, pl = baseline["chosen"]
-    other = (3 - th, pl)
-    if other not in by_setting:
-        measure(*other, 1)
-        if median_of(other) < median_of((th, pl)) and w.repeats > 1:
-            measure(*other, w.repeats - 1)
-    best = min(((th, pl), other), key=median_of)
+    for other in ((3 - th, pl, 0), (th, pl, 1), (3 - th, pl, 1)):
+        if other not in by_setting:
+            measure(*other, 1)
+            if w.repeats > 1 and median_of(other) < min(
+                    median_of(k) for k in by_setting if k != other and k[1] == pl):
+                measure(*other, w.repeats - 1)
+    best = min((k for k in by_setting if k[1] == pl), key=median_of)
     res["sequential_chosen"] = list(best)
     res["sequential_settings"] = [
-        {"threads": t, "pipeline": p, "makespan": median_of((t, p)), "runs": len(v)}
-        for (t, p), v in by_setting.items()]
+        {"threads": t, "pipeline": p, "onednn": bool(d), "makespan": median_of((t, p, d)),
+         "runs": len(v)} for (t, p, d), v in by_setting.items()]
     return by_setting[best]
 
 
-def _keras_setting(res: dict[str, Any], baseline: dict[str, Any]) -> tuple[int, str]:
-    """(threads, pipeline) of the Keras baselines on this workload: sequential's best here,
-    else the suite's chosen one, else 1 thread on numpy input."""
-    th, pl = res.get("sequential_chosen", baseline.get("chosen", (1, "numpy")))
-    return int(th), str(pl)
+def _keras_setting(res: dict[str, Any], baseline: dict[str, Any]) -> tuple[int, str, int]:
+    """(threads, pipeline, oneDNN) of the Keras baselines on this workload: sequential's best
+    here, else the suite's chosen one with TensorFlow's default kernels, else 1 thread on
+    numpy input."""
+    th, pl, *dnn = res.get("sequential_chosen", baseline.get("chosen", (1, "numpy")))
+    return int(th), str(pl), int(dnn[0]) if dnn else 0
 
 
 def run_workload(conn, w: Workload, work: Path, skip: set[str], baseline: dict[str, Any],
@@ -592,15 +599,15 @@ def run_workload(conn, w: Workload, work: Path, skip: set[str], baseline: dict[s
             if system == "keras_split":
                 runs = []
                 for _ in range(w.repeats):
-                    th, pl = _keras_setting(res, baseline)
+                    th, pl, dnn = _keras_setting(res, baseline)
                     outs, mem, wall = run_concurrent(
                         [["bench/keras_runner.py", "sequential", str(data), "--threads",
-                          str(th), "--pipeline", pl, "--shard", f"{i}/{P}"]
-                         for i in range(P)])
+                          str(th), "--pipeline", pl, "--onednn", str(dnn), "--shard",
+                          f"{i}/{P}"] for i in range(P)])
                     # makespan as sequential's (data in memory to the last evaluation) of
                     # the slower process; wall: with process start and TensorFlow's import
                     runs.append({"makespan": max(o["makespan"] for o in outs), "wall": wall,
-                                 "threads": th, "pipeline": pl,
+                                 "threads": th, "pipeline": pl, "onednn": bool(dnn),
                                  "memory": mem,
                                  "process_makespans": [o["makespan"] for o in outs],
                                  "curves": [c["curve"] for c in outs[0]["configs"]]})
@@ -688,6 +695,14 @@ def machine(conn) -> dict[str, Any]:
         info["loadavg_start"] = os.getloadavg()
     except OSError:
         pass
+    try:  # the worker sessions' TensorFlow kernels: the server's environment after cerebro_db
+        q(conn, "CREATE FUNCTION pg_temp.bench_onednn() RETURNS text AS $$\n"
+                "import os, cerebro_db\nreturn os.environ.get(cerebro_db.ONEDNN_ENV)\n"
+                "$$ LANGUAGE plpython3u")
+        info["server_onednn"] = q(conn, "SELECT pg_temp.bench_onednn()")[0][0] == "1"
+    except Exception as e:  # noqa: BLE001 - a report detail, not worth failing the suite
+        conn.rollback()
+        log(f"could not read the server's oneDNN setting: {e}")
     for mod in ("ray", "psutil", "matplotlib"):
         try:
             info[mod] = __import__(mod).__version__
