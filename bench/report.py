@@ -461,8 +461,15 @@ def main(path: Path | str = ROOT / "bench" / "results" / "results.json") -> None
             (f"cerebro_db (mop) with every argument at its default, p = {p}; sequential "
              "Keras at its best thread count and input pipeline (measured in this run); the "
              "limit: p concurrent Keras processes, each training every configuration on 1/p "
-             "of the rows (sequential's setting; makespan of the slower one, measured like "
-             "sequential's). Coordinator: peak "
+             "of the rows (sequential's input pipeline and kernels; makespan of the slower "
+             "one, measured like sequential's; TensorFlow threads per process: " + (", ".join(
+                 f"{name} {'/'.join(str(t) for t in sorted({x.get('threads') for x in w['runs']['keras_split']} - {None}))}"
+                 for name, w in wl.items() if w.get("runs", {}).get("keras_split")) or "n/a")
+             + ("; where p processes had more threads than the cores, they contended: the "
+                "limit there is pessimistic, and the suite now gives each process cores / p"
+                if any((x.get("threads") or 0) * p > m["cores"] for w in wl.values()
+                       for x in w.get("runs", {}).get("keras_split", [])) else "")
+             + "). Coordinator: peak "
              "RSS of the fit's calling backend in the first fit of its session and over all "
              "its fits (a session that runs only fits, several in a row: PostgreSQL's shared "
              "buffers it touched count too, and they add up over the session's fits as it "

@@ -21,7 +21,8 @@ configurations:
                better thread count; the fastest pipeline is kept for every later workload,
                and on every workload it is measured at both thread counts with
                TensorFlow's oneDNN kernels off (its default here) and on (cerebro_db's)
-  keras_split  p concurrent Keras processes with sequential's setting, each training every
+  keras_split  p concurrent Keras processes with sequential's pipeline and kernels and the
+               cores shared out (cores / p threads each), each training every
                configuration on 1/p of the rows: the machine's limit for data-parallel work
   ray          Ray Tune, 2 concurrent trials, each with its own copy of the data
 
@@ -599,7 +600,10 @@ def run_workload(conn, w: Workload, work: Path, skip: set[str], baseline: dict[s
             if system == "keras_split":
                 runs = []
                 for _ in range(w.repeats):
-                    th, pl, dnn = _keras_setting(res, baseline)
+                    _, pl, dnn = _keras_setting(res, baseline)
+                    # the cores shared out: sequential's best thread count is one process's;
+                    # p processes with 2 threads each on 2 cores would only contend
+                    th = max(1, (os.cpu_count() or P) // P)
                     outs, mem, wall = run_concurrent(
                         [["bench/keras_runner.py", "sequential", str(data), "--threads",
                           str(th), "--pipeline", pl, "--onednn", str(dnn), "--shard",
