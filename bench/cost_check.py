@@ -75,7 +75,8 @@ def main() -> None:
           f"{st.mean(now.values()):.3f}x, " +
           ", ".join(f"{k} {v:.3f}x" for k, v in now.items()))
     grid = [(st.mean(errors(rows, r, s).values()), r, s)
-            for r in (0, 1e5, 3e5, 1e6, 2e6, 5e6) for s in (0, 1e6, 1e7, 2e7, 4e7, 8e7, 1.6e8)]
+            for r in (0, 1e5, 2e5, 3e5, 1e6, 2e6, 5e6)
+            for s in (0, 1e6, 5e6, 1e7, 2e7, 4e7, 8e7, 1.6e8)]
     best = min(grid)
     print(f"best of the grid: ROW_OVERHEAD_FLOPS {best[1]:.0e}, STEP_OVERHEAD_FLOPS "
           f"{best[2]:.0e}: mean {best[0]:.3f}x")

@@ -66,7 +66,7 @@ SCALES: dict[str, Scale] = {
     # from one fit to the next, so a handful of rounds cannot tell a few percent apart.
     "default": Scale("default", 4000, 1000, 2, 10000, 4000, 4000, 2000, 4000, 5, 3,
                      repeats_adult=5, repeats_small=3, repeats_realistic_fits=5,
-                     repeats_short_fits=9, repeats_cnn_fits=4, repeats_small_fits=5,
+                     repeats_short_fits=9, repeats_cnn_fits=4, repeats_small_fits=9,
                      repeats_adult_fits=7),
     "large": Scale("large", 60000, 10000, 3, None, 16281, 80000, 10000, 30000, 10, 1,
                    repeats_adult=3, wide_rows=400000),

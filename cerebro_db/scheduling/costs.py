@@ -11,19 +11,23 @@ backward pass costs about twice the forward one), plus a fixed cost per row
 (:data:`ROW_OVERHEAD_FLOPS`: reading and feeding it), plus a fixed cost per training step
 (:data:`STEP_OVERHEAD_FLOPS`: the optimizer step, the callbacks and the Python loop) divided
 by the batch size, all in operation equivalents. Only the ratios between configurations
-matter. Calibrated by least squares on the unit logs of ``bench/results/results.json`` (48
-configurations of six workloads: Fashion-MNIST MLPs and CNNs at 4,000 and 60,000 rows, Adult
-and wide tabular MLPs, batch sizes 64 to 256): correlation 0.88 with the measured time per
-row, within-workload geometric mean error 1.09x to 1.27x (the runs' own noise between two
-configurations that differ only in learning rate reaches 1.7x at 4,000 rows). Checked again
-on the run of 2026-11-24, after units became one call of Keras' train function
-(``steps_per_execution``): within-workload geometric mean error 1.07x to 1.25x over 7
-workloads (mean 1.17x); the best constants of a grid search gave mean 1.17x as well, with
-the same step cost, so the constants stay (``bench/cost_check.py``). The forward operations
-are counted by propagating the input shape through the layers of a Sequential or Functional
-model (layers in their listed order, channels last); :func:`unit_cost` returns ``None`` for
-a layer it does not know, and :func:`config_costs` then falls back to equal costs for every
-configuration (the plan is then the seeded rotation without costs).
+matter. First calibrated by least squares on the unit logs of ``bench/results/results.json``
+(48 configurations of six workloads; row cost 1e6, step cost 8e7). Recalibrated on
+2026-11-29 (``bench/cost_check.py``, a grid of the two constants, each workload's scale fitted)
+on the committed run with TensorFlow's oneDNN kernels on (cerebro_db's default; 62
+configurations of eight workloads: Fashion-MNIST MLPs and CNNs at 4,000 to 60,000 rows, a mix
+of MLPs and CNNs of very different cost, Adult, wide and synthetic tabular MLPs, batch sizes
+64 to 256): the old constants' within-workload geometric mean error was 1.34x (1.52x on the
+mixed workload: with oneDNN a small MLP's per-step overhead shrank, so they overestimated
+small models), the new ones' 1.10x (1.03x to 1.16x per workload). On the run before it
+(oneDNN off) the new constants also beat the old ones, 1.20x against 1.49x. Counting a
+convolution's operations 1.5 times a dense layer's gained only 0.01 more, so layers are not
+weighted. The estimate only seeds the visit orders; measured unit times decide the rest.
+The forward operations are counted by propagating the input shape through the layers of a
+Sequential or Functional model (layers in their listed order, channels last);
+:func:`unit_cost` returns ``None`` for a layer it does not know, and :func:`config_costs` then
+falls back to equal costs for every configuration (the plan is then the seeded rotation
+without costs).
 """
 from __future__ import annotations
 
@@ -35,9 +39,9 @@ from typing import Any
 __all__ = ["ROW_OVERHEAD_FLOPS", "STEP_OVERHEAD_FLOPS", "config_costs", "forward_flops",
            "unit_cost"]
 
-STEP_OVERHEAD_FLOPS = 8.0e7
+STEP_OVERHEAD_FLOPS = 1.0e7
 """The fixed cost of one training step, in operation equivalents (module docstring)."""
-ROW_OVERHEAD_FLOPS = 1.0e6
+ROW_OVERHEAD_FLOPS = 2.0e5
 """The fixed cost of one training row, in operation equivalents (module docstring)."""
 
 _ELEMENTWISE = {
