@@ -192,6 +192,8 @@ for case in a["cases"]:
     plpy.notice(json.dumps(out["cases"][-1]))
 out["vm_hwm_mb"] = int([l for l in open("/proc/self/status") if l.startswith("VmHWM")][0]
                        .split()[1]) / 1024
+from tensorflow.python.util import _pywrap_util_port
+out["onednn"] = bool(_pywrap_util_port.IsMklEnabled())  # both sides: one process, one setting
 return json.dumps(out)
 '''
 
@@ -269,10 +271,17 @@ def report(res: dict, args: argparse.Namespace, cmd: str, load0: str, load1: str
         "# Training and evaluation units vs raw Keras, one process",
         "", f"`{cmd}`", "",
         (f"Package measured: `{res['package']}`. Load average {load0} at the start, {load1} at "
-         "the end. The machine (2 cores) was shared with other work while this ran: absolute "
-         "seconds move with it, but every figure of a table is measured in the same process, "
-         "interleaved with its comparison, so the ratios are meaningful; CPU seconds (the "
-         "process' own, all its threads) are the steadier figure on a loaded machine."),
+         f"the end ({os.cpu_count()} cores; "
+         + ("the machine was shared with other work when this started, so absolute seconds "
+            "are inflated" if float(load0.split(",")[0]) > (os.cpu_count() or 1) / 2 else
+            "quiet at the start")
+         + "). Every figure of a table is measured in the same process, interleaved with its "
+         "comparison, so the ratios hold even where the machine's speed drifts; CPU seconds "
+         "(the process' own, all its threads) are the steadier figure on a loaded machine. "
+         + {True: "TensorFlow's oneDNN kernels on (cerebro_db's default), for ours and Keras "
+                  "alike (one process).",
+            False: "TensorFlow's oneDNN kernels off, for ours and Keras alike (one process).",
+            None: ""}[res.get("onednn")]),
         "",
         (f"Data: Fashion-MNIST, {rows:,} training rows packed as one partition of one buffer, "
          f"{vrows:,} validation rows. 1 TensorFlow thread. Medians of {args.reps} interleaved "
