@@ -192,8 +192,8 @@ for case in a["cases"]:
     plpy.notice(json.dumps(out["cases"][-1]))
 out["vm_hwm_mb"] = int([l for l in open("/proc/self/status") if l.startswith("VmHWM")][0]
                        .split()[1]) / 1024
-from tensorflow.python.util import _pywrap_util_port
-out["onednn"] = bool(_pywrap_util_port.IsMklEnabled())  # both sides: one process, one setting
+# both sides: one process, one setting (None: a package from before the probe)
+out["onednn"] = training.onednn_enabled() if hasattr(training, "onednn_enabled") else None
 return json.dumps(out)
 '''
 

@@ -208,9 +208,9 @@ def main() -> None:
         os.environ["TF_ENABLE_ONEDNN_OPTS"] = a.onednn
     out = (sequential(a.data, a.threads, a.shard, a.pipeline) if a.mode == "sequential"
            else averaging(a.data, a.config, a.epochs, a.partitions))
-    from tensorflow.python.util import _pywrap_util_port
+    from cerebro_db.training import onednn_enabled
 
-    out["onednn"] = bool(_pywrap_util_port.IsMklEnabled())  # the kernels this run used
+    out["onednn"] = onednn_enabled()  # the kernels this run used
     print(json.dumps(out), flush=True)
 
 

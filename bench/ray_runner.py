@@ -35,13 +35,12 @@ def trainable(config: dict, data: dict) -> None:
     import numpy as np
     from ray import tune
 
-    from cerebro_db.training import configure_runtime
+    from cerebro_db.training import configure_runtime, onednn_enabled
 
     configure_runtime(1)
     from keras_runner import build
-    from tensorflow.python.util import _pywrap_util_port
 
-    onednn = bool(_pywrap_util_port.IsMklEnabled())  # set by cerebro_db's import: on
+    onednn = onednn_enabled()  # set by cerebro_db's import: on
     x, y, vx, vy = (np.array(data[k], copy=True) for k in ("x", "y", "vx", "vy"))
     cfg = data["configs"][config["i"]]
     m = build(cfg, steps_per_execution=1 << 20)  # Keras' fastest: one call per pass

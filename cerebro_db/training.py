@@ -132,6 +132,7 @@ __all__ = [
     "fit_input_shape",
     "initial_state",
     "mark_stream",
+    "onednn_enabled",
     "predict",
     "release",
     "replay",
@@ -177,6 +178,14 @@ def configure_runtime(
             pass  # the runtime is already initialised
     if deterministic:
         tf.config.experimental.enable_op_determinism()
+
+
+def onednn_enabled() -> bool:
+    """Whether TensorFlow in this process runs its oneDNN kernels (imports TensorFlow;
+    ``cerebro_db.ONEDNN_ENV`` decides it at that import)."""
+    from tensorflow.python.util import _pywrap_util_port  # type: ignore[import-untyped]
+
+    return bool(_pywrap_util_port.IsMklEnabled())
 
 
 # --------------------------------------------------------------------------- data
