@@ -14,13 +14,13 @@ by the batch size, all in operation equivalents. Only the ratios between configu
 matter. First calibrated by least squares on the unit logs of ``bench/results/results.json``
 (48 configurations of six workloads; row cost 1e6, step cost 8e7). Recalibrated on
 2026-11-29 (``bench/cost_check.py``, a grid of the two constants, each workload's scale fitted)
-on the committed run with TensorFlow's oneDNN kernels on (cerebro_db's default; 62
+on the run committed in d61591d, with TensorFlow's oneDNN kernels on (cerebro_db's default; 62
 configurations of eight workloads: Fashion-MNIST MLPs and CNNs at 4,000 to 60,000 rows, a mix
 of MLPs and CNNs of very different cost, Adult, wide and synthetic tabular MLPs, batch sizes
 64 to 256): the old constants' within-workload geometric mean error was 1.34x (1.52x on the
 mixed workload: with oneDNN a small MLP's per-step overhead shrank, so they overestimated
 small models), the new ones' 1.10x (1.03x to 1.16x per workload). On the run before it
-(oneDNN off) the new constants also beat the old ones, 1.20x against 1.49x. Counting a
+(61588c6, oneDNN off) the new constants also beat the old ones, 1.20x against 1.49x. Counting a
 convolution's operations 1.5 times a dense layer's gained only 0.01 more, so layers are not
 weighted. The estimate only seeds the visit orders; measured unit times decide the rest.
 The forward operations are counted by propagating the input shape through the layers of a
