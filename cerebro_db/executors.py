@@ -751,11 +751,20 @@ class DblinkExecutor:
 
     def _collect_slot(self, worker: int) -> WorkerResult | None:
         """One answer of ``worker``'s chain, once its ``COMMIT`` is through; the worker
-        then goes on to its posted unit, waits on its next slot, or its chain has ended."""
+        then goes on to its posted unit, waits on its next slot, or its chain has ended.
+        None when the chain answered without a unit, and while the unit still runs (what
+        had come was the pad and ``BEGIN`` before its answer)."""
         name = self.name(worker)
         try:
             text = self._next_ready(name)
             while text is not None and not text.startswith("{"):  # BEGIN, a chain's pad
+                if self.cat.dblink_is_busy(name):
+                    # they came ahead of the unit's answer (the server sent its output
+                    # buffer early): the unit still runs, and its answer is collected when
+                    # it comes, as any unit's, instead of here, polling every
+                    # WOKEN_POLL_INTERVAL for the unit's whole run while the other workers'
+                    # answers wait
+                    return None
                 text = self._next_ready(name)
             status = None if text is None else self._next_ready(name)
         except Exception as e:  # noqa: BLE001
