@@ -35,7 +35,9 @@ travels as a chain: its ``__run_unit`` statement and then ``pipeline_depth - 1``
 and a row larger than the server's output buffer, which pushes the answers out as they
 come: :func:`cerebro_db.catalog.sessions.run_chain`). A statement's answer comes back
 before its commit, so a unit counts as done only once its ``COMMIT``'s status has come back
-too. While a worker's unit runs, the coordinator posts
+too; the pad and the next slot's ``BEGIN`` may come well before that answer (seen in the
+benchmark's fits), and are then read without waiting on that session for the answer
+(:meth:`DblinkExecutor._collect_slot`). While a worker's unit runs, the coordinator posts
 its next unit in the next slot (:meth:`DblinkExecutor.queue_unit`, a row of
 ``unit_postings`` written by the control session), and the worker starts it as soon as its
 unit has committed, without waiting for the coordinator to notice the end, decide and send
@@ -759,11 +761,10 @@ class DblinkExecutor:
             text = self._next_ready(name)
             while text is not None and not text.startswith("{"):  # BEGIN, a chain's pad
                 if self.cat.dblink_is_busy(name):
-                    # they came ahead of the unit's answer (the server sent its output
-                    # buffer early): the unit still runs, and its answer is collected when
-                    # it comes, as any unit's, instead of here, polling every
-                    # WOKEN_POLL_INTERVAL for the unit's whole run while the other workers'
-                    # answers wait
+                    # they came ahead of the unit's answer, which is still running: it
+                    # is collected when it comes, as any unit's answer, instead of here by
+                    # polling every WOKEN_POLL_INTERVAL for the unit's whole run while the
+                    # other workers' answers wait
                     return None
                 text = self._next_ready(name)
             status = None if text is None else self._next_ready(name)
