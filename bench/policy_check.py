@@ -50,10 +50,10 @@ def main() -> None:
     for i in range(pairs):
         for side in sides if i % 2 == 0 else sides[::-1]:
             policy, params = side.split(":", 1) if ":" in side else ("mop", side)
-            before = _cpu(db.backend_pid)
+            before = suite.process_cpu(db.backend_pid)
             run = db.fit(policy, params or None)
-            coordinator = _cpu(db.backend_pid) - before
-            workers = sum(_cpu(pid) for pid in {u["pid"] for u in run["units"]})
+            coordinator = suite.process_cpu(db.backend_pid) - before
+            workers = sum(suite.process_cpu(pid) for pid in {u["pid"] for u in run["units"]})
             m = report.db_metrics(run, suite.P, w.epochs)
             m["makespan"] = run["makespan"]
             m["work"] = sum(u["end"] - u["start"] for u in run["units"])
@@ -92,15 +92,6 @@ def _split(units: list[dict]) -> str:
             away, away_s = away + 1, away_s + s
     return ", ".join(f"{k} {v:.2f}" for k, v in sorted(by.items())) + \
         f"; {away} away from home, {away_s:.2f} s"
-
-
-def _cpu(pid: int) -> float:
-    """CPU seconds (user + system) a local process has used so far (0 once it is gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 if __name__ == "__main__":

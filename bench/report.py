@@ -636,11 +636,16 @@ def main(path: Path | str = ROOT / "bench" / "results" / "results.json") -> None
                       "seconds, the training units' summed Keras time (how fast the machine "
                       "ran the same units in each fit) and, where recorded, the CPU seconds "
                       "the hypervisor gave to other guests during each fit (/proc/stat's "
-                      "steal): " + "; ".join(
+                      "steal) and the coordinator's own CPU seconds (the calling backend, "
+                      "taken from the workers on a machine they fill): " + "; ".join(
                           f"{m['makespan']:.1f} / {r['makespan']:.1f} (training "
                           f"{train_s(m):.1f} / {train_s(r):.1f}"
                           + (f", steal {m['steal_s']:.1f} / {r['steal_s']:.1f}"
-                             if "steal_s" in m and "steal_s" in r else "") + ")"
+                             if "steal_s" in m and "steal_s" in r else "")
+                          + (f", coordinator {m['coordinator_cpu_s']:.2f} / "
+                             f"{r['coordinator_cpu_s']:.2f}"
+                             if "coordinator_cpu_s" in m and "coordinator_cpu_s" in r
+                             else "") + ")"
                           for m, r in zip(runs["mop"], runs["ring"])) + "."]
         if "mop" in runs:
             r = median_run(runs["mop"])

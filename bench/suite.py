@@ -137,6 +137,15 @@ def cpu_steal() -> float:
     return int(fields[8]) / os.sysconf("SC_CLK_TCK") if len(fields) > 8 else 0.0
 
 
+def process_cpu(pid: int) -> float:
+    """CPU seconds (user + system) a local process has used so far (0 once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def private_memory(pid: int) -> int:
     """``RssAnon`` of ``/proc/<pid>/status`` in bytes: the process's own memory, without the
     shared memory (a PostgreSQL backend's RSS also counts every page of the server's shared
@@ -386,13 +395,14 @@ class Db:
         if ws is not None:
             ws.start()
         called = q(c, "SELECT extract(epoch FROM clock_timestamp())::float8")[0][0]
-        stolen = cpu_steal()
+        stolen, coordinator = cpu_steal(), process_cpu(self.backend_pid)
         t0 = time.perf_counter()
         q(c, f"SELECT madlib_keras_fit_multiple_model('{t}_p', '{t}_out', '{t}_mst', %s, "
              f"FALSE, '{t}_v', 1, FALSE, NULL, NULL, %s, %s, %s, 1)",
           (epochs or self.w.epochs, self.w.use_caching, policy, params))
         wall = time.perf_counter() - t0
         stolen = cpu_steal() - stolen
+        coordinator = process_cpu(self.backend_pid) - coordinator
         mem = s.stop()
         sampled = ws.stop() if ws is not None else None
         pids.close()  # type: ignore[attr-defined]
@@ -401,6 +411,7 @@ class Db:
             res["waits"] = sampled
         res["warm"] = warm
         res["steal_s"] = stolen
+        res["coordinator_cpu_s"] = coordinator
         res["first_unit_s"] = min((u["start"] for u in res["units"]), default=called) - called
         return res
 
