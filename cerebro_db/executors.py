@@ -766,7 +766,7 @@ class DblinkExecutor:
                     # polling every WOKEN_POLL_INTERVAL for the unit's whole run while the
                     # other workers' answers wait
                     return None
-                text = self._next_ready(name)
+                text = self.cat.dblink_next(name)
             status = None if text is None else self._next_ready(name)
         except Exception as e:  # noqa: BLE001
             reraise_cancel(e)
