@@ -19,6 +19,11 @@ from ..errors import UNDEFINED_OBJECT
 from ..names import TableName, quote_ident
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+INTERRUPTED_REREADS = 3
+INTERRUPTED_REREAD_WAIT = 0.3
+"""A running fit that fit_progress shows as 'interrupted' (its coordinator session not
+seen in pg_stat_activity) is read again this many times, this many seconds apart, before
+:meth:`Client.watch` reports it."""
 
 
 class ClientError(Exception):
@@ -230,6 +235,7 @@ class Client:
         tty = hasattr(out, "isatty") and out.isatty()
         t0 = time.monotonic()
         last = None
+        doubts = INTERRUPTED_REREADS
         while True:
             with self._fresh() as c:
                 try:
@@ -241,6 +247,13 @@ class Client:
                 raise ClientError(f"fit {fit_id} does not exist (or is not yours)",
                               UNDEFINED_OBJECT)
             p = d.iloc[0].to_dict()
+            if p["status"] == "interrupted" and doubts > 0:
+                # fit_progress calls a running fit 'interrupted' from one reading of
+                # pg_stat_activity: believe it when it holds over a few re-reads
+                doubts -= 1
+                time.sleep(INTERRUPTED_REREAD_WAIT)
+                continue
+            doubts = INTERRUPTED_REREADS
             line = progress_line(p, width)
             if tty:
                 out.write("\r" + line)
