@@ -238,14 +238,6 @@ def test_client_on_an_engine_a_connection_or_the_pg_variables(fit, url, dbname):
     assert r.returncode == 0 and r.stdout.startswith("fit_id,kind,status"), r.stderr
 
 
-def _fake_fit(conn, pid_sql: str) -> int:
-    """A catalog row of a running fit whose coordinator is ``pid_sql`` (no fit runs)."""
-    return q(conn, "INSERT INTO cerebro_db.fits (kind, source_table, model_output_table, policy, "
-                   "num_partitions, num_iterations, metrics_compute_frequency, random_state, "
-                   f"total_units, coordinator_pid) VALUES ('fit', 's', 'o', 'mop', 1, 1, 1, 1, "
-                   f"1, {pid_sql}) RETURNING fit_id")[0][0]
-
-
 class _Steps:
     """Stands in for the ``time`` module of the client: each sleep of ``watch`` runs the
     next statement on the fit's row (what the coordinator would do meanwhile)."""
@@ -262,39 +254,42 @@ class _Steps:
             q(self.conn, self.left.pop(0), (self.fit_id,))
 
 
-def test_watch_does_not_end_on_one_reading_of_a_fit_as_interrupted(client, session_conn,
-                                                                   monkeypatch):
+def _watch_scripted(client, conn, monkeypatch, statements: list[str]):
+    """``client.watch`` of a catalog row of a running fit whose coordinator is pid 0 (no
+    backend: fit_progress shows it 'interrupted'; no fit runs), ``statements`` applied to
+    the row one per sleep of the watch; returns its last row, its output and the steps."""
     from cerebro_db.client import core
 
-    conn = session_conn
-    # pid 0 is no backend: fit_progress shows the running fit as 'interrupted' until the
-    # first sleep gives it a live coordinator (this session, older than the fit's start)
-    fid = _fake_fit(conn, "0")
-    live = ("UPDATE cerebro_db.fits SET coordinator_pid = pg_backend_pid(), started_at = "
-            "clock_timestamp() WHERE fit_id = %s")
-    done = ("UPDATE cerebro_db.fits SET status = 'done', ended_at = clock_timestamp() "
-            "WHERE fit_id = %s")
-    steps = _Steps(conn, fid, [live, done])
+    fid = q(conn, "INSERT INTO cerebro_db.fits (kind, source_table, model_output_table, "
+                  "policy, num_partitions, num_iterations, metrics_compute_frequency, "
+                  "random_state, total_units, coordinator_pid) VALUES ('fit', 's', 'o', "
+                  "'mop', 1, 1, 1, 1, 1, 0) RETURNING fit_id")[0][0]
+    steps = _Steps(conn, fid, statements)
     monkeypatch.setattr(core, "time", steps)
     out = io.StringIO()
     try:
         final = client.watch(fid, interval=0.01, out=out, timeout=60)
     finally:
         q(conn, "DELETE FROM cerebro_db.fits WHERE fit_id = %s", (fid,))
-    assert final["status"] == "done", out.getvalue()
-    assert "interrupted" not in out.getvalue() and "running" in out.getvalue()
+    return final, out.getvalue(), steps
+
+
+def test_watch_does_not_end_on_one_reading_of_a_fit_as_interrupted(client, session_conn,
+                                                                   monkeypatch):
+    # the first sleep gives the fit a live coordinator (this session, older than the
+    # fit's start), the second ends it
+    live = ("UPDATE cerebro_db.fits SET coordinator_pid = pg_backend_pid(), started_at = "
+            "clock_timestamp() WHERE fit_id = %s")
+    done = ("UPDATE cerebro_db.fits SET status = 'done', ended_at = clock_timestamp() "
+            "WHERE fit_id = %s")
+    final, out, _ = _watch_scripted(client, session_conn, monkeypatch, [live, done])
+    assert final["status"] == "done", out
+    assert "interrupted" not in out and "running" in out
 
 
 def test_watch_reports_a_fit_that_stays_interrupted(client, session_conn, monkeypatch):
     from cerebro_db.client import core
 
-    fid = _fake_fit(session_conn, "0")
-    steps = _Steps(session_conn, fid, [])
-    monkeypatch.setattr(core, "time", steps)
-    out = io.StringIO()
-    try:
-        final = client.watch(fid, interval=0.01, out=out, timeout=60)
-    finally:
-        q(session_conn, "DELETE FROM cerebro_db.fits WHERE fit_id = %s", (fid,))
-    assert final["status"] == "interrupted" and out.getvalue().strip().endswith("interrupted")
+    final, out, steps = _watch_scripted(client, session_conn, monkeypatch, [])
+    assert final["status"] == "interrupted" and out.strip().endswith("interrupted")
     assert steps.sleeps == core.INTERRUPTED_REREADS
