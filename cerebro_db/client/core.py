@@ -60,6 +60,18 @@ def _error(e: sa.exc.DBAPIError) -> ClientError:
                        getattr(orig, "pgcode", None))
 
 
+def _read(c: Connection, sql: str, params: dict[str, Any]) -> pd.DataFrame:
+    """``sql`` with ``params`` bound, as a DataFrame; a server error (pandas wraps it in its
+    own ``DatabaseError``) becomes :class:`ClientError` with its SQLSTATE."""
+    try:
+        return pd.read_sql(sa.text(sql), c, params=params)
+    except (sa.exc.DBAPIError, pd.errors.DatabaseError) as e:
+        cause = e if isinstance(e, sa.exc.DBAPIError) else e.__cause__
+        if isinstance(cause, sa.exc.DBAPIError):
+            raise _error(cause) from None
+        raise
+
+
 def _ident(name: str, what: str) -> str:
     if not isinstance(name, str) or not _IDENT.match(name):
         raise ClientError(f"{what} must be a plain SQL name, got {name!r}")
@@ -113,10 +125,7 @@ class Client:
     def df(self, sql: str, **params: Any) -> pd.DataFrame:
         """A query (``:name`` placeholders, bound) as a DataFrame."""
         with self.connection() as c:
-            try:
-                return pd.read_sql(sa.text(sql), c, params=params)
-            except sa.exc.DBAPIError as e:
-                raise _error(e) from None
+            return _read(c, sql, params)
 
     def call(self, function: str, /, **args: Any) -> Any:
         """``SELECT schema.function(name => value, ...)`` with bound values; returns the
@@ -238,11 +247,7 @@ class Client:
         doubts = INTERRUPTED_REREADS
         while True:
             with self._fresh() as c:
-                try:
-                    d = pd.read_sql(sa.text(stmts.fit_rows(self._sql("fit_progress"))), c,
-                                    params={"f": fit_id})
-                except sa.exc.DBAPIError as e:
-                    raise _error(e) from None
+                d = _read(c, stmts.fit_rows(self._sql("fit_progress")), {"f": fit_id})
             if d.empty:
                 raise ClientError(f"fit {fit_id} does not exist (or is not yours)",
                               UNDEFINED_OBJECT)

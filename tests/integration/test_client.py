@@ -293,3 +293,15 @@ def test_watch_reports_a_fit_that_stays_interrupted(client, session_conn, monkey
     final, out, steps = _watch_scripted(client, session_conn, monkeypatch, [])
     assert final["status"] == "interrupted" and out.strip().endswith("interrupted")
     assert steps.sleeps == core.INTERRUPTED_REREADS
+
+
+def test_a_fit_id_the_server_cannot_read_is_a_client_error(client):
+    from cerebro_db.client import ClientError
+
+    for read in (client.watch, client.units, client.progress):
+        with pytest.raises(ClientError) as e:
+            read("1; DROP TABLE cp")
+        assert e.value.sqlstate == "22P02", read
+    with pytest.raises(ClientError) as e:
+        client.watch(-1)
+    assert e.value.sqlstate == "42704"
