@@ -7,7 +7,9 @@ first; ``--warm-up`` runs the suite's unmeasured warm-up fit before the measured
 fits (the session's kept worker sessions closed before each, as the suite's runs) alternate
 two sides (``PAIRS`` pairs, the order swapped every pair). A side is
 ``policy_params`` for ``'mop'`` (``''``: the defaults), or ``POLICY:PARAMS`` (``ring:``,
-``mop:tail_units=0``). Printed per fit: makespan, the
+``mop:tail_units=0``), optionally followed by ``@replicas=N``: the fit runs with
+``cerebro_db.replicas`` set to ``N`` in its session (``@replicas=auto``: the default). Printed
+per fit: makespan, the
 span of the unit log, span / lower bound (``bench/report.db_metrics``, as in the report) and
 span / busiest worker's work, the units' summed time (by kind, and of the units run
 away from their worker's home partition) and the CPU time of the fit's
@@ -49,7 +51,10 @@ def main() -> None:
     seen: dict[str, list[dict[str, float]]] = {s: [] for s in sides}
     for i in range(pairs):
         for side in sides if i % 2 == 0 else sides[::-1]:
-            policy, params = side.split(":", 1) if ":" in side else ("mop", side)
+            spec, _, setting = side.partition("@replicas=")
+            policy, params = spec.split(":", 1) if ":" in spec else ("mop", spec)
+            suite.q(db.fit_conn, "SELECT set_config('cerebro_db.replicas', %s, false)",
+                    (setting or "auto",))
             before = suite.process_cpu(db.backend_pid)
             run = db.fit(policy, params or None)
             coordinator = suite.process_cpu(db.backend_pid) - before
@@ -58,16 +63,21 @@ def main() -> None:
             m["makespan"] = run["makespan"]
             m["work"] = sum(u["end"] - u["start"] for u in run["units"])
             m["coordinator"], m["workers"] = coordinator, workers
+            m["first"] = run["first_unit_s"]
+            m["after"] = run["makespan"] - run["first_unit_s"] - m["span"]
             split = _split(run["units"])
             seen[side].append(m)
             print(f"{side or 'defaults'!r}: makespan {run['makespan']:.2f} s, span "
-                  f"{m['span']:.2f} s, span / LB {m['ratio']:.3f}, span / busiest "
+                  f"{m['span']:.2f} s (first unit at {m['first']:.2f} s, after the span "
+                  f"{m['after']:.2f} s), span / LB {m['ratio']:.3f}, span / busiest "
                   f"{m['busiest']:.3f}, units {m['work']:.2f} s ({split}), CPU: coordinator "
                   f"{coordinator:.2f} s, workers {workers:.2f} s, stolen by the hypervisor "
                   f"{run['steal_s']:.2f} s", flush=True)
     for side, ms in seen.items():
         print(f"{side or 'defaults'!r}: median makespan "
-              f"{st.median(m['makespan'] for m in ms):.2f} s, span / LB "
+              f"{st.median(m['makespan'] for m in ms):.2f} s, first unit at "
+              f"{st.median(m['first'] for m in ms):.2f} s, after the span "
+              f"{st.median(m['after'] for m in ms):.2f} s, span / LB "
               f"{st.median(m['ratio'] for m in ms):.3f}, span / busiest "
               f"{st.median(m['busiest'] for m in ms):.3f}, units "
               f"{st.median(m['work'] for m in ms):.2f} s, CPU: coordinator "

@@ -137,8 +137,29 @@ def paired(mop: list[dict] | None, ring: list[dict] | None,
         return db_metrics(run, *per_work)["wall_ratio"] if per_work else run["makespan"]
     ratios = [size(m) / size(r) for m, r in zip(mop, ring)]
     wins = sum(x < 1 for x in ratios)
+    ci = median_interval(ratios)
     return (f"{statistics.median(ratios):.3f} ({wins} of {len(ratios)}"
-            + ("" if per_work else " faster") + ")")
+            + ("" if per_work else " faster")
+            + (f"; 95% {ci[0]:.3f}-{ci[1]:.3f}" if ci else "") + ")")
+
+
+def median_interval(xs: list[float], level: float = 0.95) -> tuple[float, float] | None:
+    """A distribution-free confidence interval for the median of ``xs`` (independent
+    rounds): the order statistics ``x(k)`` and ``x(n+1-k)`` with the largest ``k`` whose
+    binomial coverage ``1 - 2 P(Bin(n, 1/2) < k)`` is at least ``level``; None when even
+    the whole range covers less (fewer than 6 values at 95%)."""
+    n = len(xs)
+    cover = 1.0 - 2.0 * 0.5 ** n  # k = 1: the range
+    if cover < level:
+        return None
+    k, below = 1, 0.5 ** n  # below: P(Bin(n, 1/2) < k + 1)
+    while k < n // 2:
+        nxt = below + math.comb(n, k) * 0.5 ** n
+        if 1.0 - 2.0 * nxt < level:
+            break
+        k, below = k + 1, nxt
+    ys = sorted(xs)
+    return ys[k - 1], ys[n - k]
 
 
 REPLAY_SEEDS = 5
@@ -408,7 +429,10 @@ def main(path: Path | str = ROOT / "bench" / "results" / "results.json") -> None
         "over the rounds of mop's makespan over the ring's in the same round, and in how many "
         "rounds mop was the faster (a comparison less exposed to the machine's drift than "
         "the two medians; a drift that lasts two fits can still fall on one system twice, "
-        "as the order of a round alternates). Mop / ring wall / LB, paired: the same with "
+        "as the order of a round alternates), with a distribution-free 95% interval for "
+        "that median (the sign test's order statistics of the rounds' ratios; none below "
+        "6 rounds): where it contains 1, the rounds do not tell the two policies apart on "
+        "this machine. Mop / ring wall / LB, paired: the same with "
         "each fit's makespan over its own lower bound first (the units it ran at the speed "
         "it ran them), so how fast the machine ran a fit's units cancels and what the "
         "system did around them stays (start-up, dispatch, idle workers, the schedule), "

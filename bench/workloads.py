@@ -64,10 +64,13 @@ SCALES: dict[str, Scale] = {
     # The cerebro_db fits' rounds (mop and ring alternating) are what the paired mop / ring
     # comparison rests on: two worker sessions on this VM run the same units 5-25% apart
     # from one fit to the next, so a handful of rounds cannot tell a few percent apart.
+    # Adult's fits are short (about 6 s, half of it the workers' TensorFlow import, whose
+    # time varies by 0.5 s fit to fit whatever the policy) and its policies differ by a
+    # few percent of the span, so it gets the most rounds (2 minutes more than 7 rounds).
     "default": Scale("default", 4000, 1000, 2, 10000, 4000, 4000, 2000, 4000, 5, 3,
                      repeats_adult=5, repeats_small=3, repeats_realistic_fits=5,
                      repeats_short_fits=9, repeats_cnn_fits=4, repeats_small_fits=9,
-                     repeats_adult_fits=7),
+                     repeats_adult_fits=15),
     "large": Scale("large", 60000, 10000, 3, None, 16281, 80000, 10000, 30000, 10, 1,
                    repeats_adult=3, wide_rows=400000),
 }

@@ -1,0 +1,36 @@
+"""bench/report.py: the confidence interval of the paired mop / ring ratios' median."""
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+import report
+
+
+@pytest.mark.parametrize(("n", "ranks"), [(6, (1, 6)), (7, (1, 7)), (8, (1, 8)), (9, (2, 8)),
+                                          (15, (4, 12)), (20, (6, 15)), (30, (10, 21))])
+def test_the_interval_is_the_order_statistics_of_the_binomial_table(n: int,
+                                                                    ranks: tuple[int, int]):
+    # ranks from the standard table of the sign test's interval for a median at 95%
+    xs = [float(i) for i in range(1, n + 1)]
+    random.Random(n).shuffle(xs)
+    assert report.median_interval(xs) == (float(ranks[0]), float(ranks[1]))
+
+
+def test_too_few_rounds_give_no_interval():
+    assert report.median_interval([0.9, 1.0, 1.1, 0.95, 1.05]) is None
+    assert "95%" not in report.paired(*_runs([0.9, 1.0, 1.1]))
+
+
+def test_the_paired_column_shows_the_interval():
+    text = report.paired(*_runs([0.90, 0.95, 1.02, 0.97, 0.93, 0.99, 0.96]))
+    assert text == "0.960 (6 of 7 faster; 95% 0.900-1.020)"
+
+
+def _runs(ratios: list[float]) -> tuple[list[dict], list[dict]]:
+    return [{"makespan": r * 10.0} for r in ratios], [{"makespan": 10.0} for _ in ratios]
