@@ -238,3 +238,62 @@ def test_a_chains_pad_and_begin_ahead_of_its_answer_do_not_hold_up_the_other_wor
     chains.polls = 400
     assert [(r.worker, r.ok) for r in ex.wait()] == [(0, True)]
     assert ex._slot[0] == 2 and 0 in ex.busy  # on to its posted unit
+
+
+class Clock:
+    """A monotonic clock that the naps (the waker's, ``time.sleep``) move forward."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class CommittingSessions:
+    """A worker session whose statement is busy until ``until`` on the clock (a commit held
+    up by the server's WAL flush), then answers ``COMMIT`` and ends."""
+
+    def __init__(self, clock: Clock, until: float) -> None:
+        self.clock, self.until, self.polls = clock, until, 0
+        self.results = ["COMMIT"]
+
+    def dblink_is_busy(self, name: str) -> bool:
+        self.polls += 1
+        return self.clock.now < self.until
+
+    def dblink_next(self, name: str) -> str | None:
+        return self.results.pop(0) if self.results else None
+
+
+def _held_commit(monkeypatch, waker: bool) -> tuple[DblinkExecutor, Clock, CommittingSessions]:
+    clock = Clock()
+    monkeypatch.setattr(executors.time, "monotonic", lambda: clock.now)
+    monkeypatch.setattr(executors.time, "sleep", clock.sleep)
+    sessions = CommittingSessions(clock, until=0.56)
+    ex = DblinkExecutor(sessions, "t", 2, None)  # type: ignore[arg-type]
+    if waker:
+        scripted = ScriptedWaker([])
+        scripted.wait = lambda timeout: (clock.sleep(timeout), 0)[1]  # type: ignore[method-assign]
+        ex._waker = scripted  # type: ignore[assignment]
+    return ex, clock, sessions
+
+
+@pytest.mark.parametrize("waker", [True, False])
+def test_a_commit_held_up_is_polled_with_a_back_off(monkeypatch, waker):
+    """A unit's answer has come and its COMMIT is held up 560 ms: the coordinator polls
+    fast at first, then ever less often, and reads the commit at most COMMIT_POLL_MAX late
+    (polling every 0.2 ms throughout took 2,800 polls, the coordinator's CPU)."""
+    ex, clock, sessions = _held_commit(monkeypatch, waker)
+    assert ex._next_ready("cerebro_t_0") == "COMMIT"
+    assert 0.56 <= clock.now <= 0.56 + executors.COMMIT_POLL_MAX
+    assert sessions.polls < 120
+    assert executors._commit_nap(0.0) == executors.WOKEN_POLL_INTERVAL
+    assert executors._commit_nap(10.0) == executors.COMMIT_POLL_MAX
+
+
+def test_draining_a_chain_polls_with_the_same_back_off(monkeypatch):
+    ex, clock, sessions = _held_commit(monkeypatch, waker=False)
+    ex._drain(0)
+    assert 0.56 <= clock.now <= 0.56 + executors.COMMIT_POLL_MAX
+    assert sessions.polls < 120 and sessions.results == []
