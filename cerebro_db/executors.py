@@ -615,8 +615,8 @@ class DblinkExecutor:
         """Block until at least one busy worker finished (or ``timeout``); return results.
 
         The coordinator sleeps on its :class:`~cerebro_db.wakeup.Waker`, which the workers
-        poke as their units end; it then polls every :data:`WOKEN_POLL_INTERVAL` until the
-        unit's commit is through. While every busy worker runs a unit that pokes, it
+        poke as their units end; it then polls, every :data:`WOKEN_POLL_INTERVAL` at first
+        and then less often (:func:`_commit_nap`), until the unit's commit is through. While every busy worker runs a unit that pokes, it
         otherwise polls only every :data:`WAKER_NAP` (to notice a session that ended without
         a poke). Else (checks, statements of other executors, workers whose pokes do not
         arrive: :data:`WAKER_TRUSTED_AFTER`) polling backs off from ``poll_interval`` to
@@ -645,7 +645,8 @@ class DblinkExecutor:
                 return []
             if self._pokes and now - self._woken < WOKEN_POLL_FOR:
                 # poked: a unit is done and its worker commits; answer as soon as it has
-                self._poked(self._waker.wait(WOKEN_POLL_INTERVAL) if self._waker else 0)
+                nap = _commit_nap(now - self._woken)
+                self._poked(self._waker.wait(nap) if self._waker else 0)
                 continue
             nap = min(self.max_poll_interval, max(self.poll_interval, waited / 10))
             if self._unpoked < WAKER_TRUSTED_AFTER and self._will_poke.issuperset(self.busy):

@@ -297,3 +297,21 @@ def test_draining_a_chain_polls_with_the_same_back_off(monkeypatch):
     ex._drain(0)
     assert 0.56 <= clock.now <= 0.56 + executors.COMMIT_POLL_MAX
     assert sessions.polls < 120 and sessions.results == []
+
+
+def test_after_a_poke_a_commit_held_up_is_polled_with_the_back_off(monkeypatch):
+    """The poke came (a chain's last unit, a single unit: before its commit) and the commit
+    is held up: the fast polls thin out instead of running every 0.2 ms for 50 ms."""
+    clock = Clock()
+    monkeypatch.setattr(executors.time, "monotonic", lambda: clock.now)
+    w = ScriptedWaker([1])
+    ex = executor({0: 10**6}, w)
+    until = executors.WAKER_NAP + 0.045  # the first nap ends with the poke
+    ex.cat.dblink_is_busy = lambda name: clock.now < until  # type: ignore[method-assign]
+    waits = w.wait
+    w.wait = lambda timeout: (clock.sleep(timeout), waits(timeout))[1]  # type: ignore[method-assign]
+    expect(ex, 0)
+    assert [r.worker for r in ex.wait()] == [0]
+    fast = [n for n in w.naps[1:] if n]
+    assert fast[0] == executors.WOKEN_POLL_INTERVAL and len(fast) < 60  # 225 at 0.2 ms
+    assert until <= clock.now <= until + executors.COMMIT_POLL_MAX
