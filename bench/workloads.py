@@ -67,9 +67,11 @@ SCALES: dict[str, Scale] = {
     # Adult's fits are short (about 6 s, half of it the workers' TensorFlow import, whose
     # time varies by 0.5 s fit to fit whatever the policy) and its policies differ by a
     # few percent of the span, so it gets the most rounds (2 minutes more than 7 rounds).
+    # The realistic workloads get 7 rounds (the CNNs 6), the fewest with which the report
+    # gives the paired median a 95% interval (about 7 minutes more than 5 and 4 rounds).
     "default": Scale("default", 4000, 1000, 2, 10000, 4000, 4000, 2000, 4000, 5, 3,
-                     repeats_adult=5, repeats_small=3, repeats_realistic_fits=5,
-                     repeats_short_fits=9, repeats_cnn_fits=4, repeats_small_fits=9,
+                     repeats_adult=5, repeats_small=3, repeats_realistic_fits=7,
+                     repeats_short_fits=9, repeats_cnn_fits=6, repeats_small_fits=9,
                      repeats_adult_fits=15),
     "large": Scale("large", 60000, 10000, 3, None, 16281, 80000, 10000, 30000, 10, 1,
                    repeats_adult=3, wide_rows=400000),
