@@ -104,9 +104,10 @@ COMMIT_POLL_MAX = 0.01
 """Seconds between two polls, at most, while the coordinator waits for a statement of a
 worker that has answered and is still committing or reading its chain to the end
 (:func:`_commit_nap`): a commit takes a few milliseconds, but one held up by the server's WAL
-flush took 100-1100 ms on the benchmark machine, and polled every
-:data:`WOKEN_POLL_INTERVAL` throughout it cost the coordinator up to 0.9 s of CPU in a fit,
-taken from the workers."""
+flush took 100-1100 ms on the benchmark machine. Polled every :data:`WOKEN_POLL_INTERVAL`
+throughout, commits held up 100 ms each (``commit_delay``) cost the coordinator 0.33 s of CPU
+per Adult fit under MOP and 0.71 s under the ring, taken from the workers; 0.24 and 0.34 s
+with this back-off."""
 WAKER_NAP = 0.1
 """Seconds the coordinator sleeps between two polls while the workers' pokes arrive: a
 worker whose session ends without a poke (it was terminated) is still noticed that soon."""
@@ -120,7 +121,7 @@ def _commit_nap(waited: float) -> float:
     should end soon (``waited``: seconds so far): :data:`WOKEN_POLL_INTERVAL` for the first
     two milliseconds, then a tenth of the time waited, at most :data:`COMMIT_POLL_MAX`; the
     answer comes at most that much later than it could, and a commit held up for a second
-    costs about a hundred polls instead of five thousand."""
+    costs about 140 polls instead of 5,000."""
     return min(COMMIT_POLL_MAX, max(WOKEN_POLL_INTERVAL, waited / 10))
 
 
@@ -616,9 +617,9 @@ class DblinkExecutor:
 
         The coordinator sleeps on its :class:`~cerebro_db.wakeup.Waker`, which the workers
         poke as their units end; it then polls, every :data:`WOKEN_POLL_INTERVAL` at first
-        and then less often (:func:`_commit_nap`), until the unit's commit is through. While every busy worker runs a unit that pokes, it
-        otherwise polls only every :data:`WAKER_NAP` (to notice a session that ended without
-        a poke). Else (checks, statements of other executors, workers whose pokes do not
+        and then less often (:func:`_commit_nap`), until the unit's commit is through.
+        While every busy worker runs a unit that pokes, it otherwise polls only every
+        :data:`WAKER_NAP` (to notice a session that ended without a poke). Else (checks, statements of other executors, workers whose pokes do not
         arrive: :data:`WAKER_TRUSTED_AFTER`) polling backs off from ``poll_interval`` to
         ``max_poll_interval`` (a tenth of the time waited so far), so the coordinator's own
         process takes little CPU from the workers on long units and answers quickly on short
