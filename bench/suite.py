@@ -346,9 +346,10 @@ class Db:
                          "(%s, %s, %s)", (archs.index(c["arch_json"]) + 1, c["compile_params"],
                                           c["fit_params"]))
         # the loading's dirty buffers go to disk now, not in a checkpoint spread over the
-        # first measured fits (one check, fashion-20k-mlp, policy_check 3 pairs after the
-        # warm-up: the first two fits' units summed 17.3 and 18.6 s against 16.2-17.1 s
-        # later; with this CHECKPOINT 15.4 and 16.1 s against 16.5-17.9 s)
+        # first measured fits. Whether that ever slowed them is not shown: two checks each
+        # way (fashion-20k-mlp, policy_check 3 pairs after the warm-up) gave the first two
+        # fits' units 17.3 / 18.6 and 16.1 / 15.8 s without it, 15.4 / 16.1 and 17.8 / 16.3 s
+        # with it, the later fits 16.2-21.8 s: this VM's fit-to-fit spread
         q(self.conn, "CHECKPOINT")
         return pre
 
