@@ -619,8 +619,9 @@ class DblinkExecutor:
         poke as their units end; it then polls, every :data:`WOKEN_POLL_INTERVAL` at first
         and then less often (:func:`_commit_nap`), until the unit's commit is through.
         While every busy worker runs a unit that pokes, it otherwise polls only every
-        :data:`WAKER_NAP` (to notice a session that ended without a poke). Else (checks, statements of other executors, workers whose pokes do not
-        arrive: :data:`WAKER_TRUSTED_AFTER`) polling backs off from ``poll_interval`` to
+        :data:`WAKER_NAP` (to notice a session that ended without a poke). Else (checks,
+        statements of other executors, workers whose pokes do not arrive:
+        :data:`WAKER_TRUSTED_AFTER`) polling backs off from ``poll_interval`` to
         ``max_poll_interval`` (a tenth of the time waited so far), so the coordinator's own
         process takes little CPU from the workers on long units and answers quickly on short
         ones. A unit past ``unit_timeout`` has its session terminated and comes back lost."""

@@ -250,6 +250,18 @@ class Clock:
         self.now += seconds
 
 
+class ClockedWaker(ScriptedWaker):
+    """A :class:`ScriptedWaker` whose naps move ``clock`` forward."""
+
+    def __init__(self, clock: Clock, pokes: list[int]) -> None:
+        super().__init__(pokes)
+        self.clock = clock
+
+    def wait(self, timeout: float) -> int:
+        self.clock.sleep(timeout)
+        return super().wait(timeout)
+
+
 class CommittingSessions:
     """A worker session whose statement is busy until ``until`` on the clock (a commit held
     up by the server's WAL flush), then answers ``COMMIT`` and ends."""
@@ -273,9 +285,7 @@ def _held_commit(monkeypatch, waker: bool) -> tuple[DblinkExecutor, Clock, Commi
     sessions = CommittingSessions(clock, until=0.56)
     ex = DblinkExecutor(sessions, "t", 2, None)  # type: ignore[arg-type]
     if waker:
-        scripted = ScriptedWaker([])
-        scripted.wait = lambda timeout: (clock.sleep(timeout), 0)[1]  # type: ignore[method-assign]
-        ex._waker = scripted  # type: ignore[assignment]
+        ex._waker = ClockedWaker(clock, [])  # type: ignore[assignment]
     return ex, clock, sessions
 
 
@@ -304,12 +314,10 @@ def test_after_a_poke_a_commit_held_up_is_polled_with_the_back_off(monkeypatch):
     is held up: the fast polls thin out instead of running every 0.2 ms for 50 ms."""
     clock = Clock()
     monkeypatch.setattr(executors.time, "monotonic", lambda: clock.now)
-    w = ScriptedWaker([1])
+    w = ClockedWaker(clock, [1])
     ex = executor({0: 10**6}, w)
     until = executors.WAKER_NAP + 0.045  # the first nap ends with the poke
     ex.cat.dblink_is_busy = lambda name: clock.now < until  # type: ignore[method-assign]
-    waits = w.wait
-    w.wait = lambda timeout: (clock.sleep(timeout), waits(timeout))[1]  # type: ignore[method-assign]
     expect(ex, 0)
     assert [r.worker for r in ex.wait()] == [0]
     fast = [n for n in w.naps[1:] if n]
