@@ -496,6 +496,8 @@ class DblinkExecutor:
             if self._post(worker, self._slot[worker], fit_id, "unit", unit):
                 self._waiting.discard(worker)
                 self._started(worker, key)
+                if self._waker is not None:
+                    self._credits += 1
                 return
             self._drain(worker)  # it abandoned the slot first: its chain has ended
         wake = self._waker.name if self._waker is not None else None
@@ -558,8 +560,7 @@ class DblinkExecutor:
         if key is not None:
             self._keys[worker] = key
         if self._waker is not None:
-            self._will_poke.add(worker)
-            self._credits += 1
+            self._will_poke.add(worker)  # its credit came when it was sent
 
     def _end_chain(self, worker: int) -> None:
         for d in (self._slot, self._last, self._posted, self._fit):

@@ -323,3 +323,22 @@ def test_after_a_poke_a_commit_held_up_is_polled_with_the_back_off(monkeypatch):
     fast = [n for n in w.naps[1:] if n]
     assert fast[0] == executors.WOKEN_POLL_INTERVAL and len(fast) < 60  # 225 at 0.2 ms
     assert until <= clock.now <= until + executors.COMMIT_POLL_MAX
+
+
+def test_a_queued_unit_earns_one_spell_of_fast_polling_not_two(monkeypatch):
+    """A unit earns its credit when it is sent, whether it goes as a statement, into a
+    chain's slot ahead (``queue_unit``) or into a waiting chain's slot; starting a queued
+    unit earns nothing more (it did: two spells for one poke)."""
+    chains = ScriptedChains({0: [(3, '{"ok": true}'), (3, "COMMIT")]})
+    ex = DblinkExecutor(chains, "t", 2, None)  # type: ignore[arg-type]
+    ex._waker = ScriptedWaker([1])  # type: ignore[assignment]  # the first unit's poke
+    ex.check_interval = float("inf")
+    ex.busy[0] = 0.0
+    ex._slot[0], ex._last[0] = 0, 2  # a chain of three slots, its first unit running
+    expect(ex, 0)
+    monkeypatch.setattr(ex, "_post", lambda *a: True)
+    assert ex.queue_unit(0, 42, 7, 1, 0, "train", {})
+    assert ex._credits == 2  # two units sent
+    assert [r.worker for r in ex.wait()] == [0]
+    assert ex._slot[0] == 1 and 0 in ex.busy  # on to the queued unit
+    assert (ex._pokes, ex._credits, ex._will_poke) == (0, 1, {0})
