@@ -91,11 +91,13 @@ def order(rounds: int, rows: int) -> None:
     cfgs, unit = _setup(rows)
     for i in range(len(cfgs)):
         unit(i, 0)  # each model built and traced
-    orders = {"mop (1, 2, 3, 4)": [0, 1, 2, 3], "ring (1, 3, 2, 4)": [0, 2, 1, 3]}
+    orders = {"mop (1, 2, 3, 4)": [0, 1, 2, 3], "ring (1, 3, 2, 4)": [0, 2, 1, 3],
+              "1, 2, 4, 3": [0, 1, 3, 2]}
     got: dict[str, dict[int, list[float]]] = {k: {i: [] for i in range(4)} for k in orders}
     seed = 1
     for r in range(rounds):
-        for k in (list(orders) if r % 2 == 0 else list(orders)[::-1]):
+        ks = list(orders)
+        for k in ks[r % len(ks):] + ks[:r % len(ks)]:
             for _ in range(2):
                 for i in orders[k]:
                     got[k][i].append(unit(i, seed))

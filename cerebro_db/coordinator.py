@@ -204,6 +204,9 @@ def run_fit(policy: Policy, progress: Progress, executor: Executor, *,
             progress.finish(worker, True)
             if unit.kind == TRAIN:
                 progress.observe(unit.config, data.get("seconds"), unit.epoch)
+            else:
+                progress.observe_eval(unit.config, data.get("seconds"))
+            progress.observe_read(worker, unit.partition, data.get("read_seconds"))
             if worker in elastic.retiring and worker not in progress.running:
                 elastic.leave(worker, "removed")
             r = results.setdefault(unit.config, ConfigResult())

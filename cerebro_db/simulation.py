@@ -293,10 +293,13 @@ class _Cluster(SimulatedExecutor):
     poll_interval = 0.0
 
     def __init__(self, progress: Progress, train_t: TimeFn, eval_t: TimeFn, fail_at: FailureFn,
-                 changes: Iterable[WorkerChange], max_steps: int, pipeline: bool = False
-                 ) -> None:
+                 changes: Iterable[WorkerChange], max_steps: int, pipeline: bool = False,
+                 read_time: float | None = None) -> None:
         super().__init__(max_steps=max_steps, batch=True, pipeline=pipeline)
         self.progress = progress
+        self.read_time = read_time
+        self._read: set[tuple[int, int]] = set()  # (worker, partition) read so far
+        self._reading: dict[int, float] = {}  # worker -> its unit in flight's read
         self.train_t, self.eval_t, self.fail_at = train_t, eval_t, fail_at
         self.ids = {w: w for w in progress.workers}  # a change's worker name -> worker id
         self.dead: set[int] = set()
@@ -308,8 +311,13 @@ class _Cluster(SimulatedExecutor):
             self.change(ch.time, ch)
 
     def unit_time(self, a: Assignment, options: dict[str, Any]) -> float:
-        return (self.eval_t if a.kind == EVAL else self.train_t)(a.config, a.partition,
-                                                                  a.worker)
+        t = (self.eval_t if a.kind == EVAL else self.train_t)(a.config, a.partition, a.worker)
+        if self.read_time is None:
+            return t
+        cold = (a.worker, a.partition) not in self._read
+        self._read.add((a.worker, a.partition))
+        self._reading[a.worker] = self.read_time if cold else 0.0
+        return t + self._reading[a.worker]
 
     def failure(self, a: Assignment, options: dict[str, Any]) -> float | None:
         return self.fail_at(a.config, a.epoch, a.partition, a.worker, a.kind,
@@ -324,10 +332,13 @@ class _Cluster(SimulatedExecutor):
     def result(self, a: Assignment, options: dict[str, Any], start: float, end: float
                ) -> dict[str, Any]:
         # No training happens: there is no loss to report.
+        out: dict[str, Any] = {"seconds": end - start}
+        if self.read_time is not None:
+            out["read_seconds"] = self._reading.get(a.worker, 0.0)
         if a.kind == EVAL:
-            return {"evals": {k: {"loss": math.nan, "rows": 0, "metrics": {}}
-                              for k in options.get("eval_kinds", ())}}
-        return {"loss": math.nan, "rows": 0, "seconds": end - start}
+            return {**out, "evals": {k: {"loss": math.nan, "rows": 0, "metrics": {}}
+                                     for k in options.get("eval_kinds", ())}}
+        return {**out, "loss": math.nan, "rows": 0}
 
     def recover(self, worker: int) -> bool:
         return worker not in self.dead
@@ -419,6 +430,7 @@ def simulate(
     max_steps: int = 1_000_000,
     max_unit_retries: int = 1000,
     pipeline: bool = False,
+    read_time: float | None = None,
 ) -> SimulationResult:
     """Run ``policy`` through the coordinator's fit loop on a fake cluster; log every unit.
 
@@ -433,7 +445,10 @@ def simulate(
     - ``workers``: worker -> partitions held (default: worker ``w`` holds partition ``w``);
     - ``max_unit_retries``: the coordinator's limit of lost attempts per unit;
     - ``pipeline``: busy workers take their next unit ahead (pipelined dispatch), as worker
-      sessions do.
+      sessions do;
+    - ``read_time``: seconds a worker's first unit on a partition spends reading it (on
+      top of its unit time), reported as the unit's ``read_seconds`` like worker sessions
+      do; None (default): reads cost nothing and are not reported.
 
     Raises :class:`~cerebro_db.scheduling.SchedulingError` if the policy assigns something
     the invariants forbid, :class:`~cerebro_db.coordinator.WorkerFailed` past
@@ -451,7 +466,7 @@ def simulate(
     else:
         eval_t = _as_time_fn(eval_time)
     cluster = _Cluster(progress, train_t, eval_t, _as_failure_fn(failures), worker_changes,
-                       max_steps, pipeline)
+                       max_steps, pipeline, read_time)
     counted = _Counted(policy)
     try:
         run_fit(cast(Policy, counted), progress, cluster, eval_kinds=["eval_train"],

@@ -706,6 +706,7 @@ def _run_unit(cat: Catalog, fit_id: int, mst_key: int, epoch: int, partition: in
     chunk = int(fopts.get("state_chunk_size") or DEFAULT_CHUNK_SIZE)
     if kind == "train":
         x, y = unit_data(cat, fopts, fit["source_table"], partition, cfg["compile_params"])
+        t_read = time.time() - t0
         state = load_state(cat, fit_id, mst_key, "current")
         if state is None:
             state = training.initial_state(cfg["model_arch"], cp,
@@ -731,7 +732,8 @@ def _run_unit(cat: Catalog, fit_id: int, mst_key: int, epoch: int, partition: in
                   res.loss, metrics, t1 - t0, t2 - t1, t3 - t2, len(new_state))
         _hook(cat, "after_save", mst_key, epoch, partition, options)
         return {"ok": True, "loss": res.loss, "rows": res.rows, "metrics": res.metrics,
-                "seconds": t3 - t0, "train_seconds": t2 - t1, "worker": worker}
+                "seconds": t3 - t0, "train_seconds": t2 - t1, "read_seconds": t_read,
+                "worker": worker}
     from .params import parse_fit_params
 
     _hook(cat, "eval", mst_key, epoch, partition, options)
@@ -743,10 +745,13 @@ def _run_unit(cat: Catalog, fit_id: int, mst_key: int, epoch: int, partition: in
     evals: dict[str, Any] = {}
     loaded = False  # the cached model holds the state's weights (after the first evaluate)
     t1 = t0  # the first kind's row covers the call's own work: the state's read and load
+    t_read = 0.0  # the partitions' rows
     for ek in options.get("eval_kinds", ["eval_train"]):
         table = fit["source_table"] if ek == "eval_train" else fit["validation_table"]
+        t_data = time.time()
         x, y = unit_data(cat, fopts, table, partition, cfg["compile_params"], ek)
         t2 = time.time()
+        t_read += t2 - t_data
         if _no_rows(x):
             ev = training.EvalResult(float("nan"), {}, 0)
         else:
@@ -758,4 +763,5 @@ def _run_unit(cat: Catalog, fit_id: int, mst_key: int, epoch: int, partition: in
                   [float(v) for v in ev.metrics.values()], t2 - t1, t3 - t2, 0.0, None)
         evals[ek] = {"loss": ev.loss, "rows": ev.rows, "metrics": ev.metrics}
         t1 = t3
-    return {"ok": True, "evals": evals, "seconds": time.time() - t0, "worker": worker}
+    return {"ok": True, "evals": evals, "seconds": time.time() - t0, "read_seconds": t_read,
+            "worker": worker}

@@ -101,7 +101,14 @@ class Snapshot:
       measured successful units (configs not measured yet are absent; see
       :meth:`~.progress.Progress.observe`), for cost-aware policies;
     - ``ahead``: a look-ahead snapshot (pipelined dispatch): its one idle worker is still
-      running a unit, so a policy may leave it without work it would only take when idle.
+      running a unit, so a policy may leave it without work it would only take when idle;
+    - ``warm``: worker -> the partitions it has started a unit on in this fit (their rows
+      are in its cache; a unit on another partition first reads that partition);
+    - ``started``: worker -> when (``now``'s clock) its unit in flight started;
+    - ``cold_read_seconds``: the mean measured time of a worker's first read of a
+      partition (None until one is measured), what a unit on a partition not ``warm`` on
+      its worker costs on top of its own time;
+    - ``eval_seconds``: config -> mean measured seconds of its evaluation units.
     """
 
     num_partitions: int
@@ -115,6 +122,10 @@ class Snapshot:
     now: float = 0.0
     unit_seconds: Mapping[int, float] = field(default_factory=dict)
     ahead: bool = False
+    warm: Mapping[int, frozenset[int]] = field(default_factory=dict)
+    started: Mapping[int, float] = field(default_factory=dict)
+    cold_read_seconds: float | None = None
+    eval_seconds: Mapping[int, float] = field(default_factory=dict)
     _training: Mapping[int, RunningUnit] = field(init=False, repr=False, compare=False)
     _configs: tuple[int, ...] = field(init=False, repr=False, compare=False)
     _partitions: frozenset[int] = field(init=False, repr=False, compare=False)
@@ -132,6 +143,10 @@ class Snapshot:
         object.__setattr__(self, "idle_workers", tuple(sorted(self.idle_workers)))
         object.__setattr__(self, "pending_evals", tuple(self.pending_evals))
         object.__setattr__(self, "unit_seconds", _frozen_map(self.unit_seconds))
+        object.__setattr__(
+            self, "warm", _frozen_map({w: frozenset(v) for w, v in self.warm.items()}))
+        object.__setattr__(self, "started", _frozen_map(self.started))
+        object.__setattr__(self, "eval_seconds", _frozen_map(self.eval_seconds))
         training = {u.config: u for u in self.running if u.kind == TRAIN}
         object.__setattr__(self, "_training", MappingProxyType(training))
         object.__setattr__(self, "_configs", tuple(sorted(self.target_epochs)))

@@ -62,11 +62,18 @@ class Progress:
         self.pending_evals: list[EvalUnit] = []
         self._eval_epochs = eval_epochs
         self._samples: dict[int, list[tuple[int, float]]] = {}
+        self._clock = 0.0  # ``now`` of the latest snapshot: when units started since began
+        self.started: dict[int, float] = {}
+        self.read: dict[int, set[int]] = {}  # worker -> partitions it has started a unit on
+        self._cold: list[float] = []  # measured first reads of a partition by a worker
+        self._cold_seen: set[tuple[int, int]] = set()
+        self._eval_samples: dict[int, list[float]] = {}
 
     # -- what the policy sees -------------------------------------------------------------
 
     def snapshot(self, now: float = 0.0) -> Snapshot:
         """A frozen view for the policy."""
+        self._clock = now
         return Snapshot(
             num_partitions=self.num_partitions,
             target_epochs=self.targets,
@@ -79,6 +86,10 @@ class Progress:
             pending_evals=tuple(self.pending_evals),
             now=now,
             unit_seconds={c: _estimate(v) for c, v in self._samples.items()},
+            warm={w: frozenset(v) for w, v in self.read.items()},
+            started={w: self.started[w] for w in self.running if w in self.started},
+            cold_read_seconds=sum(self._cold) / len(self._cold) if self._cold else None,
+            eval_seconds={c: sum(v) / len(v) for c, v in self._eval_samples.items()},
         )
 
     def observe(self, config: int, seconds: float | None, epoch: int | None = None) -> None:
@@ -90,6 +101,22 @@ class Progress:
         if epoch is None:
             epoch = self.completed[config] + (0 if not self.visited[config] else 1)
         self._samples.setdefault(config, []).append((int(epoch), float(seconds)))
+
+    def observe_read(self, worker: int, partition: int, seconds: float | None) -> None:
+        """A successful unit of ``worker`` on ``partition`` spent ``seconds`` reading its
+        rows: the first one a worker reports for a partition is a cold read, whose mean
+        policies see as :attr:`Snapshot.cold_read_seconds`."""
+        if seconds is None or not seconds >= 0 or (worker, partition) in self._cold_seen:
+            return
+        self._cold_seen.add((worker, partition))
+        self._cold.append(float(seconds))
+
+    def observe_eval(self, config: int, seconds: float | None) -> None:
+        """A successful evaluation unit of ``config`` took ``seconds``
+        (:attr:`Snapshot.eval_seconds`)."""
+        if seconds is None or not seconds >= 0 or config not in self.targets:
+            return
+        self._eval_samples.setdefault(config, []).append(float(seconds))
 
     def all_done(self) -> bool:
         """Every config at its target, every evaluation done, nothing in flight."""
@@ -128,6 +155,7 @@ class Progress:
             raise SchedulingError(f"worker {worker} is not present")
         unit = self.finish(worker, ok=False) if worker in self.running else None
         del self.workers[worker]
+        self.read.pop(worker, None)
         return unit
 
     # -- units ------------------------------------------------------------------------------
@@ -174,6 +202,8 @@ class Progress:
             self.pending_evals.remove(EvalUnit(a.config, a.epoch, a.partition))
         unit = RunningUnit(a.worker, a.config, a.epoch, a.partition, a.kind)
         self.running[a.worker] = unit
+        self.started[a.worker] = self._clock
+        self.read.setdefault(a.worker, set()).add(a.partition)
         return unit
 
     def finish(self, worker: int, ok: bool) -> RunningUnit:
@@ -214,6 +244,9 @@ class Progress:
         p._queued_taken = set(self._queued_taken)
         p.pending_evals = list(self.pending_evals)
         p._eval_epochs, p._samples = self._eval_epochs, self._samples
+        p._clock, p.started = self._clock, dict(self.started)
+        p.read = {w: set(v) for w, v in self.read.items()}
+        p._cold, p._cold_seen, p._eval_samples = self._cold, self._cold_seen, self._eval_samples
         p.finish(worker, True)
         return p
 
@@ -229,6 +262,7 @@ class Progress:
             self._queued_taken.add(a.worker)
         unit = RunningUnit(a.worker, a.config, a.epoch, a.partition, a.kind)
         self.queued[a.worker] = unit
+        self.read.setdefault(a.worker, set()).add(a.partition)
         return unit
 
     def _visit(self, config: int, partition: int) -> None:

@@ -106,19 +106,22 @@ class RandomizedMOP(Policy):
     stored in JSON), which plans the rotations' offsets under ``rotated_order``.
     ``tail_units``: per worker, the units left to start below which nothing is queued ahead
     when partitions have several holders (:data:`TAIL_UNITS`; 0 turns it off).
+    ``priced_reads``: a worker takes a unit on a held partition it has not read yet only
+    when that ends the partition's work sooner (:meth:`_steal_limits`; default on, False:
+    every such unit, as before).
     """
 
     name = "mop"
     lookahead = True
     steals = True
     option_names = ("random_state", "prefer_lagging", "seeded_order", "cost_aware",
-                    "rotated_order", "config_costs", "tail_units")
+                    "rotated_order", "config_costs", "tail_units", "priced_reads")
 
     def __init__(self, random_state: int | None = None, prefer_lagging: bool = False,
                  seeded_order: bool = False, cost_aware: bool = False,
                  rotated_order: bool = False,
                  config_costs: Mapping[Any, Any] | None = None,
-                 tail_units: int = TAIL_UNITS) -> None:
+                 tail_units: int = TAIL_UNITS, priced_reads: bool = True) -> None:
         self.prefer_lagging = _check_bool("prefer_lagging", prefer_lagging)
         self.seeded_order = _check_bool("seeded_order", seeded_order)
         self.cost_aware = _check_bool("cost_aware", cost_aware)
@@ -127,6 +130,7 @@ class RandomizedMOP(Policy):
         if isinstance(tail_units, bool) or not isinstance(tail_units, int) or tail_units < 0:
             raise invalid(f"tail_units must be a non-negative integer, got {tail_units!r}")
         self.tail_units = tail_units
+        self.priced_reads = _check_bool("priced_reads", priced_reads)
         if random_state is None:
             random_state = random.SystemRandom().randrange(2**32)
         if isinstance(random_state, bool):
@@ -153,6 +157,8 @@ class RandomizedMOP(Policy):
             "rotated_order": self.rotated_order}
         if self.tail_units != TAIL_UNITS:
             out["tail_units"] = self.tail_units
+        if not self.priced_reads:
+            out["priced_reads"] = False
         if self.config_costs is not None:
             out["config_costs"] = {str(c): v for c, v in sorted(self.config_costs.items())}
         return out
@@ -194,19 +200,75 @@ class RandomizedMOP(Policy):
             return out
         busy = {a.worker for a in evals}
         away = {w: snapshot.workers[w] - home[w] for w in snapshot.workers}
+        limit = self._steal_limits(snapshot, home, done, cost, out)
         leftover = self._train(snapshot, [w for w in leftover if w not in busy], away, taken,
-                               cost, out)
+                               cost, out, limit)
+        for w in leftover:  # a cold partition's oldest evaluation only within its limit
+            cold = away[w] - snapshot.warm.get(w, frozenset())
+            for q in cold & limit.keys():
+                oldest = next((u for u in snapshot.pending_evals
+                               if u.partition == q and u not in done), None)
+                if oldest is None or _eval_cost(snapshot, cost, oldest.config) >= limit[q]:
+                    away[w] = away[w] - {q}
         out.extend(assign_evals(snapshot, sorted(leftover), partitions=away, taken=done))
         return out
 
+    def _steal_limits(self, snapshot: Snapshot, home: Mapping[int, frozenset[int]],
+                      done: set[EvalUnit], cost: Callable[[int], float],
+                      out: list[Assignment]) -> dict[int, float]:
+        """partition -> the longest unit a worker that has not read it yet may take there:
+        its home worker would finish the partition's work at ``F + W`` (``F``: until that
+        worker is free, from its units in flight, queued and just assigned; ``W``: the
+        training units left on the partition in this and later epochs and its pending
+        evaluation units), and a unit of ``t`` seconds taken elsewhere ends at ``L + t``
+        (``L``: :attr:`Snapshot.cold_read_seconds`), so the steal shortens the partition's
+        work only when ``t < F + W - L``. Early in a fit ``W`` is large and steals go on as
+        before (a read pays for all later steals there); in its tail a worker no longer
+        reads a partition to take a unit its home worker would finish sooner. Empty while
+        no cold read is measured (every steal allowed)."""
+        read = snapshot.cold_read_seconds
+        if read is None or not self.priced_reads:
+            return {}
+        now = snapshot.now
+        free: dict[int, float] = {}
+        for u in snapshot.running:  # a worker's unit in flight first, then its queued one
+            t = cost(u.config) if u.kind == TRAIN else _eval_cost(snapshot, cost, u.config)
+            if u.worker not in free and u.worker in snapshot.started:
+                t = max(0.0, t - (now - snapshot.started[u.worker]))
+            free[u.worker] = free.get(u.worker, 0.0) + t
+        for a in out:
+            t = cost(a.config) if a.kind == TRAIN else _eval_cost(snapshot, cost, a.config)
+            free[a.worker] = free.get(a.worker, 0.0) + t
+        wait: dict[int, float] = {}
+        flying = {(u.config, u.partition) for u in snapshot.running if u.kind == TRAIN}
+        flying |= {(a.config, a.partition) for a in out if a.kind == TRAIN}
+        for c in snapshot.configs:
+            epochs = snapshot.target_epochs[c] - snapshot.completed(c)
+            if epochs <= 0:
+                continue
+            for q in range(snapshot.num_partitions):
+                left = epochs - (q not in snapshot.unvisited(c) or (c, q) in flying)
+                wait[q] = wait.get(q, 0.0) + left * cost(c)
+        for e in snapshot.pending_evals:
+            if e not in done:
+                wait[e.partition] = wait.get(e.partition, 0.0) + _eval_cost(snapshot, cost,
+                                                                            e.config)
+        return {q: free.get(h, 0.0) + wait.get(q, 0.0) - read
+                for h, parts in home.items() for q in parts}
+
     def _train(self, snapshot: Snapshot, workers: list[int],
                allowed: Mapping[int, frozenset[int]], taken: set[int],
-               cost: Callable[[int], float], out: list[Assignment]) -> list[int]:
+               cost: Callable[[int], float], out: list[Assignment],
+               limit: Mapping[int, float] | None = None) -> list[int]:
         """Training assignments (appended to ``out``) for ``workers`` in order, each on a
-        partition in ``allowed[worker]``; returns the workers left without one."""
+        partition in ``allowed[worker]`` (one the worker has not read only for a config
+        cheaper than ``limit`` there: :meth:`_steal_limits`); returns the workers left
+        without one."""
         leftover: list[int] = []
+        lim = limit or {}
         for w in workers:
             held = allowed[w]
+            cold = held - snapshot.warm.get(w, frozenset()) if lim else frozenset()
             candidates = []
             for c in snapshot.configs if held else ():
                 if c in taken or snapshot.finished(c):
@@ -217,6 +279,9 @@ class RandomizedMOP(Policy):
                     nxt = self.visit_order(c, snapshot.current_epoch(c),
                                            snapshot.num_partitions)[seen]
                     parts = parts & {nxt}
+                if parts & cold:
+                    parts = frozenset(q for q in parts
+                                      if q not in cold or q not in lim or cost(c) < lim[q])
                 if parts:
                     candidates.append((c, parts))
             if not candidates:
@@ -289,6 +354,22 @@ def _in_tail(snapshot: Snapshot, per_worker: int) -> bool:
         _units_left(snapshot, c) - (1 if snapshot.is_training(c) else 0)
         for c in snapshot.configs)
     return left <= per_worker * len(snapshot.workers)
+
+
+EVAL_SHARE = 1.0 / 3.0
+"""An evaluation unit's cost as a share of its config's training unit cost while no
+evaluation unit is measured (a forward pass without the backward one)."""
+
+
+def _eval_cost(snapshot: Snapshot, cost: Callable[[int], float], config: int) -> float:
+    """config -> estimated seconds of its evaluation unit: measured; else the mean of the
+    measured configs'; else :data:`EVAL_SHARE` of its training unit's."""
+    known = snapshot.eval_seconds
+    if config in known:
+        return known[config]
+    if known:
+        return sum(known.values()) / len(known)
+    return EVAL_SHARE * cost(config)
 
 
 def _units_left(snapshot: Snapshot, config: int) -> int:

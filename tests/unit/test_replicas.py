@@ -107,6 +107,97 @@ def test_a_worker_takes_another_partitions_unit_only_when_it_would_idle():
     assert RandomizedMOP(0).assign(prog.snapshot()) == [Assignment(0, 3, 1, 1, EVAL)]
 
 
+def test_progress_tells_policies_what_workers_have_read_and_what_reads_cost():
+    prog = Progress({1: 2, 2: 2}, 2, {0: (0, 1), 1: (0, 1)}, eval_epochs={1})
+    snap = prog.snapshot(5.0)
+    assert (snap.warm, snap.started, snap.cold_read_seconds, snap.eval_seconds) == \
+        ({}, {}, None, {})
+    prog.start(Assignment(0, 1, 1, 0))
+    snap = prog.snapshot(6.0)
+    assert snap.warm == {0: frozenset({0})} and snap.started == {0: 5.0}
+    prog.finish(0, True)
+    prog.observe_read(0, 0, 0.3)
+    prog.observe_read(0, 0, 0.001)  # a later read of a cached partition: not a cold one
+    prog.start(Assignment(1, 1, 1, 1))
+    prog.finish(1, True)
+    prog.observe_read(1, 1, 0.5)
+    prog.observe_read(1, 1, None)
+    prog.observe_eval(1, 0.2)
+    prog.observe_eval(1, 0.4)
+    prog.observe_eval(9, 1.0)  # not a config of the fit
+    snap = prog.snapshot(7.0)
+    assert snap.cold_read_seconds == pytest.approx(0.4)
+    assert snap.eval_seconds == {1: pytest.approx(0.3)}
+    assert snap.started == {} and snap.warm == {0: frozenset({0}), 1: frozenset({1})}
+    # a unit queued ahead counts as read by its worker, in the progress and in its copy
+    prog.start(Assignment(0, 2, 1, 1))
+    ahead = prog.ahead(0)
+    prog.queue(Assignment(0, 1, 1, 0, EVAL), ahead)
+    assert prog.snapshot(8.0).warm[0] == frozenset({0, 1})
+    prog.remove_worker(1)
+    assert 1 not in prog.snapshot(9.0).warm
+
+
+def _tail(read: float | None, warm_other: bool = False) -> Any:
+    """Three configs trained (1 s a unit), worker 0 done with its partition's evaluations
+    (0.1 s each), worker 1 evaluating config 1 on partition 1 since t = 10, two
+    evaluations left there; a snapshot at t = 10.05 with cold reads of ``read`` s."""
+    prog = Progress({1: 1, 2: 1, 3: 1}, 2, {0: (0, 1), 1: (0, 1)}, eval_epochs={1})
+    for c in (1, 2, 3):
+        for w in (0, 1):
+            q = 1 - w if warm_other and c == 3 else w
+            prog.start(Assignment(w, c, 1, q))
+            prog.finish(w, True)
+            prog.observe(c, 1.0, 1)
+            if read is not None:
+                prog.observe_read(w, q, read)
+    prog.snapshot(10.0)
+    prog.start(Assignment(1, 1, 1, 1, EVAL))
+    for c in (1, 2, 3):
+        prog.start(Assignment(0, c, 1, 0, EVAL))
+        prog.finish(0, True)
+        prog.observe_eval(c, 0.1)
+    return prog.snapshot(10.05)
+
+
+def test_in_the_tail_a_worker_reads_another_partition_only_when_that_ends_sooner():
+    """Worker 1 is free in 0.05 s and has 0.2 s of evaluations waiting: worker 0 ends one
+    of them sooner only if its read of partition 1 takes less than 0.15 s."""
+    eval_2 = [Assignment(0, 2, 1, 1, EVAL)]
+    assert RandomizedMOP(0).assign(_tail(0.3)) == []
+    assert RandomizedMOP(0).assign(_tail(0.05)) == eval_2
+    assert RandomizedMOP(0).assign(_tail(None)) == eval_2  # no read measured: as before
+    assert RandomizedMOP(0).assign(_tail(0.3, warm_other=True)) == eval_2  # already read
+
+
+def test_priced_reads_keep_a_fits_tail_at_home_and_never_lengthen_it(monkeypatch):
+    """Equal workers holding both partitions, units within 15% of each other, a worker's
+    first read of a partition 0.28 s against training units of 0.21 s and evaluations of
+    0.07 s (the suite's 60k MLPs): without read times the policy sends a worker that ran
+    out of home work to read the other partition for a unit its home worker would end
+    sooner; with them the fit is never longer and sometimes shorter."""
+    import random
+
+    from .test_scheduling import FIT_DEFAULTS
+
+    def run(seed):
+        rng = random.Random(seed)
+        res = simulate(get_policy("mop", random_state=seed, **FIT_DEFAULTS),
+                       list(range(1, 9)), 2, 3, lambda c, q, w: 0.21 * (1 + 0.15 * rng.random()),
+                       eval_epochs=range(1, 4),
+                       eval_time=lambda c, q, w: 0.07 * (1 + 0.15 * rng.random()),
+                       workers={0: (0, 1), 1: (0, 1)}, pipeline=True, read_time=0.28)
+        check_invariants(res.log, num_partitions=2, epochs=3)
+        return res.makespan, sum(u.worker != u.partition for u in res.log)
+
+    priced = [run(seed) for seed in range(12)]
+    monkeypatch.setattr(Progress, "observe_read", lambda self, *a: None)
+    blind = [run(seed) for seed in range(12)]
+    assert all(p[0] <= b[0] + 1e-9 for p, b in zip(priced, blind))
+    assert any(p[0] < b[0] - 1e-3 for p, b in zip(priced, blind))
+    assert sum(b[1] for b in blind) > 0 and sum(p[1] for p in priced) < sum(b[1] for b in blind)
+
+
 def _ahead_snapshot(workers, configs):
     """Worker 0 trains config 1 on partition 0 and worker 1 config 2 on partition 1; the
     look-ahead snapshot of worker 0 (what the coordinator asks to queue its next unit)."""
