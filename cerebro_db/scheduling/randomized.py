@@ -218,7 +218,8 @@ class RandomizedMOP(Policy):
                       out: list[Assignment]) -> dict[int, float]:
         """partition -> the longest unit a worker that has not read it yet may take there:
         its home worker would finish the partition's work at ``F + W`` (``F``: until that
-        worker is free, from its units in flight, queued and just assigned; ``W``: the
+        worker is free, from its units in flight (one overdue by ``d`` counts ``d`` more),
+        queued and just assigned; ``W``: the
         training units left on the partition in this and later epochs and its pending
         evaluation units), and a unit of ``t`` seconds taken elsewhere ends at ``L + t``
         (``L``: :attr:`Snapshot.cold_read_seconds`), so the steal shortens the partition's
@@ -234,7 +235,9 @@ class RandomizedMOP(Policy):
         for u in snapshot.running:  # a worker's unit in flight first, then its queued one
             t = cost(u.config) if u.kind == TRAIN else _eval_cost(snapshot, cost, u.config)
             if u.worker not in free and u.worker in snapshot.started:
-                t = max(0.0, t - (now - snapshot.started[u.worker]))
+                # what is left of it; a unit overdue by d is taken to need d more (a
+                # stalled worker's partition is read elsewhere once it lags by a read)
+                t = abs(t - (now - snapshot.started[u.worker]))
             free[u.worker] = free.get(u.worker, 0.0) + t
         for a in out:
             t = cost(a.config) if a.kind == TRAIN else _eval_cost(snapshot, cost, a.config)

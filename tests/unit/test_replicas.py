@@ -168,6 +168,10 @@ def test_in_the_tail_a_worker_reads_another_partition_only_when_that_ends_sooner
     assert RandomizedMOP(0).assign(_tail(0.05)) == eval_2
     assert RandomizedMOP(0).assign(_tail(None)) == eval_2  # no read measured: as before
     assert RandomizedMOP(0).assign(_tail(0.3, warm_other=True)) == eval_2  # already read
+    # worker 1's evaluation is 0.5 s overdue at t = 10.6 (stalled): taken to need 0.5 s more
+    assert RandomizedMOP(0).assign(dataclasses.replace(_tail(0.3), now=10.6)) == eval_2
+    assert RandomizedMOP(0).assign(dataclasses.replace(_tail(0.3), now=10.15)) == []
+    assert RandomizedMOP(0, priced_reads=False).assign(_tail(0.3)) == eval_2
 
 
 def test_priced_reads_keep_a_fits_tail_at_home_and_never_lengthen_it(monkeypatch):
