@@ -21,6 +21,15 @@ worker (configs 1, 2, 3, 4: each learning rate's two batch sizes one after the o
 two learning rates are two compiled models of the worker's cache) and in the ring's (1, 3,
 2, 4), each order twice per round, rounds interleaved: the medians of each config's unit
 time per order (what the order of a worker's units costs, apart from what runs beside it).
+A third order, (1, 2, 4, 3), changes the batch size every second unit, as the ring's does,
+but keeps each learning rate's units together, as MOP's does.
+
+    python bench/corun_check.py --switch --rounds 30 --rows 1280
+
+One process, small units (1,280 rows: 20 batch-64 steps, 10 batch-128 steps) in those
+orders: the median time of a unit right after a unit of the same batch size and right after
+one of the other batch size, which shows any one-off cost of switching the batch size
+(MOP's CNN workers switch at every unit, the ring's at 3 of 7).
 """
 from __future__ import annotations
 
@@ -109,6 +118,31 @@ def order(rounds: int, rows: int) -> None:
               + f"; sum {sum(med.values()):.3f} s")
 
 
+def switch(rounds: int, rows: int) -> None:
+    """The ``--switch`` check (module docstring)."""
+    cfgs, unit = _setup(rows)
+    for i in range(len(cfgs)):
+        unit(i, 0)
+        unit(i, 0)
+    got: dict[tuple[int, str], list[float]] = {}
+    seed = 1
+    for r in range(rounds):
+        seqs = [[0, 2, 1, 3], [0, 1, 2, 3]]
+        for seq in (seqs if r % 2 == 0 else seqs[::-1]):
+            prev = None
+            for i in seq * 2:
+                t = unit(i, seed)
+                seed += 1
+                if prev is not None:
+                    b = cfgs[i]["batch_size"]
+                    key = (b, "same" if cfgs[prev]["batch_size"] == b else "other")
+                    got.setdefault(key, []).append(t)
+                prev = i
+    for (b, after), v in sorted(got.items()):
+        print(f"batch {b} after the {after} batch size: median {statistics.median(v) * 1e3:.1f} "
+              f"ms ({len(v)} units)")
+
+
 def run(batches: tuple[int, ...], rows: int, seconds: float) -> list[tuple[int, list[float]]]:
     ctx = mp.get_context("spawn")
     barrier = ctx.Barrier(len(batches)) if len(batches) > 1 else None
@@ -136,7 +170,13 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=8.0)
     ap.add_argument("--rows", type=int, default=30000)
     ap.add_argument("--order", action="store_true", help="the order check, one process")
+    ap.add_argument("--switch", action="store_true", help="the batch-size switch check")
     a = ap.parse_args()
+    if a.switch:
+        print(f"load {os.getloadavg()[0]:.2f}; switch check, {a.rounds} rounds, {a.rows} rows",
+              flush=True)
+        switch(a.rounds, a.rows)
+        return
     if a.order:
         print(f"load {os.getloadavg()[0]:.2f}; order check, {a.rounds} rounds", flush=True)
         order(a.rounds, a.rows)
