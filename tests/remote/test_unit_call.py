@@ -54,6 +54,7 @@ def test_run_call_equals_worker_session_unit(role, radmin, passfile, monkeypatch
 
     res = remote_unit.run_call(call(role, fit_id))
     assert res["ok"], res
+    assert 0 <= res["read_seconds"] <= res["seconds"]  # what the policy prices reads with
     remote_state = current_state(radmin, fit_id)
     assert remote_state != before
     row = q(radmin, "SELECT owner::text, worker, kind, rows FROM cerebro_db.units WHERE "
@@ -74,6 +75,7 @@ def test_run_call_equals_worker_session_unit(role, radmin, passfile, monkeypatch
     out = q(c, "SELECT cerebro_db.__run_unit(%s, 1, 2, 0, 0, 'train', %s)",
             (fit_id, json.dumps(OPTIONS)))[0][0]
     assert json.loads(out)["ok"], out
+    assert 0 <= json.loads(out)["read_seconds"] <= json.loads(out)["seconds"]
     assert current_state(radmin, fit_id) == remote_state
     assert q(radmin, "SELECT count(*) FROM cerebro_db.units WHERE fit_id = %s",
              (fit_id,))[0][0] == units + 1
