@@ -143,6 +143,18 @@ def paired(mop: list[dict] | None, ring: list[dict] | None,
             + (f"; 95% {ci[0]:.3f}-{ci[1]:.3f}" if ci else "") + ")")
 
 
+def cold_paired(pairs: list[dict] | None) -> str:
+    """Median over the rounds of a cold mop fit's makespan / sequential Keras' in the same
+    round (a workload's ``cold_pairs``), the number of rounds and the median's 95%
+    interval; 'n/a' without rounds."""
+    if not pairs:
+        return "n/a"
+    ratios = [r["mop"] / r["sequential"] for r in pairs]
+    ci = median_interval(ratios)
+    return (f"{statistics.median(ratios):.3f} ({len(ratios)} rounds"
+            + (f"; 95% {ci[0]:.3f}-{ci[1]:.3f}" if ci else "") + ")")
+
+
 def median_interval(xs: list[float], level: float = 0.95) -> tuple[float, float] | None:
     """A distribution-free confidence interval for the median of ``xs`` (independent
     rounds): the order statistics ``x(k)`` and ``x(n+1-k)`` with the largest ``k`` whose
@@ -501,7 +513,11 @@ def main(path: Path | str = ROOT / "bench" / "results" / "results.json") -> None
              "`shared_buffers`), and its peak private memory over all its fits (`RssAnon`: "
              "its own memory, what a fit costs). First unit: seconds from the call to the "
              "first unit's start (the workers have imported TensorFlow by then), for a cold "
-             "fit and for a second fit of the same session."), "",
+             "fit and for a second fit of the same session. Cold / sequential, paired by "
+             "round: rounds of a cold fit and sequential Keras at its best setting run one "
+             "after the other (which first alternates), after the columns' own runs: the "
+             "median of the rounds' ratios and its 95% interval (as for mop / ring); "
+             "measured apart, the two can fall in different spells of the machine's speed."), "",
             ("cerebro_db's second fit: the same fit again in the same session (its workers "
              "stay open). Our units in one process: cerebro_db's own unit code "
              "(`cerebro_db.training`) running every configuration one after another on all "
@@ -511,11 +527,11 @@ def main(path: Path | str = ROOT / "bench" / "results" / "results.json") -> None
              "own fit and evaluate, which the targets compare against."), "",
             ("| workload | cerebro_db cold fit (s) | second fit (s) | sequential Keras (s) "
              "| limit (s) | our units, one process (s) | cold / sequential "
-             "| second / sequential | limit / sequential | cold / limit "
+             "| cold / sequential, paired by round | second / sequential | limit / sequential | cold / limit "
              "| second / our units in one process "
              "| coordinator peak RSS, first fit / all fits / private (MiB) "
              "| first unit, cold / second fit (s) |"),
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, w in wl.items():
         runs = w["runs"]
         if "mop" not in runs or "keras_split" not in runs:
@@ -540,7 +556,8 @@ def main(path: Path | str = ROOT / "bench" / "results" / "results.json") -> None
                                   for r in runs["mop_warm"]) if "mop_warm" in runs
                 else float("nan"))
         real.append(f"| {name} | {fmt(db)} | {fmt(second)} | {fmt(seq)} | {fmt(lim)} | "
-                    f"{fmt(units)} | {quotient(db, seq)} | {quotient(second, seq)} | "
+                    f"{fmt(units)} | {quotient(db, seq)} | {cold_paired(w.get('cold_pairs'))} | "
+                    f"{quotient(second, seq)} | "
                     f"{quotient(lim, seq)} | {quotient(db, lim)} | {quotient(second, units)} | "
                     f"{fmt(coord_first, 0)} / {fmt(coord, 0)} / {fmt(coord_private, 0)} | "
                     f"{fmt(cold, 2)} / {fmt(warm, 2)} |")

@@ -21,6 +21,9 @@ configurations:
                better thread count; the fastest pipeline is kept for every later workload,
                and on every workload it is measured at both thread counts with
                TensorFlow's oneDNN kernels off (its default here) and on (cerebro_db's)
+  cold_pairs   rounds of a cold 'mop' fit and sequential Keras at its best setting,
+               alternating which runs first (the realistic workloads): cold / sequential
+               paired by round
   keras_split  p concurrent Keras processes with sequential's pipeline and kernels and the
                cores shared out (cores / p threads each), each training every
                configuration on 1/p of the rows: the machine's limit for data-parallel work
@@ -570,6 +573,28 @@ def sequential_runs(w: Workload, data: Path, baseline: dict[str, Any],
     return by_setting[best]
 
 
+def cold_pairs(db: Db, w: Workload, data: Path, res: dict[str, Any], baseline: dict[str, Any],
+               rounds: int) -> list[dict[str, Any]]:
+    """``rounds`` rounds of a cold mop fit (as the measured ones) and sequential Keras at
+    its best setting (``res["sequential_chosen"]``), alternating which runs first: each
+    round's two makespans, so cold / sequential is paired by round like mop / ring (the
+    two measured apart can fall in different spells of the machine's speed)."""
+    th, pl, dnn = _keras_setting(res, baseline)
+    out: list[dict[str, Any]] = []
+    for i in range(rounds):
+        got: dict[str, Any] = {"first": "mop" if i % 2 == 0 else "sequential"}
+        for side in (("mop", "sequential") if i % 2 == 0 else ("sequential", "mop")):
+            if side == "mop":
+                got["mop"] = db.fit("mop", None)["makespan"]
+            else:
+                seq, _ = run_sub(["bench/keras_runner.py", "sequential", str(data),
+                                  "--threads", str(th), "--pipeline", pl, "--onednn",
+                                  str(dnn)])
+                got["sequential"] = seq["makespan"]
+        out.append(got)
+    return out
+
+
 def _keras_setting(res: dict[str, Any], baseline: dict[str, Any]) -> tuple[int, str, int]:
     """(threads, pipeline, oneDNN) of the Keras baselines on this workload: sequential's best
     here, else the suite's chosen one with TensorFlow's default kernels, else 1 thread on
@@ -634,6 +659,14 @@ def run_workload(conn, w: Workload, work: Path, skip: set[str], baseline: dict[s
                                  "curves": [c["curve"] for c in outs[0]["configs"]]})
             elif system == "sequential":
                 runs = sequential_runs(w, data, baseline, res)
+            elif system == "cold_pairs":
+                res["cold_pairs"] = cold_pairs(db, w, data, res, baseline,
+                                               SCALES[scale_name].cold_pairs)
+                ratios = [r["mop"] / r["sequential"] for r in res["cold_pairs"]]
+                if ratios:
+                    log(f"{w.name}: cold / sequential paired x{len(ratios)}: median "
+                        f"{statistics.median(ratios):.3f} (wall {time.perf_counter() - t0:.0f} s)")
+                continue
             elif system == "units_one_process":
                 runs = []
                 for _ in range(w.repeats):

@@ -34,3 +34,12 @@ def test_the_paired_column_shows_the_interval():
 
 def _runs(ratios: list[float]) -> tuple[list[dict], list[dict]]:
     return [{"makespan": r * 10.0} for r in ratios], [{"makespan": 10.0} for _ in ratios]
+
+
+def test_cold_over_sequential_paired_by_round():
+    # each round's own ratio: a slow spell that hits both sides of a round cancels
+    pairs = [{"mop": 10.0 * f, "sequential": 20.0 * f, "first": "mop"}
+             for f in (1.0, 1.2, 0.9, 1.1, 1.0, 1.15)]
+    assert report.cold_paired(pairs) == "0.500 (6 rounds; 95% 0.500-0.500)"
+    assert report.cold_paired(pairs[:3]) == "0.500 (3 rounds)"
+    assert report.cold_paired(None) == report.cold_paired([]) == "n/a"
