@@ -151,7 +151,7 @@ def cold_paired(pairs: list[dict] | None) -> str:
         return "n/a"
     ratios = [r["mop"] / r["sequential"] for r in pairs]
     ci = median_interval(ratios)
-    return (f"{statistics.median(ratios):.3f} ({len(ratios)} rounds"
+    return (f"{statistics.median(ratios):.3f} ({len(ratios)} round{'' if len(ratios) == 1 else 's'}"
             + (f"; 95% {ci[0]:.3f}-{ci[1]:.3f}" if ci else "") + ")")
 
 
