@@ -199,10 +199,12 @@ class RandomizedMOP(Policy):
         if snapshot.ahead:
             return out
         busy = {a.worker for a in evals}
+        idle = [w for w in leftover if w not in busy]
         away = {w: snapshot.workers[w] - home[w] for w in snapshot.workers}
-        limit = self._steal_limits(snapshot, home, done, cost, out)
-        leftover = self._train(snapshot, [w for w in leftover if w not in busy], away, taken,
-                               cost, out, limit)
+        # priced only where some idle worker could read a partition it has not read yet
+        limit = self._steal_limits(snapshot, home, done, cost, out) if any(
+            away[w] - snapshot.warm.get(w, frozenset()) for w in idle) else {}
+        leftover = self._train(snapshot, idle, away, taken, cost, out, limit)
         for w in leftover:  # a cold partition's oldest evaluation only within its limit
             cold = away[w] - snapshot.warm.get(w, frozenset())
             for q in cold & limit.keys():
@@ -249,8 +251,9 @@ class RandomizedMOP(Policy):
             epochs = snapshot.target_epochs[c] - snapshot.completed(c)
             if epochs <= 0:
                 continue
+            unvisited = snapshot.unvisited(c)
             for q in range(snapshot.num_partitions):
-                left = epochs - (q not in snapshot.unvisited(c) or (c, q) in flying)
+                left = epochs - (q not in unvisited or (c, q) in flying)
                 wait[q] = wait.get(q, 0.0) + left * cost(c)
         for e in snapshot.pending_evals:
             if e not in done:
