@@ -20,7 +20,9 @@ configurations:
                (keras_runner.py --pipeline dataset, Keras at its fastest) at the
                better thread count; the fastest pipeline is kept for every later workload,
                and on every workload it is measured at both thread counts with
-               TensorFlow's oneDNN kernels off (its default here) and on (cerebro_db's)
+               TensorFlow's oneDNN kernels off (its default here) and on (cerebro_db's);
+               each run evaluates at the batch size it measured fastest for each
+               architecture before its clock starts (keras_runner.eval_batches)
   cold_pairs   rounds of a cold 'mop' fit and sequential Keras at its best setting,
                alternating which runs first (the realistic workloads): cold / sequential
                paired by round

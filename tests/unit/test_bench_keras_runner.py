@@ -1,0 +1,29 @@
+"""bench/keras_runner.py: the sequential baseline evaluates at its fastest batch size."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+import keras_runner
+import workloads
+
+
+@pytest.mark.parametrize("pipeline", ["numpy", "dataset"])
+def test_one_measured_batch_size_per_architecture(pipeline: str):
+    rng = np.random.default_rng(0)
+    x = rng.random((300, 12), dtype=np.float32)
+    y = np.eye(3, dtype=np.float32)[rng.integers(0, 3, 300)]
+    # the same architecture made twice (Keras names its layers apart) and another one
+    configs = [workloads.config("a", workloads.mlp(12, 3, [8]), 0.01, 32),
+               workloads.config("a", workloads.mlp(12, 3, [8]), 0.1, 64),
+               workloads.config("b", workloads.mlp(12, 3, [16, 8]), 0.01, 32)]
+    assert configs[0]["arch_json"] != configs[1]["arch_json"]
+    evaluation = keras_runner.pipelines(x, y, x, y)[1] if pipeline == "dataset" else None
+    best = keras_runner.eval_batches({"configs": configs}, x, y, pipeline, evaluation)
+    assert len(best) == 2
+    assert set(best.values()) <= set(keras_runner.EVAL_BATCHES)
