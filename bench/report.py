@@ -343,6 +343,17 @@ def _ray_onednn(r: dict) -> str:
         "on" if v else "off" for v in sorted(seen, reverse=True)))
 
 
+def _eval_batches(seq_runs: list[dict]) -> str:
+    """What sequential Keras evaluated at (its runs' batch sizes measured fastest per
+    architecture, ``keras_runner.eval_batches``); empty for results of an older suite."""
+    sizes = sorted({b for r in seq_runs for b in r.get("eval_batches", [])})
+    if not sizes:
+        return ""
+    return (" Its evaluations ran at " + ", ".join(f"{b:,}" for b in sizes)
+            + " rows a batch (per architecture, the size that evaluated fastest in the run's "
+            "process before its clock started).")
+
+
 def _onednn(on: bool | None) -> str:
     """How a Keras baseline's setting names TensorFlow's oneDNN kernels (None: not recorded,
     results of an older suite)."""
@@ -623,7 +634,8 @@ def main(path: Path | str = ROOT / "bench" / "results" / "results.json") -> None
                       bool(w["sequential_chosen"][2]) if len(w["sequential_chosen"]) > 2
                       else None) + ") is used below for sequential Keras and the limit, "
                   "its thread count for our units in one process. The input pipeline is "
-                  "chosen on the first workload, the thread count and oneDNN on each.", ""]
+                  "chosen on the first workload, the thread count and oneDNN on each."
+                  + _eval_batches(runs.get("sequential", [])), ""]
         elif "sequential_settings" in w:  # results of an older suite
             L += ["Sequential Keras setting (median makespan): " + ", ".join(
                 f"{r['threads']} thread(s) with {r['pipeline']} input {fmt(r['makespan'])} s"

@@ -43,3 +43,9 @@ def test_cold_over_sequential_paired_by_round():
     assert report.cold_paired(pairs) == "0.500 (6 rounds; 95% 0.500-0.500)"
     assert report.cold_paired(pairs[:3]) == "0.500 (3 rounds)"
     assert report.cold_paired(None) == report.cold_paired([]) == "n/a"
+
+
+def test_the_sequential_evaluation_batch_sizes_are_reported():
+    runs = [{"eval_batches": [128]}, {"eval_batches": [128, 1024]}]
+    assert "128, 1,024 rows a batch" in report._eval_batches(runs)
+    assert report._eval_batches([{"makespan": 1.0}]) == ""  # an older suite's runs
