@@ -100,11 +100,12 @@ def eval_batches(meta: dict, vx, vy, pipeline: str, evaluation=None) -> dict[str
     layer names: ``keras_arch.cache_key``), the batch size of :data:`EVAL_BATCHES` whose
     ``evaluate`` of the validation rows ran fastest in this process (best of two timed calls
     after an untimed one, on a model built as the run builds it), measured before the run's
-    clock starts. The batch size of an
-    evaluation changes its results only by rounding. Until 2026-11-30 every evaluation ran
-    at 1,024 rows a batch, which suits the MLPs but not the CNNs: measured on this host with
-    2 threads, 70,000 rows of the suite's CNN evaluated in 0.82 s at 1,024 and 0.64 s at
-    128 (1 thread: 1.28 against 0.82 s)."""
+    clock starts. The batch size of an evaluation changes its results only by rounding.
+    Until 2026-11-30 every evaluation ran at 1,024 rows a batch, which suits the MLPs but not
+    the CNNs: measured on this host with 2 threads, 70,000 rows of the suite's CNN evaluated
+    in 0.82 s at 1,024 and 0.64 s at 128 (1 thread: 1.28 against 0.82 s). With ``--shard``
+    (the limit) each of the p processes measures its own, side by side, so their clocks
+    start within about the same time of each other."""
     from cerebro_db.keras_arch import cache_key  # the JSON without Keras' layer names
 
     best: dict[str, int] = {}
