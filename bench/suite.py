@@ -545,8 +545,7 @@ def sequential_runs(w: Workload, data: Path, baseline: dict[str, Any],
 
     def measure(th: int, pl: str, dnn: int, times: int) -> None:
         for _ in range(times):
-            out, mem = run_sub(["bench/keras_runner.py", "sequential", str(data),
-                                "--threads", str(th), "--pipeline", pl, "--onednn", str(dnn)])
+            out, mem = run_sub(keras_sequential(data, th, pl, dnn))
             by_setting.setdefault((th, pl, dnn), []).append(
                 {**out, "memory": mem, "curves": [c["curve"] for c in out["configs"]]})
 
@@ -575,6 +574,13 @@ def sequential_runs(w: Workload, data: Path, baseline: dict[str, Any],
     return by_setting[best]
 
 
+def keras_sequential(data: Path, threads: int, pipeline: str, onednn: int,
+                     *extra: str) -> list[str]:
+    """The command line of one sequential Keras run (``bench/keras_runner.py``)."""
+    return ["bench/keras_runner.py", "sequential", str(data), "--threads", str(threads),
+            "--pipeline", pipeline, "--onednn", str(onednn), *extra]
+
+
 def cold_pairs(db: Db, w: Workload, data: Path, res: dict[str, Any], baseline: dict[str, Any],
                rounds: int) -> list[dict[str, Any]]:
     """``rounds`` rounds of a cold mop fit (as the measured ones) and sequential Keras at
@@ -589,9 +595,7 @@ def cold_pairs(db: Db, w: Workload, data: Path, res: dict[str, Any], baseline: d
             if side == "mop":
                 got["mop"] = db.fit("mop", None)["makespan"]
             else:
-                seq, _ = run_sub(["bench/keras_runner.py", "sequential", str(data),
-                                  "--threads", str(th), "--pipeline", pl, "--onednn",
-                                  str(dnn)])
+                seq, _ = run_sub(keras_sequential(data, th, pl, dnn))
                 got["sequential"] = seq["makespan"]
         out.append(got)
     return out
@@ -649,9 +653,8 @@ def run_workload(conn, w: Workload, work: Path, skip: set[str], baseline: dict[s
                     # p processes with 2 threads each on 2 cores would only contend
                     th = max(1, (os.cpu_count() or P) // P)
                     outs, mem, wall = run_concurrent(
-                        [["bench/keras_runner.py", "sequential", str(data), "--threads",
-                          str(th), "--pipeline", pl, "--onednn", str(dnn), "--shard",
-                          f"{i}/{P}"] for i in range(P)])
+                        [keras_sequential(data, th, pl, dnn, "--shard", f"{i}/{P}")
+                         for i in range(P)])
                     # makespan as sequential's (data in memory to the last evaluation) of
                     # the slower process; wall: with process start and TensorFlow's import
                     runs.append({"makespan": max(o["makespan"] for o in outs), "wall": wall,
