@@ -673,9 +673,12 @@ class DblinkExecutor:
             self._woken = time.monotonic()
 
     def _unexpect(self, worker: int) -> None:
-        """``worker``'s unit is over: it pokes no more."""
+        """``worker``'s unit is over: it pokes no more. The credits left are at most what
+        the other workers may still poke for: the unit each runs, and the unit posted in its
+        chain's next slot."""
         self._will_poke.discard(worker)
-        self._credits = min(self._credits, len(self._will_poke))
+        queued = sum(w in self._will_poke for w in self._posted)
+        self._credits = min(self._credits, len(self._will_poke) + queued)
 
     def _is_busy(self, worker: int) -> bool:
         try:

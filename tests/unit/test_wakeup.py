@@ -342,3 +342,23 @@ def test_a_queued_unit_earns_one_spell_of_fast_polling_not_two(monkeypatch):
     assert [r.worker for r in ex.wait()] == [0]
     assert ex._slot[0] == 1 and 0 in ex.busy  # on to the queued unit
     assert (ex._pokes, ex._credits, ex._will_poke) == (0, 1, {0})
+
+
+def test_a_chain_that_ends_leaves_the_credits_of_the_units_queued_in_other_chains():
+    """Worker 0's chain ends while worker 1 runs a unit with its next one posted in its
+    chain's next slot: worker 1 still pokes twice, and both pokes count. Capped at one
+    credit a busy worker, the second was lost: after the fit's last unit the coordinator
+    slept a whole WAKER_NAP (seen on Adult with one replica: 0.12 s from the last unit's end
+    to the fit's, against 0.02 s)."""
+    ex = executor({}, ScriptedWaker([]))
+    ex.busy.update({0: 0.0, 1: 0.0})
+    expect(ex, 0, 1)
+    ex._slot[1], ex._last[1], ex._posted[1] = 1, 3, (2, None)
+    ex._credits += 1  # worker 1's queued unit
+    ex._unexpect(0)
+    assert ex._credits == 2
+    ex._poked(3)  # a third poke (from elsewhere) earns nothing
+    assert (ex._pokes, ex._credits) == (2, 0)
+    ex._posted.clear()  # worker 1 went on to it
+    ex._unexpect(1)
+    assert ex._credits == 0
