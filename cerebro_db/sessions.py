@@ -12,9 +12,9 @@ unset / ``'auto'``: a :class:`~cerebro_db.executors.StallRule` from
 r > 1 worker w holds partitions w .. w+r-1 mod p, so a worker lost for good leaves the fit and
 the others serve its partitions),
 ``cerebro_db.worker_conninfo``, ``cerebro_db.worker_idle_timeout``,
-``cerebro_db.pipeline_depth`` (default 32: units a worker session's statement chains, see
-:mod:`cerebro_db.executors`; 1: one unit per statement) and ``cerebro_db.test_hook``
-(tests; forwarded to the worker sessions).
+``cerebro_db.pipeline_depth`` (units a worker session's statement chains, see
+:mod:`cerebro_db.executors`; default 1, :data:`DEFAULT_PIPELINE_DEPTH`: one unit per
+statement) and ``cerebro_db.test_hook`` (tests; forwarded to the worker sessions).
 """
 from __future__ import annotations
 
@@ -39,7 +39,12 @@ HOOK_SETTING = "cerebro_db.test_hook"
 REPLICAS_SETTING = "cerebro_db.replicas"
 IDLE_SETTING = "cerebro_db.worker_idle_timeout"
 PIPELINE_SETTING = "cerebro_db.pipeline_depth"
-DEFAULT_PIPELINE_DEPTH = 32
+DEFAULT_PIPELINE_DEPTH = 1
+"""No pipelined dispatch unless set: measured on the benchmark machine (2 cores, 2 workers,
+``bench/policy_check.py WORKLOAD PAIRS '@depth=32' '@depth=1'``), chains of 32 made the
+fits 0.6-3% slower (Adult 1.031x, hetero 1.020x, 60,000-row MLPs and CNNs 1.006x): they save
+under a millisecond of pause a unit, and their postings, polls and commits take more than
+that from the workers' cores."""
 DEFAULT_IDLE_TIMEOUT = 300.0
 DEFAULT_MAX_UNIT_RETRIES = 3
 """Rows of the DBA's table ``limits``; defaults: :func:`default_worker_limits`."""
@@ -76,8 +81,8 @@ def make_executor(cat: Catalog, num_workers: int) -> DblinkExecutor:
 
 def pipeline_depth(cat: Catalog) -> int:
     """``cerebro_db.pipeline_depth``: units a worker session's statement may chain, each
-    posted while the one before runs (default 32; 1: one unit per statement, each sent
-    when the coordinator has seen the one before end)."""
+    posted while the one before runs (default :data:`DEFAULT_PIPELINE_DEPTH`; 1: one unit
+    per statement, each sent when the coordinator has seen the one before end)."""
     raw = cat.setting(PIPELINE_SETTING)
     try:
         n = DEFAULT_PIPELINE_DEPTH if raw is None or not raw.strip() else int(raw)

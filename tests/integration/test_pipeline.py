@@ -20,6 +20,8 @@ COMPILES = [
     "loss='categorical_crossentropy', optimizer='SGD(lr=0.1, momentum=0.9)', metrics=['accuracy']",
 ]
 FITS = ["batch_size=32", "batch_size=64"]
+DEPTH = 32
+"""The depth these tests chain units at (the default is 1: no pipelined dispatch)."""
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +37,7 @@ def pl(session_conn):
     q(conn, "SELECT load_keras_model('pl_arch', %s)", (mlp_json(8),))
     q(conn, "SELECT load_model_selection_table('pl_arch', 'pl_mst', ARRAY[1], %s, %s)",
       (COMPILES, FITS))
+    q(conn, "SET cerebro_db.pipeline_depth = %s", (DEPTH,))
     yield conn
     q(conn, "RESET cerebro_db.pipeline_depth")
     q(conn, "RESET cerebro_db.test_hook")
@@ -60,25 +63,34 @@ def watch_postings(dbname: str, stop: threading.Event, seen: list[int]) -> None:
         c.close()
 
 
-def test_a_pipelined_fit_trains_what_one_unit_per_statement_trains(pl, dbname):
-    """Default depth: units are posted ahead (seen in unit_postings while the fit runs, gone
-    after it); the losses and metrics equal, bitwise, those of a fit with depth 1."""
-    stop, seen = threading.Event(), []
+def watched_fit(pl, dbname: str, out: str) -> tuple[list[tuple], int]:
+    """A fit, and the most units it had posted ahead at once."""
+    stop, seen = threading.Event(), [0]
     t = threading.Thread(target=watch_postings, args=(dbname, stop, seen))
     t.start()
     try:
-        chained = fit(pl, "pl_out")
+        got = fit(pl, out)
     finally:
         stop.set()
         t.join()
-    assert max(seen) > 0
+    return got, max(seen)
+
+
+def test_a_pipelined_fit_trains_what_one_unit_per_statement_trains(pl, dbname):
+    """Depth 32: units are posted ahead (seen in unit_postings while the fit runs, gone
+    after it); the losses and metrics equal, bitwise, those of a fit with depth 1, which
+    posts nothing, and of one with the setting unset (the default: depth 1)."""
+    chained, ahead = watched_fit(pl, dbname, "pl_out")
+    assert ahead > 0
     assert q(pl, "SELECT count(*) FROM cerebro_db.unit_postings") == [(0,)]
-    q(pl, "SET cerebro_db.pipeline_depth = 1")
-    try:
-        plain = fit(pl, "pl_out1")
-    finally:
-        q(pl, "RESET cerebro_db.pipeline_depth")
-    assert chained == plain
+    runs = []
+    for setting in ("SET cerebro_db.pipeline_depth = 1", "RESET cerebro_db.pipeline_depth"):
+        q(pl, setting)
+        try:
+            runs.append(watched_fit(pl, dbname, "pl_out1"))
+        finally:
+            q(pl, "SET cerebro_db.pipeline_depth = %s", (DEPTH,))
+    assert runs == [(chained, 0), (chained, 0)]
     assert len(chained) == 4
 
 
@@ -108,7 +120,7 @@ def test_a_bad_pipeline_depth_is_refused_before_any_work(pl, value):
     try:
         e = error_of(pl, "SELECT madlib_keras_fit_multiple_model('pl_p', 'pl_bad', 'pl_mst', 1)")
     finally:
-        q(pl, "RESET cerebro_db.pipeline_depth")
+        q(pl, "SET cerebro_db.pipeline_depth = %s", (DEPTH,))
     assert e.pgcode == "22023" and "cerebro_db.pipeline_depth" in e.pgerror
     assert q(pl, "SELECT to_regclass('pl_bad'), to_regclass('pl_bad_info')") == [(None, None)]
 
