@@ -3,6 +3,7 @@
     python bench/keras_runner.py sequential DATA.npz --threads N [--pipeline P] [--shard I/P]
         [--onednn 0|1]
     python bench/keras_runner.py averaging DATA.npz --config I --epochs E --partitions P
+    python bench/keras_runner.py eval-batches DATA.npz --threads N
 
 ``sequential``: every configuration of DATA.json one after another in this one process, on
 the numpy arrays in memory, ``epochs`` passes each, training and validation metrics after
@@ -27,6 +28,9 @@ work on this machine). ``averaging``: MADlib's single-model training
 epoch, the copies are averaged (weighted by rows), repeat; simulated sequentially in this
 process (one Keras model per partition, whose optimizer state persists across rounds as in
 MADlib's segment cache); next to it the same configuration trained by plain sequential SGD.
+``eval-batches``: only the evaluation batch size of each configuration (:func:`eval_batches`
+with numpy input, as Ray Tune's trials evaluate), for the Ray baseline, whose trials cannot
+measure it before their clock starts.
 Prints one JSON line.
 """
 from __future__ import annotations
@@ -188,6 +192,20 @@ def sequential(path: str, threads: int, shard: str | None = None,
             "eval_batches": sorted(set(ebs.values())), "calibration_s": calibration}
 
 
+def config_eval_batches(path: str, threads: int) -> dict:
+    """Each configuration's evaluation batch size (:func:`eval_batches`, numpy input, on
+    ``threads`` TensorFlow threads), in the order of DATA.json's configurations."""
+    from cerebro_db.keras_arch import cache_key
+    from cerebro_db.training import configure_runtime
+
+    configure_runtime(threads)
+    meta, _, _, vx, vy = load(path)
+    t = time.perf_counter()
+    ebs = eval_batches(meta, vx, vy, "numpy")
+    return {"eval_batch": [ebs[cache_key(c["arch_json"])] for c in meta["configs"]],
+            "threads": threads, "calibration_s": time.perf_counter() - t}
+
+
 def units_in_one_process(meta: dict, x, y, vx, vy, t0: float) -> dict:
     """Every configuration one after another through cerebro_db's unit code, each epoch a
     training unit over all rows, then the evaluation of the training and validation rows
@@ -255,7 +273,7 @@ def averaging(path: str, index: int, epochs: int, p: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("mode", choices=["sequential", "averaging"])
+    ap.add_argument("mode", choices=["sequential", "averaging", "eval-batches"])
     ap.add_argument("data")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--config", type=int, default=0)
@@ -268,8 +286,12 @@ def main() -> None:
     a = ap.parse_args()
     if a.onednn is not None:  # before anything imports TensorFlow (or cerebro_db's default)
         os.environ["TF_ENABLE_ONEDNN_OPTS"] = a.onednn
-    out = (sequential(a.data, a.threads, a.shard, a.pipeline) if a.mode == "sequential"
-           else averaging(a.data, a.config, a.epochs, a.partitions))
+    if a.mode == "sequential":
+        out = sequential(a.data, a.threads, a.shard, a.pipeline)
+    elif a.mode == "eval-batches":
+        out = config_eval_batches(a.data, a.threads)
+    else:
+        out = averaging(a.data, a.config, a.epochs, a.partitions)
     from cerebro_db.training import onednn_enabled
 
     out["onednn"] = onednn_enabled()  # the kernels this run used

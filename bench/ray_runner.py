@@ -1,6 +1,6 @@
 """Ray Tune baseline of the suite (task parallelism), run as a subprocess.
 
-    python bench/ray_runner.py DATA.npz [--concurrent 2]
+    python bench/ray_runner.py DATA.npz [--concurrent 2] [--eval-batch JSON]
 
 A local Ray cluster (``ray.init(num_cpus=2, include_dashboard=False)``, no network) runs every
 configuration of DATA.json as a trial, ``--concurrent`` at a time, 1 CPU and 1 TensorFlow
@@ -9,7 +9,10 @@ store) and every trial copies them into its own memory, the usual task-parallel 
 which each trial holds the whole data set. Each trial trains its configuration for the
 epochs of DATA.json with training and validation metrics after every epoch. Trial actors are
 reused (``reuse_actors=True``), so a worker process with TensorFlow loaded serves several
-trials. Prints one JSON line: makespan (ray.init to the end of Tuner.fit), the time ray.init took, and per trial its
+trials. The evaluations run at ``--eval-batch``'s size for each configuration (a JSON list
+in DATA.json's order: what evaluated fastest in a process like a trial, measured by the suite
+before this run with ``keras_runner.py eval-batches``; default 1,024 rows a batch). Prints
+one JSON line: makespan (ray.init to the end of Tuner.fit), the time ray.init took, and per trial its
 validation accuracy curve.
 """
 from __future__ import annotations
@@ -43,13 +46,14 @@ def trainable(config: dict, data: dict) -> None:
     onednn = onednn_enabled()  # set by cerebro_db's import: on
     x, y, vx, vy = (np.array(data[k], copy=True) for k in ("x", "y", "vx", "vy"))
     cfg = data["configs"][config["i"]]
+    bs = data["eval_batch"][config["i"]]
     m = build(cfg, steps_per_execution=1 << 20)  # Keras' fastest: one call per pass
     for e in range(data["epochs"]):
         t = time.perf_counter()
         m.fit(x, y, batch_size=cfg["batch_size"], epochs=1, verbose=0, shuffle=True)
         train_s = time.perf_counter() - t
-        m.evaluate(x, y, batch_size=1024, verbose=0)
-        r = m.evaluate(vx, vy, batch_size=1024, verbose=0, return_dict=True)
+        m.evaluate(x, y, batch_size=bs, verbose=0)
+        r = m.evaluate(vx, vy, batch_size=bs, verbose=0, return_dict=True)
         tune.report({"val_acc": float(r["accuracy"]), "epoch": e + 1, "train_s": train_s,
                      "pid": os.getpid(), "onednn": onednn})
 
@@ -58,10 +62,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("data")
     ap.add_argument("--concurrent", type=int, default=2)
+    ap.add_argument("--eval-batch", default=None,
+                    help="JSON list: each configuration's evaluation batch size")
     a = ap.parse_args()
     from keras_runner import load
 
     meta, x, y, vx, vy = load(a.data)
+    eval_batch = json.loads(a.eval_batch) if a.eval_batch else [1024] * len(meta["configs"])
+    if len(eval_batch) != len(meta["configs"]) or not all(
+            isinstance(b, int) and b > 0 for b in eval_batch):
+        raise SystemExit(f"--eval-batch needs {len(meta['configs'])} positive integers")
     t0 = time.perf_counter()
     import ray
     from ray import tune
@@ -70,7 +80,7 @@ def main() -> None:
              configure_logging=False)
     t_init = time.perf_counter() - t0
     data = {"x": x, "y": y, "vx": vx, "vy": vy, "configs": meta["configs"],
-            "epochs": meta["epochs"]}
+            "epochs": meta["epochs"], "eval_batch": eval_batch}
     with tempfile.TemporaryDirectory(prefix="cerebro_bench_ray_") as tmp:
         tuner = tune.Tuner(
             tune.with_resources(tune.with_parameters(trainable, data=data), {"cpu": 1}),
@@ -92,6 +102,7 @@ def main() -> None:
     ray.shutdown()
     trials.sort(key=lambda t: t["i"])
     print(json.dumps({"makespan": makespan, "init_s": t_init, "configs": trials,
+                      "eval_batches": sorted(set(eval_batch)),
                       "processes": len({t["pid"] for t in trials}),
                       "onednn": sorted({t["onednn"] for t in trials}),
                       "data_bytes": int(sum(v.nbytes for v in (x, y, vx, vy))),

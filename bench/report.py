@@ -680,8 +680,12 @@ def main(path: Path | str = ROOT / "bench" / "results" / "results.json") -> None
         mem_rows.append((name, mrow))
         if "ray" in runs:
             r = median_run(runs["ray"])
+            sizes = sorted({b for run in runs["ray"] for b in run.get("eval_batches", [])})
             L += ["", (f"Ray: `ray.init` took {fmt(r['init_s'])} s of its makespan "
-                      f"(Ray {r.get('ray')}).")]
+                      f"(Ray {r.get('ray')})." + ("" if not sizes else
+                      " Its trials evaluated at " + ", ".join(f"{b:,}" for b in sizes)
+                      + " rows a batch (per configuration, the size that evaluated fastest "
+                      "in a process like a trial's, measured before its runs)."))]
         if "mop" in runs and "ring" in runs:
             def train_s(run: dict) -> float:
                 return sum(u["run"] for u in run["units"] if u["kind"] == "train")

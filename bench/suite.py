@@ -682,8 +682,13 @@ def run_workload(conn, w: Workload, work: Path, skip: set[str], baseline: dict[s
                                  "curves": [c["curve"] for c in out["configs"]]})
             elif system == "ray":
                 runs = []
+                # its trials evaluate at the sizes that evaluated fastest in a process like
+                # theirs (1 thread, numpy input), measured here, before its runs' clocks
+                cal, _ = run_sub(["bench/keras_runner.py", "eval-batches", str(data),
+                                  "--threads", "1"])
                 for _ in range(w.repeats):
-                    out, mem = run_sub(["bench/ray_runner.py", str(data)])
+                    out, mem = run_sub(["bench/ray_runner.py", str(data), "--eval-batch",
+                                        json.dumps(cal["eval_batch"])])
                     runs.append({**out, "memory": mem,
                                  "curves": [c["curve"] for c in out["configs"]]})
             else:

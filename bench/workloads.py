@@ -325,8 +325,7 @@ def workloads(scale: Scale, only: set[str] | None = None) -> list[Workload]:
         if want("fashion-60k-cnn"):
             out.append(Workload("fashion-60k-cnn", f"Fashion-MNIST, all {len(y):,} rows: 4 CNN "
                                 "configs (2 lr x 2 batch)", x / 255.0, y, vx / 255.0, vy, 10,
-                                cnn4(10), max(1, scale.full_epochs - 1),
-                                systems=tuple(s for s in REALISTIC if s != "mop_warm"),
+                                cnn4(10), max(1, scale.full_epochs - 1), systems=REALISTIC,
                                 use_caching=None,
                                 fit_repeats=scale.repeats_cnn_fits
                                 or scale.repeats_realistic_fits))

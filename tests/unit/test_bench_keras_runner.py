@@ -27,3 +27,21 @@ def test_one_measured_batch_size_per_architecture(pipeline: str):
     best = keras_runner.eval_batches({"configs": configs}, x, y, pipeline, evaluation)
     assert len(best) == 2
     assert set(best.values()) <= set(keras_runner.EVAL_BATCHES)
+
+
+def test_the_ray_baseline_gets_each_configurations_measured_batch_size(tmp_path):
+    """``eval-batches`` (for the Ray baseline, whose trials cannot measure before their
+    clock): one size per configuration, in DATA.json's order, the same for configurations of
+    one architecture."""
+    rng = np.random.default_rng(1)
+    x = rng.random((200, 12), dtype=np.float32)
+    y = rng.integers(0, 3, 200)
+    configs = [workloads.config("a", workloads.mlp(12, 3, [8]), 0.01, 32),
+               workloads.config("b", workloads.mlp(12, 3, [16, 8]), 0.01, 32),
+               workloads.config("a", workloads.mlp(12, 3, [8]), 0.1, 64)]
+    w = workloads.Workload("t", "t", x, y, x[:50], y[:50], 3, configs, 1)
+    w.save(tmp_path / "t.npz")
+    out = keras_runner.config_eval_batches(str(tmp_path / "t.npz"), 1)
+    sizes = out["eval_batch"]
+    assert len(sizes) == 3 and sizes[0] == sizes[2]
+    assert set(sizes) <= set(keras_runner.EVAL_BATCHES)
