@@ -14,7 +14,8 @@ dispatch; unset: the default). Printed
 per fit: makespan, the
 span of the unit log, span / lower bound (``bench/report.db_metrics``, as in the report) and
 span / busiest worker's work, the units' summed time (by kind, and of the units run
-away from their worker's home partition) and the CPU time of the fit's
+away from their worker's home partition), the times every worker stood idle at once for
+more than :data:`STALL` seconds and the CPU time of the fit's
 calling backend (the coordinator) and of its worker sessions (opened by the fit: their
 TensorFlow import included) and the CPU time the hypervisor gave to other guests meanwhile
 (``steal``); then the medians of each side and
@@ -71,13 +72,17 @@ def main() -> None:
             m["first"] = run["first_unit_s"]
             m["after"] = run["makespan"] - run["first_unit_s"] - m["span"]
             split = _split(run["units"])
+            stalls = _stalls(run["units"])
+            m["stalls"] = len(stalls)
             seen[side].append(m)
             print(f"{side or 'defaults'!r}: makespan {run['makespan']:.2f} s, span "
                   f"{m['span']:.2f} s (first unit at {m['first']:.2f} s, after the span "
                   f"{m['after']:.2f} s), span / LB {m['ratio']:.3f}, span / busiest "
                   f"{m['busiest']:.3f}, units {m['work']:.2f} s ({split}), CPU: coordinator "
                   f"{coordinator:.2f} s, workers {workers:.2f} s, stolen by the hypervisor "
-                  f"{run['steal_s']:.2f} s", flush=True)
+                  f"{run['steal_s']:.2f} s; every worker idle at once: "
+                  f"{', '.join(f'{s:.3f} s at {t:.2f}' for t, s in stalls) or 'never'}",
+                  flush=True)
     for side, ms in seen.items():
         print(f"{side or 'defaults'!r}: median makespan "
               f"{st.median(m['makespan'] for m in ms):.2f} s, first unit at "
@@ -87,11 +92,31 @@ def main() -> None:
               f"{st.median(m['busiest'] for m in ms):.3f}, units "
               f"{st.median(m['work'] for m in ms):.2f} s, CPU: coordinator "
               f"{st.median(m['coordinator'] for m in ms):.2f} s, workers "
-              f"{st.median(m['workers'] for m in ms):.2f} s over {len(ms)} fits")
+              f"{st.median(m['workers'] for m in ms):.2f} s over {len(ms)} fits, "
+              f"{sum(m['stalls'] for m in ms)} times every worker idle at once")
     a, b = (seen[s] for s in sides)
     ratios = [x["makespan"] / y["makespan"] for x, y in zip(a, b)]
     print(f"A / B makespan within a pair: median {st.median(ratios):.3f}, A faster in "
           f"{sum(r < 1 for r in ratios)} of {len(ratios)}")
+
+
+STALL = 0.03
+"""Seconds with no unit running on any worker, inside a fit's span, that count as a stall
+(every worker waiting at once: a commit held up by the server's WAL flush, the coordinator
+late); a dispatch between two units takes a few milliseconds."""
+
+
+def _stalls(units: list[dict]) -> list[tuple[float, float]]:
+    """(seconds since the first unit started, length) of each time in the span when no
+    unit ran on any worker for more than :data:`STALL` seconds."""
+    t0 = min(u["start"] for u in units)
+    out, running, idle_since = [], 0, None
+    for t, step in sorted([(u["start"], 1) for u in units] + [(u["end"], -1) for u in units]):
+        if running == 0 and idle_since is not None and t - idle_since > STALL:
+            out.append((idle_since - t0, t - idle_since))
+        running += step
+        idle_since = t if running == 0 else None
+    return out
 
 
 def _split(units: list[dict]) -> str:
