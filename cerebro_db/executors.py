@@ -95,9 +95,13 @@ cancelled, server shutting down, serialization failure, deadlock): the unit is r
 
 POOL_APPLICATION = "cerebro_db_pool"
 
-WOKEN_POLL_FOR = 0.05
-"""Seconds the coordinator polls fast after a worker's poke (:mod:`cerebro_db.wakeup`): the
-unit is done and its session commits (a model state's WAL flush, a few milliseconds)."""
+WOKEN_POLL_FOR = 1.5
+"""Seconds the coordinator keeps polling after a worker's poke (:mod:`cerebro_db.wakeup`),
+with :func:`_commit_nap`'s back-off, until the unit's commit is through: a few milliseconds
+as a rule, but held up by the server's WAL flush for 100-1100 ms on the benchmark machine.
+It was 0.05 s: a commit held up longer was then noticed only after a whole
+:data:`WAKER_NAP` (seen in the benchmark: two workers' commits held up 90-100 ms together,
+then both idle 0.16 s in all, in 7 of 172 fits)."""
 WOKEN_POLL_INTERVAL = 0.0002
 """Seconds between two polls in that time."""
 COMMIT_POLL_MAX = 0.01
@@ -648,6 +652,7 @@ class DblinkExecutor:
                 return []
             if self._pokes and now - self._woken < WOKEN_POLL_FOR:
                 # poked: a unit is done and its worker commits; answer as soon as it has
+                # (every 0.2 ms at first, then ever less often, at most every 10 ms)
                 nap = _commit_nap(now - self._woken)
                 self._poked(self._waker.wait(nap) if self._waker else 0)
                 continue
