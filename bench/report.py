@@ -343,15 +343,16 @@ def _ray_onednn(r: dict) -> str:
         "on" if v else "off" for v in sorted(seen, reverse=True)))
 
 
-def _eval_batches(seq_runs: list[dict]) -> str:
-    """What sequential Keras evaluated at (its runs' batch sizes measured fastest per
-    architecture, ``keras_runner.eval_batches``); empty for results of an older suite."""
-    sizes = sorted({b for r in seq_runs for b in r.get("eval_batches", [])})
+def _eval_batches(runs: list[dict], how: str = "per architecture, the size that evaluated "
+                  "fastest in the run's process before its clock started") -> str:
+    """What a Keras baseline evaluated at (its runs' batch sizes measured fastest,
+    ``keras_runner.eval_batches``; ``how``: where they were measured); empty for results of
+    an older suite."""
+    sizes = sorted({b for r in runs for b in r.get("eval_batches", [])})
     if not sizes:
         return ""
     return (" Its evaluations ran at " + ", ".join(f"{b:,}" for b in sizes)
-            + " rows a batch (per architecture, the size that evaluated fastest in the run's "
-            "process before its clock started).")
+            + f" rows a batch ({how}).")
 
 
 def _onednn(on: bool | None) -> str:
@@ -680,12 +681,10 @@ def main(path: Path | str = ROOT / "bench" / "results" / "results.json") -> None
         mem_rows.append((name, mrow))
         if "ray" in runs:
             r = median_run(runs["ray"])
-            sizes = sorted({b for run in runs["ray"] for b in run.get("eval_batches", [])})
             L += ["", (f"Ray: `ray.init` took {fmt(r['init_s'])} s of its makespan "
-                      f"(Ray {r.get('ray')})." + ("" if not sizes else
-                      " Its trials evaluated at " + ", ".join(f"{b:,}" for b in sizes)
-                      + " rows a batch (per configuration, the size that evaluated fastest "
-                      "in a process like a trial's, measured before its runs)."))]
+                      f"(Ray {r.get('ray')})." + _eval_batches(
+                          runs["ray"], "per configuration, the size that evaluated fastest in "
+                          "a process like a trial's, measured before its runs"))]
         if "mop" in runs and "ring" in runs:
             def train_s(run: dict) -> float:
                 return sum(u["run"] for u in run["units"] if u["kind"] == "train")
