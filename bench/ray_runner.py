@@ -70,7 +70,7 @@ def main() -> None:
     meta, x, y, vx, vy = load(a.data)
     eval_batch = json.loads(a.eval_batch) if a.eval_batch else [1024] * len(meta["configs"])
     if len(eval_batch) != len(meta["configs"]) or not all(
-            isinstance(b, int) and b > 0 for b in eval_batch):
+            type(b) is int and b > 0 for b in eval_batch):
         raise SystemExit(f"--eval-batch needs {len(meta['configs'])} positive integers")
     t0 = time.perf_counter()
     import ray

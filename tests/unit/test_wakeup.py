@@ -367,4 +367,3 @@ def test_a_chain_that_ends_leaves_the_credits_of_the_units_queued_in_other_chain
     ex._posted.clear()  # worker 1 went on to it
     ex._unexpect(1)
     assert ex._credits == 0
-
