@@ -10,7 +10,8 @@ two sides (``PAIRS`` pairs, the order swapped every pair). A side is
 ``mop:tail_units=0``), optionally followed by ``@replicas=N``: the fit runs with
 ``cerebro_db.replicas`` set to ``N`` in its session (``@replicas=auto``: the default), then
 optionally by ``@depth=N``: ``cerebro_db.pipeline_depth`` set to ``N`` (1: no pipelined
-dispatch; unset: the default). Printed
+dispatch; unset: the default), then optionally by ``@bundle=N``: ``cerebro_db.eval_bundle``
+set to ``N`` (1: one evaluation unit per statement; unset: the default). Printed
 per fit: makespan, the
 span of the unit log, span / lower bound (``bench/report.db_metrics``, as in the report) and
 span / busiest worker's work, the units' summed time (by kind, and of the units run
@@ -54,13 +55,16 @@ def main() -> None:
     seen: dict[str, list[dict[str, float]]] = {s: [] for s in sides}
     for i in range(pairs):
         for side in sides if i % 2 == 0 else sides[::-1]:
-            spec, _, depth = side.partition("@depth=")
+            spec, _, bundle = side.partition("@bundle=")
+            spec, _, depth = spec.partition("@depth=")
             spec, _, setting = spec.partition("@replicas=")
             policy, params = spec.split(":", 1) if ":" in spec else ("mop", spec)
             suite.q(db.fit_conn, "SELECT set_config('cerebro_db.replicas', %s, false)",
                     (setting or "auto",))
             suite.q(db.fit_conn, "SELECT set_config('cerebro_db.pipeline_depth', %s, false)",
                     (depth,))
+            suite.q(db.fit_conn, "SELECT set_config('cerebro_db.eval_bundle', %s, false)",
+                    (bundle,))
             before = suite.process_cpu(db.backend_pid)
             run = db.fit(policy, params or None)
             coordinator = suite.process_cpu(db.backend_pid) - before

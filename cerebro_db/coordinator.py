@@ -32,14 +32,17 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
 from .errors import CONNECTION_FAILURE, INTERNAL_ERROR, CerebroError
-from .scheduling import TRAIN, Assignment, Policy, Progress, RunningUnit, cover
+from .scheduling import EVAL, TRAIN, Assignment, Policy, Progress, RunningUnit, cover
 
 
 class Executor(Protocol):
     """Runs units on workers. An executor that can also take a busy worker's next unit
     while its current one runs (pipelined dispatch) has ``can_queue(worker)`` and
     ``queue(a, options) -> bool``; :func:`run_fit` then queues one unit ahead per worker
-    (and tells it so first through its ``pipeline(on)``, where it has one)."""
+    (and tells it so first through its ``pipeline(on)``, where it has one). One whose
+    ``bundle()`` is above 1 takes that many units in one ``submit(a, options, then)``
+    (``then``: the later units and their options), and answers one result per unit, in
+    order."""
 
     def submit(self, a: Assignment, options: dict[str, Any]) -> None: ...
     def wait(self, timeout: float | None = None) -> list[tuple[int, bool, dict[str, Any]]]:
@@ -133,6 +136,11 @@ def run_fit(policy: Policy, progress: Progress, executor: Executor, *,
     pipeline = getattr(executor, "pipeline", None)
     if callable(pipeline):
         pipeline(ahead)
+    # evaluation bundles: a worker given an evaluation unit may get its next ones in the
+    # same statement (the policy decides them as queued units are decided; not under AutoML)
+    bundle = getattr(executor, "bundle", None)
+    size = bundle() if hooks is None and policy.lookahead and callable(bundle) else 1
+    taken: dict[int, list[Assignment]] = {}  # worker -> its bundle's units not started yet
 
     def options(a: Assignment, prog: Progress) -> dict[str, Any]:
         opts: dict[str, Any] = {"reset_optimizer": a.reset_optimizer,
@@ -155,12 +163,23 @@ def run_fit(policy: Policy, progress: Progress, executor: Executor, *,
         if progress.all_done() and (hooks is None or hooks.finished()):
             break
         snap = progress.snapshot(clock() - start)
-        for a in policy.assign(snap):
+        picks = policy.assign(snap)
+        for a in picks:
             progress.start(a)
-            executor.submit(a, options(a, progress))
+        for a in picks:
+            more = (_bundle(policy, progress, a, size, clock() - start,
+                            lambda b: not attempts.get(_key(b)))
+                    if size > 1 and a.kind == EVAL and a.worker not in elastic.retiring
+                    and not attempts.get(_key(a)) else [])
+            if more:
+                taken[a.worker] = more
+                executor.submit(a, options(a, progress),  # type: ignore[call-arg]
+                                [(b, options(b, progress)) for b in more])
+            else:
+                executor.submit(a, options(a, progress))
         if ahead:
-            _queue_ahead(policy, progress, executor, options, elastic.retiring,
-                         clock() - start)
+            _queue_ahead(policy, progress, executor, options,
+                         elastic.retiring | taken.keys(), clock() - start)
         if not progress.running:
             if hooks is not None:
                 hooks.stalled()
@@ -171,18 +190,28 @@ def run_fit(policy: Policy, progress: Progress, executor: Executor, *,
             unit = progress.running[worker]
             if not ok and data.get("lost"):
                 progress.finish(worker, False)
+                lost = [unit]
+                for b in taken.pop(worker, []):  # the rest of its bundle: lost with it
+                    progress.give_back(b)
+                    lost.append(RunningUnit(b.worker, b.config, b.epoch, b.partition, b.kind))
+                for u in lost:  # each counts an attempt (and is then retried alone)
+                    key = _key(u)
+                    attempts[key] = attempts.get(key, 0) + 1
+                    retried += 1
+                    executor.unit_failed(u, attempts[key] - 1, data)
+                    where = (f"configuration {u.config} (epoch {u.epoch}, partition "
+                             f"{u.partition}, {u.kind})")
+                    if attempts[key] > max_unit_retries:
+                        raise WorkerFailed(
+                            f"{where} lost its worker session {attempts[key]} times; last: "
+                            f"{data.get('message')}", data.get("sqlstate") or CONNECTION_FAILURE,
+                            hint="Raise cerebro_db.max_unit_retries, or look for what ends the "
+                            "worker sessions (server log).")
                 key = _key(unit)
-                attempts[key] = attempts.get(key, 0) + 1
-                retried += 1
-                executor.unit_failed(unit, attempts[key] - 1, data)
                 where = (f"configuration {unit.config} (epoch {unit.epoch}, partition "
-                         f"{unit.partition}, {unit.kind})")
-                if attempts[key] > max_unit_retries:
-                    raise WorkerFailed(
-                        f"{where} lost its worker session {attempts[key]} times; last: "
-                        f"{data.get('message')}", data.get("sqlstate") or CONNECTION_FAILURE,
-                        hint="Raise cerebro_db.max_unit_retries, or look for what ends the "
-                        "worker sessions (server log).")
+                         f"{unit.partition}, {unit.kind})" + (
+                             f" and the {len(lost) - 1} evaluation units of its bundle"
+                             if len(lost) > 1 else ""))
                 if worker in elastic.retiring:
                     elastic.leave(worker, "removed")
                 elif not executor.recover(worker):
@@ -202,6 +231,10 @@ def run_fit(policy: Policy, progress: Progress, executor: Executor, *,
                     hint=data.get("hint"), detail=data.get("detail"))
             epoch_before = progress.completed[unit.config]
             progress.finish(worker, True)
+            if taken.get(worker):  # the bundle's next unit ran after this one
+                progress.start_taken(taken[worker].pop(0))
+                if not taken[worker]:
+                    del taken[worker]
             if unit.kind == TRAIN:
                 progress.observe(unit.config, data.get("seconds"), unit.epoch)
             else:
@@ -235,18 +268,46 @@ def run_fit(policy: Policy, progress: Progress, executor: Executor, *,
                     r.eval_done_at[unit.epoch] = clock() - start
                     if hooks is not None:
                         hooks.on_evaluated(unit.config, unit.epoch, r, clock() - start)
+        for w in [w for w in taken if w not in progress.running]:
+            for b in taken.pop(w):  # an answer without them (never so, but never lost)
+                progress.give_back(b)
     return FitOutcome(results, clock() - start, done_units, retried)
+
+
+def _bundle(policy: Policy, progress: Progress, a: Assignment, size: int, now: float,
+            fresh: Callable[[Assignment], bool]) -> list[Assignment]:
+    """The evaluation units ``a``'s worker runs after ``a`` in the same statement: what the
+    policy would give it next, one after another, decided on :meth:`Progress.ahead` copies
+    as a queued unit is (a look-ahead snapshot: home partitions only, nothing in a fit's
+    tail where another holder could take them sooner), while that is an evaluation unit
+    that never lost its session (``fresh``: a unit retried after a loss runs alone, so a
+    unit that ends its session is found out), up to ``size`` units in all. They are taken
+    out of the pending ones (:meth:`Progress.take`)."""
+    more: list[Assignment] = []
+    p, w = progress, a.worker
+    while len(more) < size - 1:
+        p = p.ahead(w)
+        snap = dataclasses.replace(p.snapshot(now), idle_workers=(w,), ahead=True)
+        picks = [b for b in policy.assign(snap) if b.worker == w]
+        if not picks or picks[0].kind != EVAL or not fresh(picks[0]):
+            break
+        p.start(picks[0])
+        more.append(picks[0])
+    for b in more:
+        progress.take(b)
+    return more
 
 
 def _queue_ahead(policy: Policy, progress: Progress, executor: Any,
                  options: Callable[[Assignment, Progress], dict[str, Any]],
-                 retiring: set[int], now: float) -> None:
-    """Queue the next unit of every busy worker that has none queued (and is not leaving):
+                 skip: set[int], now: float) -> None:
+    """Queue the next unit of every busy worker that has none queued (and is not leaving
+    or running a bundle, ``skip``):
     what the policy would give it if its unit in flight ended now, decided on
     :meth:`Progress.ahead`. A worker the policy has nothing for now gets its next unit the
     usual way once it is idle."""
     for w in sorted(progress.running):
-        if w in progress.queued or w in retiring or not executor.can_queue(w):
+        if w in progress.queued or w in skip or not executor.can_queue(w):
             continue
         ahead = progress.ahead(w)
         snap = dataclasses.replace(ahead.snapshot(now), idle_workers=(w,), ahead=True)

@@ -46,6 +46,13 @@ there when the worker is idle) until the coordinator posts 'stop' (at the end of
 or, after ``entrypoints.units.SLOT_WAIT``, abandons it; the rest of the chain then answers
 at once and the next unit goes as a new statement.
 
+Evaluation bundles. With ``eval_bundle`` > 1 (``cerebro_db.eval_bundle``, on by default)
+and no chains, the coordinator may send a worker several evaluation units in one statement
+(``"then"`` in the first unit's options: the worker runs them one after another and answers
+all their results at once, :func:`cerebro_db.entrypoints.units.run_unit`); :meth:`wait`
+hands them back as one result each, in order. A bundle's units commit together, and its
+time limit is the sum of its units' limits.
+
 Elasticity. Workers can be added (:meth:`DblinkExecutor.add`, a new session) and retired
 (:meth:`DblinkExecutor.retire`, its session closed) while the fit runs.
 
@@ -69,6 +76,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -259,6 +267,8 @@ class DblinkExecutor:
         self._woken = float("-inf")
         self.pipeline_depth = 1  # statements per chain (1: one unit per statement)
         self.chained = False  # whether units go as chains (the coordinator queues ahead)
+        self.eval_bundle = 1  # evaluation units one statement may carry (see the module)
+        self._then_keys: dict[int, list[tuple[Any, str] | None]] = {}  # a bundle's others
         self._slot: dict[int, int] = {}  # worker -> the chain's slot it runs or waits on
         self._last: dict[int, int] = {}  # worker -> its chain's last slot
         self._posted: dict[int, tuple[int, tuple[Any, str] | None]] = {}  # next slot's unit
@@ -485,17 +495,30 @@ class DblinkExecutor:
         if key is not None:
             self._keys[worker] = key
 
+    def can_bundle(self) -> int:
+        """Units one statement may carry (1: no bundles; none in chains)."""
+        return 1 if self.chained and self.pipeline_depth > 1 else max(1, self.eval_bundle)
+
     def submit_unit(self, worker: int, fit_id: int, mst_key: int, epoch: int,
                     partition: int, kind: str, options: dict[str, Any],
-                    key: tuple[Any, str] | None = None) -> None:
+                    key: tuple[Any, str] | None = None,
+                    then: Sequence[tuple[dict[str, Any], tuple[Any, str] | None]] = ()
+                    ) -> None:
         """Send one unit of fit ``fit_id`` to ``worker``: configuration ``mst_key``'s
         ``kind`` unit (``'train'`` or ``'eval'``) of ``epoch`` on ``partition``, with the
         coordinator's ``options`` (:func:`cerebro_db.coordinator.run_fit`'s). Here it is a
         ``__run_unit`` statement on the worker's session; executors that run units
         elsewhere override this method (and keep the control session). ``key``: as in
-        :meth:`submit`."""
+        :meth:`submit`. ``then``: further units for the same statement, each a unit
+        (``{"mst_key", "epoch", "partition", "kind", "options"}``) and its key, at most
+        :meth:`can_bundle` in all (see the module: evaluation bundles)."""
         unit = {"mst_key": int(mst_key), "epoch": int(epoch), "partition": int(partition),
                 "kind": kind, "options": options}
+        if then:
+            if len(then) >= self.can_bundle() or worker in self._waiting:
+                raise CerebroError(f"worker {worker} cannot take a bundle of "
+                                   f"{len(then) + 1} units", INTERNAL_ERROR)
+            options = {**options, "then": [u for u, _ in then]}
         if worker in self._waiting:  # its chain waits on a slot: post the unit there
             if self._post(worker, self._slot[worker], fit_id, "unit", unit):
                 self._waiting.discard(worker)
@@ -518,6 +541,11 @@ class DblinkExecutor:
             self._slot[worker], self._last[worker] = first, seqs[-1]
             self._fit[worker] = fit_id
         self.submit(worker, statement, key=key)
+        if then:
+            self._then_keys[worker] = [k for _, k in then]
+            limits = [self.limits.get(worker)] + [self._limit(k, worker) for _, k in then]
+            self.limits[worker] = None if None in limits else sum(
+                t for t in limits if t is not None)
         if self._waker is not None:
             self._will_poke.add(worker)
             self._credits += 1
@@ -637,7 +665,7 @@ class DblinkExecutor:
             done = [w for w in list(self.busy) if not self._is_busy(w)]
             got = [r for w in done if (r := self._collect(w)) is not None]
             if got:
-                return got
+                return _unbundled(got)
             now = time.monotonic()
             late = [w for w, t in self.busy.items()
                     if (limit := self.limits.get(w)) is not None and now - t > limit]
@@ -751,6 +779,7 @@ class DblinkExecutor:
         self._end_chain(worker)
         self._unexpect(worker)
         self._keys.pop(worker, None)
+        self._then_keys.pop(worker, None)  # a bundle's later units never answered
         return WorkerResult(worker, False, {"lost": True, "message": message,
                                             "sqlstate": CONNECTION_FAILURE, "worker": worker,
                                             "worker_pid": pid or self.pids.get(worker)})
@@ -880,10 +909,17 @@ class DblinkExecutor:
         key = self._keys.pop(worker, None)
         self._fresh.discard(worker)
         data = json.loads(text)
-        if data.get("ok") and key is not None:
-            self.unit_times.setdefault(key, []).append(seconds)
-        if not data.get("ok") and data.get("sqlstate") in RETRYABLE:
-            data["lost"] = True
+        then_keys = self._then_keys.pop(worker, None)
+        if then_keys is None:
+            parts = [(data, key, seconds)]
+        else:  # a bundle: each unit's own time, as its worker measured it
+            parts = [(data, key, data.get("seconds"))] + [
+                (d, k, d.get("seconds")) for d, k in zip(data.get("then") or [], then_keys)]
+        for d, k, t in parts:
+            if d.get("ok") and k is not None and t is not None:
+                self.unit_times.setdefault(k, []).append(float(t))
+            if not d.get("ok") and d.get("sqlstate") in RETRYABLE:
+                d["lost"] = True
         return WorkerResult(worker, bool(data.get("ok")), data)
 
     def close(self, keep: bool = False) -> None:
@@ -925,6 +961,17 @@ class DblinkExecutor:
         if self._waker is not None:
             self._waker.close()
             self._waker = None
+
+
+def _unbundled(results: list[WorkerResult]) -> list[WorkerResult]:
+    """One result per unit: a bundle's answer (``"then"``) becomes its units' results, in
+    the order they ran, after the first's."""
+    out: list[WorkerResult] = []
+    for r in results:
+        then = r.data.pop("then", None) or []
+        out.append(r)
+        out.extend(WorkerResult(r.worker, bool(d.get("ok")), d) for d in then)
+    return out
 
 
 def end_sessions(cat: Catalog, application_prefix: str, wait: float = 60.0) -> int:

@@ -77,11 +77,17 @@ class SimulatedExecutor:
     the next event time (as a real executor returns all finished units); otherwise one unit
     per call. :meth:`change` schedules an event that :meth:`on_change` handles when the
     clock reaches it. :attr:`log` holds every attempt, :attr:`steps` the calls to
-    :meth:`wait` (``RuntimeError`` past ``max_steps``).
+    :meth:`wait` (``RuntimeError`` past ``max_steps``). With ``bundle`` > 1 a submit may
+    carry that many units (:meth:`bundle`), run one after another and returned together as
+    the last ends, like worker sessions' evaluation bundles; a lost session loses them all.
     """
 
-    def __init__(self, *, max_steps: int, batch: bool = False, pipeline: bool = False) -> None:
+    def __init__(self, *, max_steps: int, batch: bool = False, pipeline: bool = False,
+                 bundle: int = 1) -> None:
         self.max_steps, self.batch, self.pipeline = max_steps, batch, pipeline
+        self.bundle_size = bundle
+        # worker -> a bundle's units after the first (assignment, options, seconds)
+        self._then: dict[int, list[tuple[Assignment, dict[str, Any], float]]] = {}
         self._queued: dict[int, tuple[Assignment, dict[str, Any]]] = {}
         self.now = 0.0
         self.steps = 0
@@ -115,13 +121,24 @@ class SimulatedExecutor:
     def clock(self) -> float:
         return self.now
 
-    def submit(self, a: Assignment, options: dict[str, Any]) -> None:
+    def bundle(self) -> int:
+        """Units one :meth:`submit` may carry."""
+        return self.bundle_size
+
+    def submit(self, a: Assignment, options: dict[str, Any],
+               then: list[tuple[Assignment, dict[str, Any]]] | None = None) -> None:
         secs = float(self.unit_time(a, options))
-        if secs < 0:
-            raise ValueError(f"negative unit time {secs} for {a}")
+        more = [(b, o, float(self.unit_time(b, o))) for b, o in then or []]
+        if more and len(more) >= self.bundle_size:
+            raise RuntimeError(f"a bundle of {len(more) + 1} units for worker {a.worker}")
+        if min([secs] + [t for *_, t in more]) < 0:
+            raise ValueError(f"negative unit time for {a} or its bundle")
+        total = secs + sum(t for *_, t in more)
         frac = self.failure(a, options)
-        end = self.now + (secs if frac is None else max(0.0, min(1.0, float(frac))) * secs)
+        end = self.now + (total if frac is None else max(0.0, min(1.0, float(frac))) * total)
         self._running[a.worker] = (a, options, self.now, self._seq, frac is not None)
+        if more:
+            self._then[a.worker] = [(a, options, secs), *more]
         self._push(end, _UNIT_END, a.worker)
 
     def can_queue(self, worker: int) -> bool:
@@ -151,7 +168,7 @@ class SimulatedExecutor:
                 continue
             entry = self._running.get(payload)
             if entry is not None and entry[3] == token:  # else: ended earlier (lost)
-                out.append(self._end(payload, lost=entry[4]))
+                out.extend(self._end(payload, lost=entry[4]))
         return out
 
     def recover(self, worker: int) -> bool:
@@ -170,21 +187,32 @@ class SimulatedExecutor:
 
     def lose(self, worker: int, message: str) -> tuple[int, bool, dict[str, Any]]:
         """End ``worker``'s unit in flight now: its session is lost."""
-        return self._end(worker, lost=True, message=message)
+        return self._end(worker, lost=True, message=message)[0]
 
     def _push(self, time: float, order: int, payload: Any) -> None:
         heapq.heappush(self._events, (time, order, self._seq, payload))
         self._seq += 1
 
     def _end(self, worker: int, *, lost: bool, message: str = "simulated session loss"
-             ) -> tuple[int, bool, dict[str, Any]]:
+             ) -> list[tuple[int, bool, dict[str, Any]]]:
         a, opts, start, _, _ = self._running.pop(worker)
-        self.log.append(UnitRecord(a.config, a.epoch, a.partition, worker, a.kind, start,
-                                   self.now, not lost))
+        units = self._then.pop(worker, None)
         nxt = self._queued.pop(worker, None)
+        if lost or units is None:
+            self.log.append(UnitRecord(a.config, a.epoch, a.partition, worker, a.kind, start,
+                                       self.now, not lost))
         if lost:
-            return worker, False, {"lost": True, "message": message}
-        out = worker, True, self.result(a, opts, start, self.now)
+            return [(worker, False, {"lost": True, "message": message})]
+        if units is None:
+            out = [(worker, True, self.result(a, opts, start, self.now))]
+        else:  # a bundle: its units one after another, the last ending now
+            out, t = [], start
+            for i, (u, o, secs) in enumerate(units):
+                end = self.now if i == len(units) - 1 else t + secs
+                self.log.append(UnitRecord(u.config, u.epoch, u.partition, worker, u.kind, t,
+                                           end, True))
+                out.append((worker, True, self.result(u, o, t, end)))
+                t = end
         if nxt is not None:
             self.submit(*nxt)
         return out
@@ -294,8 +322,8 @@ class _Cluster(SimulatedExecutor):
 
     def __init__(self, progress: Progress, train_t: TimeFn, eval_t: TimeFn, fail_at: FailureFn,
                  changes: Iterable[WorkerChange], max_steps: int, pipeline: bool = False,
-                 read_time: float | None = None) -> None:
-        super().__init__(max_steps=max_steps, batch=True, pipeline=pipeline)
+                 read_time: float | None = None, bundle: int = 1) -> None:
+        super().__init__(max_steps=max_steps, batch=True, pipeline=pipeline, bundle=bundle)
         self.progress = progress
         self.read_time = read_time
         self._read: set[tuple[int, int]] = set()  # (worker, partition) read so far
@@ -323,11 +351,12 @@ class _Cluster(SimulatedExecutor):
         return self.fail_at(a.config, a.epoch, a.partition, a.worker, a.kind,
                             int(options.get("attempt", 0)))
 
-    def submit(self, a: Assignment, options: dict[str, Any]) -> None:
+    def submit(self, a: Assignment, options: dict[str, Any],
+               then: list[tuple[Assignment, dict[str, Any]]] | None = None) -> None:
         if a.worker in self.dead:  # its session is gone: the unit fails at once, unrun
             self._push(self.now, _CHANGE, ("lost", a.worker))
             return
-        super().submit(a, options)
+        super().submit(a, options, then)
 
     def result(self, a: Assignment, options: dict[str, Any], start: float, end: float
                ) -> dict[str, Any]:
@@ -431,6 +460,7 @@ def simulate(
     max_unit_retries: int = 1000,
     pipeline: bool = False,
     read_time: float | None = None,
+    bundle: int = 1,
 ) -> SimulationResult:
     """Run ``policy`` through the coordinator's fit loop on a fake cluster; log every unit.
 
@@ -448,7 +478,8 @@ def simulate(
       sessions do;
     - ``read_time``: seconds a worker's first unit on a partition spends reading it (on
       top of its unit time), reported as the unit's ``read_seconds`` like worker sessions
-      do; None (default): reads cost nothing and are not reported.
+      do; None (default): reads cost nothing and are not reported;
+    - ``bundle``: evaluation units one statement may carry (``cerebro_db.eval_bundle``).
 
     Raises :class:`~cerebro_db.scheduling.SchedulingError` if the policy assigns something
     the invariants forbid, :class:`~cerebro_db.coordinator.WorkerFailed` past
@@ -466,7 +497,7 @@ def simulate(
     else:
         eval_t = _as_time_fn(eval_time)
     cluster = _Cluster(progress, train_t, eval_t, _as_failure_fn(failures), worker_changes,
-                       max_steps, pipeline, read_time)
+                       max_steps, pipeline, read_time, bundle)
     counted = _Counted(policy)
     try:
         run_fit(cast(Policy, counted), progress, cluster, eval_kinds=["eval_train"],

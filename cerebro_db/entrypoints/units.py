@@ -23,14 +23,29 @@ def run_unit(plpy: Any, schema: str, *, fit_id: int, mst_key: int, epoch: int, p
              worker: int, kind: str, options: str) -> str:
     """Run one unit; the JSON result says ok or carries the error (never raises). When
     the options name the coordinator's wake-up socket (``"wake"``), the worker pokes it as
-    the unit ends (:mod:`cerebro_db.wakeup`)."""
+    the unit ends (:mod:`cerebro_db.wakeup`).
+
+    A bundle (``"then"`` in the options: a list of further units of the same fit and
+    worker, each ``{"mst_key", "epoch", "partition", "kind", "options"}``) runs them one
+    after another in this statement, stopping at the first that fails; their results are
+    the answer's ``"then"`` list, in order (see ``DblinkExecutor.submit_unit``)."""
     from .. import worker as w
     from ..wakeup import poke
 
     w.dedicated_session()
     opts = json.loads(options or "{}")
-    res = w.run_unit(_catalog(plpy, schema), fit_id, mst_key, epoch, partition, worker, kind,
-                     opts)
+    then = opts.pop("then", None) or []
+    cat = _catalog(plpy, schema)
+    res = w.run_unit(cat, fit_id, mst_key, epoch, partition, worker, kind, opts)
+    if then:
+        done: list[dict[str, Any]] = []
+        for u in then:
+            if not (done[-1] if done else res).get("ok"):
+                break
+            done.append(w.run_unit(cat, fit_id, int(u["mst_key"]), int(u["epoch"]),
+                                   int(u["partition"]), worker, str(u["kind"]),
+                                   dict(u.get("options") or {})))
+        res["then"] = done
     out = json.dumps(res)
     poke(opts.get("wake"))  # the unit is done: the coordinator may stop sleeping
     return out

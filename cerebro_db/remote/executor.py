@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from ..catalog import Catalog
@@ -229,9 +230,17 @@ class RemoteExecutor(DblinkExecutor):
     def submit(self, worker: int, sql: str, key: tuple[Any, str] | None = None) -> None:
         raise CerebroError("a remote executor runs units, not SQL statements", INTERNAL_ERROR)
 
+    def can_bundle(self) -> int:
+        """One unit per call: a remote worker answers each call on its own."""
+        return 1
+
     def submit_unit(self, worker: int, fit_id: int, mst_key: int, epoch: int,
                     partition: int, kind: str, options: dict[str, Any],
-                    key: tuple[Any, str] | None = None) -> None:
+                    key: tuple[Any, str] | None = None,
+                    then: Sequence[tuple[dict[str, Any], tuple[Any, str] | None]] = ()
+                    ) -> None:
+        if then:
+            raise CerebroError("a remote worker takes one unit per call", INTERNAL_ERROR)
         self._send(worker, self._call(worker, fit_id=int(fit_id), mst_key=int(mst_key),
                                       epoch=int(epoch), partition=int(partition), kind=kind,
                                       options=dict(options)), key)

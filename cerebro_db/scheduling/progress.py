@@ -265,6 +265,24 @@ class Progress:
         self.read.setdefault(a.worker, set()).add(a.partition)
         return unit
 
+    def take(self, a: Assignment) -> None:
+        """Take the pending evaluation unit ``a`` out of the pending ones: its worker runs it
+        after the unit it is sent with (an evaluation bundle, started by :meth:`start_taken`
+        or handed back by :meth:`give_back`)."""
+        u = EvalUnit(a.config, a.epoch, a.partition)
+        if a.kind != EVAL or u not in self.pending_evals:
+            raise SchedulingError(f"assignment {a}: no such pending evaluation unit")
+        self.pending_evals.remove(u)
+
+    def give_back(self, a: Assignment) -> None:
+        """An evaluation unit taken by :meth:`take` is pending again (it did not run)."""
+        self.pending_evals.append(EvalUnit(a.config, a.epoch, a.partition))
+
+    def start_taken(self, a: Assignment) -> RunningUnit:
+        """Start an evaluation unit taken by :meth:`take` (checked as if it were pending)."""
+        self.give_back(a)
+        return self.start(a)
+
     def _visit(self, config: int, partition: int) -> None:
         seen = self.visited[config]
         seen.add(partition)

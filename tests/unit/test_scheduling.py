@@ -120,6 +120,7 @@ def scenarios(draw):
         "failure_rate": draw(st.sampled_from([0.0, 0.0, 0.2])),
         "seed": draw(st.integers(0, 2**16)),
         "pipeline": draw(st.booleans()),  # busy workers take their next unit ahead
+        "bundle": draw(st.sampled_from([1, 4])),  # evaluation units per statement
     }
 
 
@@ -133,6 +134,7 @@ def run_scenario(name: str, options: dict[str, Any], sc: dict[str, Any]):
         eval_epochs=sc["eval_epochs"],
         failures=random_failures(sc["failure_rate"], sc["seed"]) if sc["failure_rate"] else None,
         pipeline=sc.get("pipeline", False),
+        bundle=sc.get("bundle", 1),
     )
 
 
@@ -162,8 +164,10 @@ def test_invariants_hold(name, options, sc):
     churn=st.lists(st.tuples(st.floats(0, 30), st.integers(0, 7), st.floats(0.5, 10)),
                    max_size=4),
     pipeline=st.booleans(),
+    bundle=st.sampled_from([1, 3]),
 )
-def test_invariants_hold_under_worker_churn(name, options, p, n, epochs, seed, churn, pipeline):
+def test_invariants_hold_under_worker_churn(name, options, p, n, epochs, seed, churn, pipeline,
+                                            bundle):
     """Two replicas of every partition; workers leave (their unit fails) and come back."""
     workers = {w: (w % p,) for w in range(2 * p)}
     changes = []
@@ -174,7 +178,7 @@ def test_invariants_hold_under_worker_churn(name, options, p, n, epochs, seed, c
     assert not churn or changes or p == 1
     res = simulate(make(name, options, seed), list(range(n)), p, epochs,
                    table_times(seed, "per_unit"), workers=workers, worker_changes=changes,
-                   eval_epochs={epochs}, pipeline=pipeline)
+                   eval_epochs={epochs}, pipeline=pipeline, bundle=bundle)
     assert res.completed
     check_invariants(res.log, num_partitions=p, epochs=epochs, eval_epochs={epochs})
 
