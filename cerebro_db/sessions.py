@@ -91,28 +91,27 @@ def pipeline_depth(cat: Catalog) -> int:
     """``cerebro_db.pipeline_depth``: units a worker session's statement may chain, each
     posted while the one before runs (default :data:`DEFAULT_PIPELINE_DEPTH`; 1: one unit
     per statement, each sent when the coordinator has seen the one before end)."""
-    raw = cat.setting(PIPELINE_SETTING)
-    try:
-        n = DEFAULT_PIPELINE_DEPTH if raw is None or not raw.strip() else int(raw)
-    except ValueError:
-        n = 0
-    if not 1 <= n <= 1000:
-        raise invalid(f"{PIPELINE_SETTING} must be an integer from 1 to 1000 (1: no "
-                      f"pipelined dispatch), got {raw!r}")
-    return n
+    return _units_per_statement(cat, PIPELINE_SETTING, DEFAULT_PIPELINE_DEPTH,
+                                "1: no pipelined dispatch")
 
 
 def eval_bundle(cat: Catalog) -> int:
     """``cerebro_db.eval_bundle``: evaluation units one statement of a worker session may
     carry (default :data:`DEFAULT_EVAL_BUNDLE`; 1: one unit per statement)."""
-    raw = cat.setting(BUNDLE_SETTING)
+    return _units_per_statement(cat, BUNDLE_SETTING, DEFAULT_EVAL_BUNDLE,
+                                "1: one evaluation unit per statement")
+
+
+def _units_per_statement(cat: Catalog, setting: str, default: int, one: str) -> int:
+    """A setting of units per statement: an integer from 1 to 1000 (``one``: what 1 means),
+    ``default`` when unset or empty."""
+    raw = cat.setting(setting)
     try:
-        n = DEFAULT_EVAL_BUNDLE if raw is None or not raw.strip() else int(raw)
+        n = default if raw is None or not raw.strip() else int(raw)
     except ValueError:
         n = 0
     if not 1 <= n <= 1000:
-        raise invalid(f"{BUNDLE_SETTING} must be an integer from 1 to 1000 (1: one "
-                      f"evaluation unit per statement), got {raw!r}")
+        raise invalid(f"{setting} must be an integer from 1 to 1000 ({one}), got {raw!r}")
     return n
 
 
@@ -277,8 +276,11 @@ class UnitExecutor:
         more = [({"mst_key": b.config, "epoch": b.epoch, "partition": b.partition,
                   "kind": "train" if b.kind != EVAL else "eval", "options": o},
                  (b.config, "train" if b.kind != EVAL else "eval")) for b, o in then or []]
+        # ``then`` only for a bundle: an executor that overrides submit_unit without it
+        # takes one unit per call (its can_bundle is 1)
+        extra: dict[str, Any] = {"then": more} if more else {}
         self.ex.submit_unit(a.worker, self.fit_id, a.config, a.epoch, a.partition, kind,
-                            options, key=(a.config, kind), then=more)
+                            options, key=(a.config, kind), **extra)
 
     def bundle(self) -> int:
         """Units one statement may carry (see ``DblinkExecutor.can_bundle``)."""

@@ -24,52 +24,63 @@ DEPTH = 32
 """The depth these tests chain units at (the default is 1: no pipelined dispatch)."""
 
 
+def load_tables(conn, prefix: str) -> None:
+    """600 training and 200 validation rows over 2 partitions (``PREFIX_p``, ``PREFIX_v``);
+    4 configs (``PREFIX_mst``)."""
+    load_mnist_rows(conn, (f"{prefix}_train", 0, 600), (f"{prefix}_test", 600, 800))
+    q(conn, "DROP TABLE IF EXISTS " + ", ".join(
+        f"{prefix}_{t}" for t in ("p", "p_summary", "v", "v_summary", "arch", "mst",
+                                  "mst_summary")))
+    q(conn, f"SELECT training_preprocessor_dl('{prefix}_train', '{prefix}_p', 'y', 'x', NULL, "
+            "255.0, NULL, NULL, 2, 3)")
+    q(conn, f"SELECT validation_preprocessor_dl('{prefix}_test', '{prefix}_v', 'y', 'x', "
+            f"'{prefix}_p')")
+    q(conn, f"SELECT load_keras_model('{prefix}_arch', %s)", (mlp_json(8),))
+    q(conn, f"SELECT load_model_selection_table('{prefix}_arch', '{prefix}_mst', ARRAY[1], "
+            "%s, %s)", (COMPILES, FITS))
+
+
 @pytest.fixture(scope="module")
 def pl(session_conn):
-    """600 training and 200 validation rows over 2 partitions; 4 configs."""
     conn = session_conn
-    load_mnist_rows(conn, ("pl_train", 0, 600), ("pl_test", 600, 800))
-    q(conn, "DROP TABLE IF EXISTS pl_p, pl_p_summary, pl_v, pl_v_summary, pl_arch, pl_mst, "
-            "pl_mst_summary")
-    q(conn, "SELECT training_preprocessor_dl('pl_train', 'pl_p', 'y', 'x', NULL, 255.0, NULL, "
-            "NULL, 2, 3)")
-    q(conn, "SELECT validation_preprocessor_dl('pl_test', 'pl_v', 'y', 'x', 'pl_p')")
-    q(conn, "SELECT load_keras_model('pl_arch', %s)", (mlp_json(8),))
-    q(conn, "SELECT load_model_selection_table('pl_arch', 'pl_mst', ARRAY[1], %s, %s)",
-      (COMPILES, FITS))
+    load_tables(conn, "pl")
     q(conn, "SET cerebro_db.pipeline_depth = %s", (DEPTH,))
     yield conn
     q(conn, "RESET cerebro_db.pipeline_depth")
     q(conn, "RESET cerebro_db.test_hook")
 
 
-def fit(conn, out: str) -> list[tuple]:
+def fit(conn, out: str, prefix: str = "pl") -> list[tuple]:
     q(conn, f"DROP TABLE IF EXISTS {out}, {out}_info, {out}_summary")
-    q(conn, "SELECT madlib_keras_fit_multiple_model('pl_p', %s, 'pl_mst', 3, FALSE, 'pl_v', 1, "
-            "FALSE, NULL, NULL, TRUE, 'mop', NULL, 11)", (out,))
-    return q(conn, f"SELECT mst_key, training_loss, validation_loss, validation_metrics "
-                   f"FROM {out}_info ORDER BY mst_key")
+    q(conn, f"SELECT madlib_keras_fit_multiple_model('{prefix}_p', %s, '{prefix}_mst', 3, "
+            f"FALSE, '{prefix}_v', 1, FALSE, NULL, NULL, TRUE, 'mop', NULL, 11)", (out,))
+    return q(conn, f"SELECT mst_key, training_loss, training_metrics, validation_loss, "
+                   f"validation_metrics FROM {out}_info ORDER BY mst_key")
 
 
-def watch_postings(dbname: str, stop: threading.Event, seen: list[int]) -> None:
-    """Count, while a fit runs, the units posted ahead in worker sessions' slots."""
+POSTED = "SELECT count(*) FROM cerebro_db.unit_postings WHERE kind = 'unit'"
+"""Units posted ahead in worker sessions' slots."""
+
+
+def watch(dbname: str, count: str, stop: threading.Event, seen: list[int]) -> None:
+    """Run ``count`` (one number) every 5 ms while a fit runs."""
     c = connect(dbname, autocommit=True)
     try:
         while not stop.is_set():
-            seen.append(q(c, "SELECT count(*) FROM cerebro_db.unit_postings "
-                             "WHERE kind = 'unit'")[0][0])
-            stop.wait(0.01)
+            seen.append(q(c, count)[0][0])
+            stop.wait(0.005)
     finally:
         c.close()
 
 
-def watched_fit(pl, dbname: str, out: str) -> tuple[list[tuple], int]:
-    """A fit, and the most units it had posted ahead at once."""
+def watched_fit(conn, dbname: str, out: str, count: str = POSTED,
+                prefix: str = "pl") -> tuple[list[tuple], int]:
+    """A fit, and the most that ``count`` counted at once while it ran."""
     stop, seen = threading.Event(), [0]
-    t = threading.Thread(target=watch_postings, args=(dbname, stop, seen))
+    t = threading.Thread(target=watch, args=(dbname, count, stop, seen))
     t.start()
     try:
-        got = fit(pl, out)
+        got = fit(conn, out, prefix)
     finally:
         stop.set()
         t.join()

@@ -38,5 +38,23 @@ def test_assignments_reach_submit_unit_with_their_kind_and_stall_key():
 def test_submit_unit_has_the_signature_other_executors_override():
     sig = inspect.signature(DblinkExecutor.submit_unit)
     assert list(sig.parameters) == ["self", "worker", "fit_id", "mst_key", "epoch",
-                                    "partition", "kind", "options", "key"]
+                                    "partition", "kind", "options", "key", "then"]
     assert sig.parameters["key"].default is None
+    assert sig.parameters["then"].default == ()  # a bundle's further units: none
+
+
+class _Bundling(_Elsewhere):
+    def submit_unit(self, worker, fit_id, mst_key, epoch, partition, kind, options, key=None,
+                    then=()):
+        self.units.append((worker, fit_id, mst_key, epoch, partition, kind, options, key,
+                           list(then)))
+
+
+def test_a_bundle_reaches_submit_unit_as_its_first_unit_and_then_the_others():
+    ex = _Bundling()
+    UnitExecutor(None, ex, 42).submit(  # type: ignore[arg-type]
+        Assignment(0, 8, 2, 0, EVAL), {"attempt": 0},
+        [(Assignment(0, 9, 1, 0, EVAL), {"attempt": 0, "kinds": ["eval_train"]})])
+    assert ex.units == [(0, 42, 8, 2, 0, "eval", {"attempt": 0}, (8, "eval"), [
+        ({"mst_key": 9, "epoch": 1, "partition": 0, "kind": "eval",
+          "options": {"attempt": 0, "kinds": ["eval_train"]}}, (9, "eval"))])]
