@@ -5,6 +5,7 @@ import json
 from typing import Any
 
 from ..catalog import Catalog
+from ..errors import INVALID_PARAMETER_VALUE
 
 _catalogs: dict[str, Catalog] = {}
 """A worker session's :class:`Catalog` per extension schema, kept between its units so the
@@ -34,21 +35,36 @@ def run_unit(plpy: Any, schema: str, *, fit_id: int, mst_key: int, epoch: int, p
 
     w.dedicated_session()
     opts = json.loads(options or "{}")
-    then = opts.pop("then", None) or []
+    then = _bundle_units(plpy, opts.pop("then", None))
     cat = _catalog(plpy, schema)
     res = w.run_unit(cat, fit_id, mst_key, epoch, partition, worker, kind, opts)
     if then:
         done: list[dict[str, Any]] = []
-        for u in then:
+        for u_key, u_epoch, u_part, u_kind, u_opts in then:
             if not (done[-1] if done else res).get("ok"):
                 break
-            done.append(w.run_unit(cat, fit_id, int(u["mst_key"]), int(u["epoch"]),
-                                   int(u["partition"]), worker, str(u["kind"]),
-                                   dict(u.get("options") or {})))
+            done.append(w.run_unit(cat, fit_id, u_key, u_epoch, u_part, worker, u_kind,
+                                   u_opts))
         res["then"] = done
     out = json.dumps(res)
     poke(opts.get("wake"))  # the unit is done: the coordinator may stop sleeping
     return out
+
+
+def _bundle_units(plpy: Any, then: Any) -> list[tuple[int, int, int, str, dict[str, Any]]]:
+    """A bundle's further units (``"then"``), checked before any unit runs."""
+    if then is None:
+        return []
+    try:
+        if not isinstance(then, list):
+            raise TypeError(type(then).__name__)
+        return [(int(u["mst_key"]), int(u["epoch"]), int(u["partition"]), str(u["kind"]),
+                 dict(u.get("options") or {})) for u in then]
+    except (TypeError, KeyError, ValueError, AttributeError) as e:
+        plpy.error(f'__run_unit: "then" must be a list of units, each with mst_key, epoch, '
+                   f"partition, kind and options ({type(e).__name__}: {e})",
+                   sqlstate=INVALID_PARAMETER_VALUE)
+        raise  # plpy.error raises; for a plpy that does not
 
 
 SLOT_WAIT = 10.0

@@ -62,3 +62,14 @@ def test_a_bad_eval_bundle_is_refused_before_any_work(eb, value):
     assert q(eb, "SELECT to_regclass('eb_bad'), to_regclass('eb_bad_info'), "
                  "to_regclass('eb_p')")[0][:2] == (None, None)
     assert q(eb, "SELECT to_regclass('eb_p') IS NOT NULL") == [(True,)]
+
+
+@pytest.mark.parametrize("then", ['5', '"x"', '[1]', '[{"mst_key": 1}]',
+                                  ('[{"mst_key": "a", "epoch": 1, "partition": 0, '
+                                   '"kind": "eval"}]')])
+def test_a_malformed_bundle_is_refused_before_any_unit_runs(eb, then):
+    """``__run_unit`` (internal, callable like any function of the extension) refuses a
+    ``then`` that is not a list of units with a clear error, before it runs anything."""
+    e = error_of(eb, "SELECT cerebro_db.__run_unit(987654321, 1, 1, 0, 0, 'eval', %s)",
+                 (f'{{"then": {then}}}',))
+    assert e.pgcode == "22023" and '"then" must be a list of units' in e.pgerror
