@@ -1,7 +1,8 @@
 """Evaluation bundles on the real server: a worker session's statement carries several
 evaluation units (``cerebro_db.eval_bundle``, default 4), seen in the statements the
 workers run, and the fit's models, losses and metrics equal those of one unit per
-statement; a bad setting is refused before any work."""
+statement; a bad setting (this one or ``cerebro_db.pipeline_depth``) is refused before
+any work."""
 from __future__ import annotations
 
 import json
@@ -50,18 +51,18 @@ def test_bundled_evaluations_give_what_one_unit_per_statement_gives(eb, dbname):
              (fit_id,)) == [("eval_train", 24, 24), ("eval_valid", 24, 24), ("train", 24, 24)]
 
 
+@pytest.mark.parametrize("setting", ["cerebro_db.eval_bundle", "cerebro_db.pipeline_depth"])
 @pytest.mark.parametrize("value", ["0", "1001", "two", "1.5", "NaN", "4; DROP TABLE eb_p"])
-def test_a_bad_eval_bundle_is_refused_before_any_work(eb, value):
+def test_a_bad_units_per_statement_setting_is_refused_before_any_work(eb, setting, value):
     q(eb, "DROP TABLE IF EXISTS eb_bad, eb_bad_info, eb_bad_summary")
-    q(eb, "SET cerebro_db.eval_bundle = %s", (value,))
+    q(eb, "SELECT set_config(%s, %s, false)", (setting, value))
     try:
         e = error_of(eb, "SELECT madlib_keras_fit_multiple_model('eb_p', 'eb_bad', 'eb_mst', 1)")
     finally:
-        q(eb, "RESET cerebro_db.eval_bundle")
-    assert e.pgcode == "22023" and "cerebro_db.eval_bundle" in e.pgerror
+        q(eb, f"RESET {setting}")
+    assert e.pgcode == "22023" and setting in e.pgerror and "from 1 to 1000" in e.pgerror
     assert q(eb, "SELECT to_regclass('eb_bad'), to_regclass('eb_bad_info'), "
-                 "to_regclass('eb_p')")[0][:2] == (None, None)
-    assert q(eb, "SELECT to_regclass('eb_p') IS NOT NULL") == [(True,)]
+                 "to_regclass('eb_p') IS NOT NULL") == [(None, None, True)]
 
 
 @pytest.mark.parametrize("then", ['5', '"x"', '[1]', '[{"mst_key": 1}]',

@@ -124,18 +124,6 @@ def test_slots_given_up_at_once_end_their_chains_and_the_fit_goes_on(pl):
     assert q(pl, "SELECT count(*) FROM cerebro_db.unit_postings") == [(0,)]
 
 
-@pytest.mark.parametrize("value", ["0", "1001", "two", "1.5"])
-def test_a_bad_pipeline_depth_is_refused_before_any_work(pl, value):
-    q(pl, "DROP TABLE IF EXISTS pl_bad, pl_bad_info, pl_bad_summary")
-    q(pl, "SET cerebro_db.pipeline_depth = %s", (value,))
-    try:
-        e = error_of(pl, "SELECT madlib_keras_fit_multiple_model('pl_p', 'pl_bad', 'pl_mst', 1)")
-    finally:
-        q(pl, "SET cerebro_db.pipeline_depth = %s", (DEPTH,))
-    assert e.pgcode == "22023" and "cerebro_db.pipeline_depth" in e.pgerror
-    assert q(pl, "SELECT to_regclass('pl_bad'), to_regclass('pl_bad_info')") == [(None, None)]
-
-
 def test_a_slot_of_a_fit_the_role_cannot_see_is_refused_at_once(pl):
     """``__run_slot`` (internal, callable like ``__run_unit``) refuses a fit that does not
     exist for its role before it waits for any posting."""
