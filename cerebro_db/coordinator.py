@@ -219,6 +219,7 @@ def run_fit(policy: Policy, progress: Progress, executor: Executor, *,
                            "leaves the fit")
                     elastic.leave(worker, "lost")
                 else:
+                    progress.forget_reads(worker)  # a fresh session: nothing read yet
                     notice(f"worker {worker} lost its session ({data.get('message')}); "
                            f"{where} is queued again (retry {attempts[key]} of "
                            f"{max_unit_retries})")

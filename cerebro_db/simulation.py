@@ -370,7 +370,11 @@ class _Cluster(SimulatedExecutor):
         return {**out, "loss": math.nan, "rows": 0}
 
     def recover(self, worker: int) -> bool:
-        return worker not in self.dead
+        """A lost session of a worker still present reopens, with nothing read yet."""
+        if worker in self.dead:
+            return False
+        self._read = {(w, q) for w, q in self._read if w != worker}
+        return True
 
     def on_change(self, payload: Any) -> list[tuple[int, bool, dict[str, Any]]]:
         if isinstance(payload, tuple):  # a unit submitted to a dead worker

@@ -265,6 +265,12 @@ class Progress:
         self.read.setdefault(a.worker, set()).add(a.partition)
         return unit
 
+    def forget_reads(self, worker: int) -> None:
+        """``worker`` has a fresh session (its old one was lost): it holds no partition's
+        rows until it reads them again, so every partition is cold for it
+        (:attr:`Snapshot.warm`)."""
+        self.read.pop(worker, None)
+
     def take(self, a: Assignment) -> None:
         """Take the pending evaluation unit ``a`` out of the pending ones: its worker runs it
         after the unit it is sent with (an evaluation bundle, started by :meth:`start_taken`

@@ -465,3 +465,29 @@ def test_the_simulator_follows_the_coordinators_choice_of_who_retires():
     with pytest.raises(SchedulingError, match="highest worker id"):
         simulate(get_policy("mop", random_state=0), [1, 2], 2, 2, 1.0,
                  worker_changes=[WorkerChange(0.5, "retire", 0)])
+
+
+def test_a_worker_whose_session_was_lost_reads_its_partition_again():
+    """A lost session reopens empty: the retried unit pays the partition's read again (the
+    simulated cluster), and the policy sees no partition warm for that worker any more."""
+    class Seeing:  # the policy, recording what it is told worker 0 has read
+        def __init__(self):
+            self.policy, self.lookahead, self.warm = get_policy("mop", random_state=1), True, []
+
+        def assign(self, snap):
+            if not snap.ahead:
+                self.warm.append((snap.now, snap.warm.get(0, frozenset())))
+            return self.policy.assign(snap)
+
+    seeing = Seeing()
+    res = simulate(seeing, [0, 1], 1, 1, 1.0, failures={(0, 1, 0): 0.5},  # type: ignore[arg-type]
+                   read_time=1.0)
+    # config 0: read + half its unit, lost at 1.0; again read + unit (2.0); config 1: 1.0
+    assert res.makespan == pytest.approx(4.0)
+    assert seeing.warm[:3] == [(0.0, frozenset()), (1.0, frozenset()), (3.0, frozenset({0}))]
+    prog = Progress({1: 1}, 2, {0: (0, 1), 1: (0, 1)})
+    prog.start(Assignment(0, 1, 1, 0))
+    prog.finish(0, False)
+    assert prog.snapshot().warm == {0: frozenset({0})}
+    prog.forget_reads(0)
+    assert prog.snapshot().warm == {}
