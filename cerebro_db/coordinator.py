@@ -287,16 +287,25 @@ def _bundle(policy: Policy, progress: Progress, a: Assignment, size: int, now: f
     more: list[Assignment] = []
     p, w = progress, a.worker
     while len(more) < size - 1:
-        p = p.ahead(w)
-        snap = dataclasses.replace(p.snapshot(now), idle_workers=(w,), ahead=True)
-        picks = [b for b in policy.assign(snap) if b.worker == w]
-        if not picks or picks[0].kind != EVAL or not fresh(picks[0]):
+        p, b = _next_for(policy, p, w, now)
+        if b is None or b.kind != EVAL or not fresh(b):
             break
-        p.start(picks[0])
-        more.append(picks[0])
+        p.start(b)
+        more.append(b)
     for b in more:
         progress.take(b)
     return more
+
+
+def _next_for(policy: Policy, progress: Progress, worker: int, now: float
+              ) -> tuple[Progress, Assignment | None]:
+    """What the policy would give busy ``worker`` if its unit in flight ended now: the
+    :meth:`Progress.ahead` copy and the policy's pick on its look-ahead snapshot (None:
+    nothing)."""
+    ahead = progress.ahead(worker)
+    snap = dataclasses.replace(ahead.snapshot(now), idle_workers=(worker,), ahead=True)
+    picks = [a for a in policy.assign(snap) if a.worker == worker]
+    return ahead, picks[0] if picks else None
 
 
 def _queue_ahead(policy: Policy, progress: Progress, executor: Any,
@@ -310,12 +319,9 @@ def _queue_ahead(policy: Policy, progress: Progress, executor: Any,
     for w in sorted(progress.running):
         if w in progress.queued or w in skip or not executor.can_queue(w):
             continue
-        ahead = progress.ahead(w)
-        snap = dataclasses.replace(ahead.snapshot(now), idle_workers=(w,), ahead=True)
-        picks = [a for a in policy.assign(snap) if a.worker == w]
-        if not picks:
+        ahead, a = _next_for(policy, progress, w, now)
+        if a is None:
             continue
-        a = picks[0]
         ahead.check(a)
         if executor.queue(a, options(a, ahead)):
             progress.queue(a, ahead)

@@ -10,6 +10,8 @@ from cerebro_db.coordinator import run_fit
 from cerebro_db.scheduling import EVAL, TRAIN, Assignment, Progress, check_invariants, get_policy
 from cerebro_db.simulation import SimulatedExecutor
 
+from .test_pipeline import visits
+
 
 class Recording(SimulatedExecutor):
     """Unit time by config; records every submit's units; loses the first bundle whose
@@ -59,14 +61,6 @@ def fit(bundle: int, policy: str = "mop", lose: tuple[int, int, int] | None = No
     assert all(len(out.results[c].evals[(e, "eval_train")]) == 2
                for c in range(6) for e in (1, 2, 3))
     return ex
-
-
-def visits(ex: Recording) -> dict[int, list[tuple[int, int]]]:
-    out: dict[int, list[tuple[int, int]]] = {}
-    for r in sorted(ex.log, key=lambda r: r.start):
-        if r.kind == TRAIN:
-            out.setdefault(r.config, []).append((r.epoch, r.partition))
-    return out
 
 
 def test_evaluation_units_go_in_bundles_of_one_worker_and_its_own_partition():
