@@ -34,6 +34,7 @@ NAMES = {
     "mop_warm": "cerebro_db (mop, second fit of the session)",
     "keras_split": "p Keras processes on 1/p of the rows each",
     "units_one_process": "cerebro_db's units in one process (no database)",
+    "units_split": "cerebro_db's units in p processes on 1/p of the rows each (no database)",
 }
 DB = ("mop", "ring", "ring_reset", "mop_warm")
 MB = 2**20
@@ -536,14 +537,20 @@ def main(path: Path | str = ROOT / "bench" / "results" / "results.json") -> None
              "rows in one process, without a database (`keras_runner.py --pipeline units`, "
              "sequential's thread count): a fit / that is what the parallelism over p "
              "workers gives, per-step speed aside (ideal 1/p); it is faster than Keras' "
-             "own fit and evaluate, which the targets compare against."), "",
+             "own fit and evaluate, which the targets compare against. Our units in p "
+             "processes: the same code in p concurrent processes on 1/p of the rows each "
+             "(cores / p threads each; makespan of the slower one): the limit of "
+             "data-parallel work with our own kernels, a fit without the database, worker "
+             "start-up or scheduling; a fit / that is what all of those cost."), "",
             ("| workload | cerebro_db cold fit (s) | second fit (s) | sequential Keras (s) "
-             "| limit (s) | our units, one process (s) | cold / sequential "
+             "| limit (s) | our units, one process (s) | our units, p processes (s) "
+             "| cold / sequential "
              "| cold / sequential, paired by round | second / sequential | limit / sequential | cold / limit "
-             "| second / our units in one process "
+             "| second / our units in one process | our units in p processes / sequential "
+             "| cold / our units in p processes | second / our units in p processes "
              "| coordinator peak RSS, first fit / all fits / private (MiB) "
              "| first unit, cold / second fit (s) |"),
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+            "|---|" + "---:|" * 17]
     for name, w in wl.items():
         runs = w["runs"]
         if "mop" not in runs or "keras_split" not in runs:
@@ -554,6 +561,7 @@ def main(path: Path | str = ROOT / "bench" / "results" / "results.json") -> None
         units = med(runs["units_one_process"]) if runs.get("units_one_process") \
             else float("nan")
         lim = med(runs["keras_split"])
+        ours = med(runs["units_split"]) if runs.get("units_split") else float("nan")
         coord, coord_private = (
             max((v for r in runs["mop"] + runs.get("mop_warm", [])
                  for label, v in (r.get("memory") or {}).get(kind, [])
@@ -568,9 +576,10 @@ def main(path: Path | str = ROOT / "bench" / "results" / "results.json") -> None
                                   for r in runs["mop_warm"]) if "mop_warm" in runs
                 else float("nan"))
         real.append(f"| {name} | {fmt(db)} | {fmt(second)} | {fmt(seq)} | {fmt(lim)} | "
-                    f"{fmt(units)} | {quotient(db, seq)} | {cold_paired(w.get('cold_pairs'))} | "
-                    f"{quotient(second, seq)} | "
+                    f"{fmt(units)} | {fmt(ours)} | {quotient(db, seq)} | "
+                    f"{cold_paired(w.get('cold_pairs'))} | {quotient(second, seq)} | "
                     f"{quotient(lim, seq)} | {quotient(db, lim)} | {quotient(second, units)} | "
+                    f"{quotient(ours, seq)} | {quotient(db, ours)} | {quotient(second, ours)} | "
                     f"{fmt(coord_first, 0)} / {fmt(coord, 0)} / {fmt(coord_private, 0)} | "
                     f"{fmt(cold, 2)} / {fmt(warm, 2)} |")
     if len(real) > 5:

@@ -29,6 +29,12 @@ configurations:
   keras_split  p concurrent Keras processes with sequential's pipeline and kernels and the
                cores shared out (cores / p threads each), each training every
                configuration on 1/p of the rows: the machine's limit for data-parallel work
+  units_one_process  cerebro_db's own unit code (cerebro_db.training), every
+               configuration one after another on all rows in one process, no database
+  units_split  p concurrent processes of that unit code (cores / p threads each), each
+               on 1/p of the rows: the limit of data-parallel work with our own kernels,
+               what a fit over p workers would take with no database, no start-up and no
+               scheduling at all
   ray          Ray Tune, 2 concurrent trials, each with its own copy of the data
 
 plus model averaging (MADlib's madlib_keras_fit) against sequential SGD for one
@@ -645,13 +651,15 @@ def run_workload(conn, w: Workload, work: Path, skip: set[str], baseline: dict[s
                         f"{k} {100 * v / n:.1f}%" for k, v in counts.items()))
                 log(f"{w.name}: cerebro_db fits done (wall {time.perf_counter() - t0:.0f} s)")
                 continue
-            if system == "keras_split":
+            if system in ("keras_split", "units_split"):
                 runs = []
                 for _ in range(w.repeats):
                     _, pl, dnn = _keras_setting(res, baseline)
                     # the cores shared out: sequential's best thread count is one process's;
                     # p processes with 2 threads each on 2 cores would only contend
                     th = max(1, (os.cpu_count() or P) // P)
+                    if system == "units_split":  # our unit code, with our kernels (oneDNN)
+                        pl, dnn = "units", 1
                     outs, mem, wall = run_concurrent(
                         [keras_sequential(data, th, pl, dnn, "--shard", f"{i}/{P}")
                          for i in range(P)])

@@ -292,12 +292,13 @@ def cnn4(classes: int) -> list[dict[str, Any]]:
 
 
 REALISTIC = ("mop", "mop_warm", "ring", "sequential", "cold_pairs", "keras_split",
-             "units_one_process")
+             "units_one_process", "units_split")
 """Systems of the realistic workloads: mop_warm is a second fit in the same session (worker
 sessions kept from the first); cold_pairs is rounds of a cold mop fit and sequential Keras
 at its best setting, alternating (cold / sequential paired by round); keras_split is p
 concurrent Keras processes, each training every configuration on 1/p of the rows (the
-machine's limit for data-parallel work)."""
+machine's limit for data-parallel work); units_split is the same with cerebro_db's own unit
+code (the limit with our kernels: a fit without database, start-up or scheduling)."""
 
 
 def workloads(scale: Scale, only: set[str] | None = None) -> list[Workload]:
