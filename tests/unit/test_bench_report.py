@@ -1,4 +1,5 @@
-"""bench/report.py: the confidence interval of the paired mop / ring ratios' median."""
+"""bench/report.py: the confidence interval of the paired mop / ring ratios' median, and the
+realistic table's reference of our units in p processes (rendered from the committed run)."""
 from __future__ import annotations
 
 import random
@@ -49,3 +50,27 @@ def test_the_sequential_evaluation_batch_sizes_are_reported():
     runs = [{"eval_batches": [128]}, {"eval_batches": [128, 1024]}]
     assert "128, 1,024 rows a batch" in report._eval_batches(runs)
     assert report._eval_batches([{"makespan": 1.0}]) == ""  # an older suite's runs
+
+
+def test_the_realistic_table_reports_our_units_in_p_processes(tmp_path, monkeypatch):
+    # the committed run, rendered into a scratch folder: the reference column and its ratios
+    import json
+
+    results = Path(report.ROOT) / "bench" / "results" / "results.json"
+    runs = json.loads(results.read_text())["workloads"]["fashion-60k-cnn"]["runs"]
+    monkeypatch.setattr(report, "OUT", tmp_path / "RESULTS.md")
+    monkeypatch.setattr(report, "FIG", tmp_path / "figures")
+    report.main(results)
+    lines = (tmp_path / "RESULTS.md").read_text().splitlines()
+    head = next(i for i, ln in enumerate(lines) if ln.startswith("| workload | cerebro_db cold"))
+    cols = [c.strip() for c in lines[head].strip("|").split("|")]
+    row = next(ln for ln in lines[head:] if ln.startswith("| fashion-60k-cnn |"))
+    cells = dict(zip(cols, (c.strip() for c in row.strip("|").split("|"))))
+    ours = report.med(runs["units_split"])
+    assert cells["our units, p processes (s)"] == report.fmt(ours)
+    assert cells["second / our units in p processes"] == \
+        report.quotient(report.med(runs["mop_warm"]), ours)
+    assert cells["cold / our units in p processes"] == \
+        report.quotient(report.med(runs["mop"]), ours)
+    assert len(cells) == len(cols) == 18
+    assert report.NAMES["units_split"] in "\n".join(lines)  # its own row per workload
