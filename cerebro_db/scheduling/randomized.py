@@ -109,26 +109,19 @@ class RandomizedMOP(Policy):
     ``priced_reads``: a worker takes a unit on a held partition it has not read yet only
     when that ends the partition's work sooner (:meth:`_steal_limits`; default on, False:
     every such unit, as before).
-    ``mix_corunning``: with ``config_costs``, a worker takes a config of another kind than
-    the training units running on the other workers when it has one among its candidates
-    (after ``prefer_lagging``, before ``cost_aware``'s dearest first;
-    :meth:`_unlike_corunning`); default off. It changes which config a worker takes, never a
-    config's visit order, so the models stay those of the seed.
     """
 
     name = "mop"
     lookahead = True
     steals = True
     option_names = ("random_state", "prefer_lagging", "seeded_order", "cost_aware",
-                    "rotated_order", "config_costs", "tail_units", "priced_reads",
-                    "mix_corunning")
+                    "rotated_order", "config_costs", "tail_units", "priced_reads")
 
     def __init__(self, random_state: int | None = None, prefer_lagging: bool = False,
                  seeded_order: bool = False, cost_aware: bool = False,
                  rotated_order: bool = False,
                  config_costs: Mapping[Any, Any] | None = None,
-                 tail_units: int = TAIL_UNITS, priced_reads: bool = True,
-                 mix_corunning: bool = False) -> None:
+                 tail_units: int = TAIL_UNITS, priced_reads: bool = True) -> None:
         self.prefer_lagging = _check_bool("prefer_lagging", prefer_lagging)
         self.seeded_order = _check_bool("seeded_order", seeded_order)
         self.cost_aware = _check_bool("cost_aware", cost_aware)
@@ -138,7 +131,6 @@ class RandomizedMOP(Policy):
             raise invalid(f"tail_units must be a non-negative integer, got {tail_units!r}")
         self.tail_units = tail_units
         self.priced_reads = _check_bool("priced_reads", priced_reads)
-        self.mix_corunning = _check_bool("mix_corunning", mix_corunning)
         if random_state is None:
             random_state = random.SystemRandom().randrange(2**32)
         if isinstance(random_state, bool):
@@ -167,8 +159,6 @@ class RandomizedMOP(Policy):
             out["tail_units"] = self.tail_units
         if not self.priced_reads:
             out["priced_reads"] = False
-        if self.mix_corunning:
-            out["mix_corunning"] = True
         if self.config_costs is not None:
             out["config_costs"] = {str(c): v for c, v in sorted(self.config_costs.items())}
         return out
@@ -306,8 +296,6 @@ class RandomizedMOP(Policy):
             if self.prefer_lagging:
                 most = max(_units_left(snapshot, c) for c, _ in candidates)
                 candidates = [x for x in candidates if _units_left(snapshot, x[0]) == most]
-            if self.mix_corunning and len(candidates) > 1:
-                candidates = self._unlike_corunning(snapshot, w, candidates, out)
             if self.cost_aware and len(candidates) > 1:
                 dearest = max(cost(c) for c, _ in candidates)
                 candidates = [x for x in candidates if cost(x[0]) >= dearest * (1 - 1e-9)]
@@ -317,28 +305,6 @@ class RandomizedMOP(Policy):
             taken.add(c)
             out.append(Assignment(w, c, snapshot.current_epoch(c), q, TRAIN))
         return leftover
-
-
-    def _unlike_corunning(self, snapshot: Snapshot, worker: int,
-                          candidates: list[tuple[int, frozenset[int]]],
-                          out: list[Assignment]) -> list[tuple[int, frozenset[int]]]:
-        """The candidates of another kind than the training units the other workers run
-        or were just given (a kind: a static cost of ``config_costs``, the same for the
-        same architecture and batch size), when some are; else all of them. Two workers on
-        one machine share its caches and memory bandwidth, and two units of one kind side by
-        side cost more than two of different kinds (measured in the suite's CNN fits, 2
-        workers on 2 cores: a batch-128 unit took 1.323 s beside another batch-128 one and
-        1.223 s beside a batch-64 one; a batch-64 unit 1.195 s and 1.229 s: a mixed pair
-        2.9% less in sum)."""
-        static = self.config_costs
-        if not static:
-            return candidates
-        beside = {static.get(u.config) for u in snapshot.running
-                  if u.worker != worker and u.kind == TRAIN}
-        beside |= {static.get(a.config) for a in out if a.worker != worker and a.kind == TRAIN}
-        beside.discard(None)
-        unlike = [x for x in candidates if static.get(x[0]) not in beside]
-        return unlike or candidates
 
 
 def balanced_offsets(costs: Mapping[int, float], num_partitions: int, seed: int

@@ -1038,35 +1038,3 @@ def test_a_unit_failing_past_the_retry_limit_fails_the_simulated_fit():
     res = simulate(get_policy("mop", random_state=0), [1], 2, 1, 1.0,
                    failures=random_failures(1.0, max_attempts=3), max_unit_retries=2)
     assert res.completed and sum(not r.ok for r in res.log) == 4
-
-
-def test_mix_corunning_takes_a_config_of_another_kind_than_the_other_workers_run():
-    # configs 1, 3 batch 64 (static cost 1.0), 2, 4 batch 128 (1.1); measured: 128 dearer
-    costs = {1: 1.0, 2: 1.1, 3: 1.0, 4: 1.1}
-    prog = Progress({c: 2 for c in costs}, 2, {0: {0}, 1: {1}})
-    for c, static in costs.items():
-        prog.observe(c, 1.3 if static > 1.0 else 1.2)
-    prog.start(Assignment(1, 2, 1, 1, TRAIN))  # worker 1 trains config 2 (batch 128)
-    snap = prog.snapshot()
-    for seed in range(10):
-        plain = RandomizedMOP(seed, prefer_lagging=True, cost_aware=True, config_costs=costs)
-        assert [(a.worker, a.config) for a in plain.assign(snap)] == [(0, 4)]  # dearest
-        mixed = RandomizedMOP(seed, prefer_lagging=True, cost_aware=True, config_costs=costs,
-                              mix_corunning=True)
-        got = mixed.assign(snap)
-        assert [a.worker for a in got] == [0] and costs[got[0].config] == 1.0, got
-    # two idle workers in one round: the second takes the other kind than the first's
-    idle = Progress({c: 2 for c in costs}, 2, {0: {0}, 1: {1}})
-    for seed in range(10):
-        got = RandomizedMOP(seed, prefer_lagging=True, cost_aware=True, config_costs=costs,
-                            mix_corunning=True).assign(idle.snapshot())
-        assert sorted(costs[a.config] for a in got) == [1.0, 1.1], got
-    # only one kind among the candidates: taken as before; without costs: no effect
-    same = {c: 1.0 for c in costs}
-    got = RandomizedMOP(0, prefer_lagging=True, cost_aware=True, config_costs=same,
-                        mix_corunning=True).assign(snap)
-    assert [a.worker for a in got] == [0]
-    assert RandomizedMOP(0, mix_corunning=True).options()["mix_corunning"] is True
-    assert "mix_corunning" not in RandomizedMOP(0).options()
-    with pytest.raises(CerebroError):
-        RandomizedMOP(0, mix_corunning="yes")
