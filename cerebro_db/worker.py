@@ -93,12 +93,17 @@ def model_cache() -> Any:
     return _cache
 
 
-UNUSED_BY_WORKERS = ("pandas", "matplotlib")
-"""Packages Keras imports at its own import when they are installed (to accept DataFrames,
-to plot image galleries) and a worker never uses: about 0.8 s of a worker's 2.5 s TensorFlow
-import on the benchmark machine. A worker session of the database imports TensorFlow without
-them (:func:`_without`, :func:`dedicated_session`); Keras then treats them as absent in that
-session."""
+UNUSED_BY_WORKERS = ("pandas", "matplotlib", "scipy", "PIL")
+"""Packages Keras and TensorFlow import at their own import when they are installed and a
+worker never uses: pandas (to accept DataFrames), matplotlib (to plot image galleries),
+Pillow (``PIL``: ``keras.utils.load_img`` and friends) and SciPy (TensorFlow's legacy
+``tf.keras`` v1 training loop, for sparse inputs; Keras 3 itself imports SciPy only when a
+function needs it). pandas and matplotlib were about 0.8 s of a worker's 2.5 s TensorFlow
+import on the benchmark machine; SciPy and Pillow a further 0.06 s of the 1.3 s left
+(median of 4 imports in a backend each, 2026-11-30). A worker session of the database
+imports TensorFlow without them (:func:`_without`, :func:`dedicated_session`); Keras then
+treats them as absent in that session (a custom function may still import them itself:
+only TensorFlow's import goes without them)."""
 
 _dedicated = False
 

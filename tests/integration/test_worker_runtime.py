@@ -26,10 +26,11 @@ import numpy as np
 m = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, activation="softmax")])
 m.compile(optimizer="sgd", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
 h = m.fit(np.ones((8, 3), np.float32), np.zeros(8, np.int32), batch_size=4, verbose=0)
-import pandas
+import pandas, scipy.sparse
 from tensorflow.python.util import _pywrap_util_port
-plpy.notice("absent=%s loss=%d pandas=%s frozen=%s collector=%s onednn=%s" % (
+plpy.notice("absent=%s loss=%d pandas=%s scipy=%s frozen=%s collector=%s onednn=%s" % (
     absent, len(h.history["loss"]), pandas.DataFrame({"a": [1]}).shape,
+    scipy.sparse.eye(2).nnz,
     gc.get_freeze_count() > 100000, gc.isenabled(), _pywrap_util_port.IsMklEnabled()))
 $$ LANGUAGE plpython3u
 """
@@ -38,11 +39,11 @@ $$ LANGUAGE plpython3u
 @pytest.mark.parametrize("first, absent, frozen", [
     # a worker session: its entry point imports TensorFlow without them, then freezes
     ("SELECT cerebro_db.__check_fit(%s)::json->>'ok'",
-     "['pandas', 'matplotlib']", True),
+     "['pandas', 'matplotlib', 'scipy', 'PIL']", True),
     # any other session (here: TensorFlow imported by the probe itself)
     ("SELECT 'true' WHERE %s IS NOT NULL", "[]", False),
 ])
-def test_only_worker_sessions_import_tensorflow_without_pandas_and_matplotlib(
+def test_only_worker_sessions_import_tensorflow_without_the_unused_packages(
         dbname, first, absent, frozen):
     c = connect(dbname, autocommit=True)  # a fresh backend: nothing imported yet
     try:
@@ -50,7 +51,7 @@ def test_only_worker_sessions_import_tensorflow_without_pandas_and_matplotlib(
             cur.execute(first, (SPEC,))
             assert cur.fetchone()[0] == "true"
             cur.execute(PROBE)
-        assert c.notices[-1].strip() == (f"NOTICE:  absent={absent} loss=1 pandas=(1, 1) "
+        assert c.notices[-1].strip() == (f"NOTICE:  absent={absent} loss=1 pandas=(1, 1) scipy=2 "
                                          f"frozen={frozen} collector=True onednn=True")
     finally:
         c.close()
