@@ -538,7 +538,7 @@ def sequential_runs(w: Workload, data: Path, baseline: dict[str, Any],
                     res: dict[str, Any]) -> list[dict]:
     """Sequential Keras on ``w`` at its best setting (threads, pipeline, oneDNN). The first
     call measures 1 and 2 threads on numpy input, then tf.data at the better thread count,
-    with TensorFlow's default kernels (oneDNN off on this AVX2 host), and keeps the fastest
+    with TensorFlow's default kernels (oneDNN on with AVX-512, off on an AVX2-only host), and keeps the fastest
     pipeline in ``baseline["chosen"]``; every call (the first included) then also measures
     that pipeline at each other combination of thread count and oneDNN (off, on), since the
     best ones differ by model (on this 2-core host the MLPs ran fastest on 1 thread without

@@ -12,7 +12,7 @@ __version__ = "0.2.0"
 
 #: TensorFlow's oneDNN kernels, on unless the environment says otherwise. TensorFlow reads
 #: ``TF_ENABLE_ONEDNN_OPTS`` once, at its import, and on x86 CPUs without AVX-512 (AVX2
-#: ones, like the benchmark machine's) leaves oneDNN off by default; with it on, a small
+#: ones, like the benchmark machine's before 2026-11-29) leaves oneDNN off by default; with it on, a small
 #: CNN's training pass (batch 64) over 30,000 rows of 784 features took 3.8-4.4 s instead of 7.7-8.8 s
 #: on one thread and its evaluation 1.2-1.3 s instead of 3.5-4.4 s (an MLP's training
 #: 0.45-0.50 s instead of 0.40-0.43 s). This package's modules import TensorFlow only
