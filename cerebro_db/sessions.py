@@ -161,9 +161,13 @@ def worker_limits(cat: Catalog) -> dict[str, int]:
     return out
 
 
-def check_worker_limits(cat: Catalog, want: int, fit_id: int | None = None) -> None:
-    """``want`` worker sessions for one fit (``fit_id``: a running fit asking for more)
-    within the calling role's limits, counting the workers of its other running fits."""
+def check_worker_limits(cat: Catalog, want: int, fit_id: int | None = None,
+                        coordinator_pid: int | None = None) -> None:
+    """``want`` worker sessions for one fit (``fit_id``: a running fit asking for more,
+    coordinated by ``coordinator_pid``; default: this session) within the calling role's
+    limits, counting the workers of its other running fits (:func:`sql.busy_workers`). A
+    running fit's coordinator checks again when it grants the workers
+    (:func:`worker_allowance`)."""
     lim = worker_limits(cat)
     per_fit, per_role = lim["max_workers_per_fit"], lim["max_workers_per_role"]
     where = f"{cat.schema}.limits"
@@ -172,12 +176,21 @@ def check_worker_limits(cat: Catalog, want: int, fit_id: int | None = None) -> N
                       f"max_workers_per_fit ({per_fit})",
                       hint=f"Use fewer partitions (training_preprocessor_dl's num_partitions) "
                       f"or workers, or ask the DBA to raise max_workers_per_fit in {where}.")
-    busy = sql.busy_workers(cat, fit_id)
+    busy = sql.busy_workers(cat, fit_id, coordinator_pid)
     if busy + want > per_role:
         raise invalid(f"the fit needs {want} worker sessions and this role's other running "
                       f"fits hold {busy}, more than its max_workers_per_role ({per_role})",
                       hint=f"Wait for a fit to end, or ask the DBA to raise "
                       f"max_workers_per_role in {where}.")
+
+
+def worker_allowance(cat: Catalog, fit_id: int) -> int:
+    """How many worker sessions the fit that this session coordinates may hold now: its
+    role's ``max_workers_per_fit``, and ``max_workers_per_role`` less the workers of the
+    role's other running fits."""
+    lim = worker_limits(cat)
+    return max(0, min(lim["max_workers_per_fit"],
+                      lim["max_workers_per_role"] - sql.busy_workers(cat, fit_id)))
 
 
 def replicas(cat: Catalog) -> int | None:
@@ -349,6 +362,12 @@ class WorkerPool:
         if want is None or want == self._seen:
             return None
         self._seen = want
+        held = sum(1 for w in self.ex.pids if isinstance(w, int))
+        allowed = max(worker_allowance(self.cat, self.fit_id), held)
+        if want > allowed:  # the limits bind here, whatever the request's check saw
+            self.cat.notice(f"fit {self.fit_id}: asked for {want} worker sessions; this "
+                            f"role's worker limits allow {allowed} now (ask again later)")
+            return allowed
         return want
 
     def holds(self, worker: int) -> frozenset[int]:

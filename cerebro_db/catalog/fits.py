@@ -285,6 +285,12 @@ def fit_status(cat: Catalog, fit_id: int) -> str | None:
     return rows[0]["status"] if rows else None
 
 
+def coordinator_pid(cat: Catalog, fit_id: int) -> int | None:
+    rows = cat.query(f"SELECT coordinator_pid FROM {cat.ext('fits')} WHERE fit_id = $1",
+                     [fit_id], ["int8"])
+    return rows[0]["coordinator_pid"] if rows else None
+
+
 def request_workers(cat: Catalog, fit_id: int, num_workers: int) -> None:
     cat.query(f"UPDATE {cat.ext('fits')} SET requested_workers = $2 WHERE fit_id = $1",
               [fit_id, num_workers], ["int8", "int4"])
@@ -320,13 +326,29 @@ def worker_limit_rows(cat: Catalog) -> list[dict[str, Any]]:
                      "OR role_name = current_user ORDER BY role_name NULLS FIRST")
 
 
-def busy_workers(cat: Catalog, fit_id: int | None) -> int:
-    """Worker sessions held by the calling role's other running fits."""
+WORKER_NAME = "^cerebro_db [0-9]+_[0-9]+ worker [0-9]+$"
+"""The application_name of a fit's worker session (``DblinkExecutor.application_name``:
+``cerebro_db <coordinator pid>_<ms> worker <w>``), set when it joins the fit."""
+
+
+def busy_workers(cat: Catalog, fit_id: int | None, coordinator_pid: int | None = None) -> int:
+    """Worker sessions held by the calling role's other running fits: the larger of what
+    the catalog says (``fit_workers`` of its running fits other than ``fit_id``) and the
+    role's live worker sessions (``pg_stat_activity``) other than those of the coordinator
+    ``coordinator_pid`` (default: this session). The role can edit its own catalog rows
+    (mark a running fit's workers closed), not what the server says its sessions are.
+    The statistics snapshot is dropped first: a transaction keeps the first one it read
+    (a fit's coordinator runs in one transaction)."""
+    cat.query("SELECT pg_catalog.pg_stat_clear_snapshot()")
     return int(cat.query(
-        f"SELECT count(*) AS n FROM {cat.ext('fit_workers')} w JOIN {cat.ext('fits')} f "
-        "USING (fit_id) WHERE w.status IN ('active', 'joining') AND f.status = 'running' "
-        f"AND f.owner = current_user AND {LIVE_COORDINATOR} "
-        "AND f.fit_id IS DISTINCT FROM $1", [fit_id], ["int8"])[0]["n"])
+        f"SELECT greatest((SELECT count(*) FROM {cat.ext('fit_workers')} w "
+        f"JOIN {cat.ext('fits')} f USING (fit_id) WHERE w.status IN ('active', 'joining') "
+        f"AND f.status = 'running' AND f.owner = current_user AND {LIVE_COORDINATOR} "
+        "AND f.fit_id IS DISTINCT FROM $1), (SELECT count(*) FROM pg_catalog.pg_stat_activity a "
+        "WHERE a.usename = current_user AND a.application_name OPERATOR(pg_catalog.~) $2 "
+        "AND pg_catalog.split_part(pg_catalog.split_part(a.application_name, ' ', 2), '_', 1) "
+        "<> coalesce($3, pg_catalog.pg_backend_pid())::text)) AS n",
+        [fit_id, WORKER_NAME, coordinator_pid], ["int8", "text", "int4"])[0]["n"])
 
 
 def connection_facts(cat: Catalog) -> dict[str, Any]:

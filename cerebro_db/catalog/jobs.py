@@ -8,8 +8,6 @@ from typing import Any
 
 from ..names import TableName, quote_ident
 
-LOCK_CLASS = 1128416836  # the first int4 key of a job's advisory lock (the second: job_id)
-
 
 # -- the job's definition -----------------------------------------------------------------
 def function_args(cat: Any, fn: str) -> dict[str, str]:
@@ -55,8 +53,10 @@ def call_function(cat: Any, fn: str, args: Sequence[tuple[str, Any, str, str]]) 
 
 
 def job(cat: Any, job_name: str) -> dict[str, Any] | None:
-    rows = cat.query(f"SELECT * FROM {cat.ext('jobs')} WHERE job_name = $1", [job_name],
-                     ["text"])
+    """The calling role's job of that name (names are unique per owner; a superuser, whom
+    row-level security does not filter, gets its own too)."""
+    rows = cat.query(f"SELECT * FROM {cat.ext('jobs')} WHERE job_name = $1 "
+                     "AND owner = current_user", [job_name], ["text"])
     return rows[0] if rows else None
 
 
@@ -66,9 +66,9 @@ def interval_is_negative(cat: Any, text: str) -> bool:
 
 def job_writes(cat: Any, packed_table: str, model_output_table: str) -> bool:
     """Whether a job already writes this packed table or model output table."""
-    return bool(cat.query(f"SELECT 1 FROM {cat.ext('jobs')} WHERE packed_table = $1 OR "
-                          "model_output_table = $2", [packed_table, model_output_table],
-                          ["text", "text"]))
+    return bool(cat.query(f"SELECT 1 FROM {cat.ext('jobs')} WHERE owner = current_user AND "
+                          "(packed_table = $1 OR model_output_table = $2)",
+                          [packed_table, model_output_table], ["text", "text"]))
 
 
 def insert_job(cat: Any, *, job_name: str, schedule: str | None, method: str,
@@ -165,15 +165,13 @@ def cron_unschedule(cron_jobid: int) -> CronStatement:
 
 
 # -- a run's history row ----------------------------------------------------------------------
-def try_lock(cat: Any, job_id: int) -> bool:
-    """The job's session advisory lock, if free."""
-    return bool(cat.query("SELECT pg_catalog.pg_try_advisory_lock($1, $2) AS g",
-                          [LOCK_CLASS, job_id], ["int4", "int4"])[0]["g"])
-
-
-def unlock(cat: Any, job_id: int) -> None:
-    cat.query("SELECT pg_catalog.pg_advisory_unlock($1, $2)", [LOCK_CLASS, job_id],
-              ["int4", "int4"])
+def lock_job(cat: Any, job_id: int) -> None:
+    """Lock the job's row until this transaction ends: a run's ``begin`` holds it while it
+    checks for a live run and writes its own, so two begins of a job go one after the
+    other. Only the job's owner can lock it (row-level security), unlike an advisory lock,
+    which any role can take on any key."""
+    cat.query(f"SELECT 1 FROM {cat.ext('jobs')} WHERE job_id = $1 FOR UPDATE", [job_id],
+              ["int8"])
 
 
 def next_run(cat: Any, job_id: int) -> int:
@@ -181,10 +179,18 @@ def next_run(cat: Any, job_id: int) -> int:
                          "WHERE job_id = $1", [job_id], ["int8"])[0]["n"])
 
 
-def running_run(cat: Any, job_id: int) -> dict[str, Any] | None:
-    """``run`` and ``backend_pid`` of the job's latest run marked running."""
-    rows = cat.query(f"SELECT run, backend_pid FROM {cat.ext('job_runs')} WHERE job_id = $1 "
-                     "AND status = 'running' ORDER BY run DESC LIMIT 1", [job_id], ["int8"])
+def live_run(cat: Any, job_id: int) -> dict[str, Any] | None:
+    """``run`` and ``backend_pid`` of the job's latest run marked running whose session is
+    still there (the same pid, started at the same time: a recycled pid is not it), other
+    than this session (whose earlier run ended without its ``end``, e.g. cancelled). The
+    statistics snapshot is dropped first (a transaction keeps the first one it read)."""
+    cat.query("SELECT pg_catalog.pg_stat_clear_snapshot()")
+    rows = cat.query(
+        f"SELECT r.run, r.backend_pid FROM {cat.ext('job_runs')} r WHERE r.job_id = $1 "
+        "AND r.status = 'running' AND r.backend_pid <> pg_catalog.pg_backend_pid() "
+        "AND EXISTS (SELECT 1 FROM pg_catalog.pg_stat_activity a WHERE a.pid = r.backend_pid "
+        "AND a.backend_start = r.backend_start) ORDER BY r.run DESC LIMIT 1", [job_id],
+        ["int8"])
     return rows[0] if rows else None
 
 
@@ -195,7 +201,8 @@ def insert_skipped_run(cat: Any, job_id: int, job_name: str, run: int, message: 
 
 
 def fail_interrupted_runs(cat: Any, job_id: int) -> None:
-    """Runs left 'running' by a session that died become failed (call with the lock)."""
+    """Runs left 'running' by a session that died, or by this one, become failed (call
+    with the job's row locked, after :func:`live_run` found none)."""
     cat.query(f"UPDATE {cat.ext('job_runs')} SET status = 'failed', "
               "ended_at = clock_timestamp(), message = coalesce(message || '; ', '') || "
               "'interrupted: its session ended' WHERE job_id = $1 AND status = 'running'",
@@ -204,9 +211,11 @@ def fail_interrupted_runs(cat: Any, job_id: int) -> None:
 
 def insert_run(cat: Any, job_id: int, job_name: str, run: int) -> int:
     """A new running history row; its ``run_id``."""
-    return int(cat.query(f"INSERT INTO {cat.ext('job_runs')} (job_id, job_name, run) "
-                         "VALUES ($1, $2, $3) RETURNING run_id", [job_id, job_name, run],
-                         ["int8", "text", "int4"])[0]["run_id"])
+    return int(cat.query(
+        f"INSERT INTO {cat.ext('job_runs')} (job_id, job_name, run, backend_start) "
+        "VALUES ($1, $2, $3, (SELECT a.backend_start FROM pg_catalog.pg_stat_activity a "
+        "WHERE a.pid = pg_catalog.pg_backend_pid())) RETURNING run_id",
+        [job_id, job_name, run], ["int8", "text", "int4"])[0]["run_id"])
 
 
 def fail_unfinished_run(cat: Any, run_id: int) -> None:

@@ -3,8 +3,10 @@ and the steps of ``run_model_selection_job`` (a PL/pgSQL procedure that commits 
 
 A run has four steps, each one transaction:
 
-* ``begin``: takes the job's session advisory lock (a run that finds it taken writes a
-  ``skipped`` history row and leaves) and writes the ``running`` history row;
+* ``begin``: locks the job's row for its transaction; when the latest ``running`` run's
+  session is still alive it writes a ``skipped`` history row and leaves, else it marks runs
+  left ``running`` by sessions that died failed and writes its own ``running`` row (with
+  its session's pid and start);
 * ``pack``: packs the source again into the job's packed table; with a key column only the
   rows whose key is above the largest key packed so far (``jobs.packed_through``), appended
   as new buffers spread over the same partitions with the same class values and normalizing
@@ -12,7 +14,7 @@ A run has four steps, each one transaction:
 * ``train``: trains into staging tables and, in the same transaction, drops the previous
   outputs and renames the staging tables to the stable names, so readers see the old tables
   until the commit and the new ones after it;
-* ``end``: releases the lock.
+* ``end``: marks the run failed if nothing ended it.
 
 ``pack`` and ``train`` catch every error (in a subtransaction, so nothing half-made stays),
 record it in the history row and answer ``retry`` while the job has retries left.
@@ -364,18 +366,17 @@ def job_step(plpy: Any, schema: str, *, job_name: str, run_id: int | None, step:
 
 def _begin(cat: Catalog, job: dict[str, Any]) -> str | None:
     jid = int(job["job_id"])
-    got = stmts.try_lock(cat, jid)
+    stmts.lock_job(cat, jid)
     nxt = stmts.next_run(cat, jid)
-    if not got:
-        prev = stmts.running_run(cat, jid)
-        what = (f"run {prev['run']} (backend pid {prev['backend_pid']})" if prev
-                else "another run")
+    prev = stmts.live_run(cat, jid)
+    if prev is not None:
+        what = f"run {prev['run']} (backend pid {prev['backend_pid']})"
         stmts.insert_skipped_run(cat, jid, job["job_name"], nxt,
                                  f"{what} of this job is still going; this run did nothing")
         cat.notice(f'run_model_selection_job: job "{job["job_name"]}": {what} is still going; '
                    "skipped")
         return None
-    # rows left 'running' by a run whose session died (we hold the lock, so none is going)
+    # rows left 'running' by a run whose session died (or by this session): none is going
     stmts.fail_interrupted_runs(cat, jid)
     return str(stmts.insert_run(cat, jid, job["job_name"], nxt))
 
@@ -383,7 +384,6 @@ def _begin(cat: Catalog, job: dict[str, Any]) -> str | None:
 def _end(cat: Catalog, job: dict[str, Any], run_id: int | None) -> None:
     if run_id is not None:
         stmts.fail_unfinished_run(cat, run_id)
-    stmts.unlock(cat, int(job["job_id"]))
 
 
 def _error_text(e: BaseException) -> str:

@@ -323,7 +323,7 @@ def cerebro_db_fit_workers(cat: Catalog, *, fit_id: int, num_workers: int) -> No
         raise CerebroError(f"fit {fit_id} is not running (status {status})",
                            OBJECT_NOT_IN_PREREQUISITE_STATE,
                            hint="Workers can only be changed while the fit runs.")
-    check_worker_limits(cat, num_workers, fit_id)
+    check_worker_limits(cat, num_workers, fit_id, fits_sql.coordinator_pid(cat, fit_id))
     fits_sql.request_workers(cat, fit_id, num_workers)
     cat.notice(f"fit {fit_id}: asked for {num_workers} worker sessions; the coordinator "
                "applies it between units")

@@ -19,9 +19,6 @@ psycopg2 = pytest.importorskip("psycopg2")
 
 pytestmark = pytest.mark.db
 
-LOCK_CLASS = 1128416836  # cerebro_db.catalog.jobs.LOCK_CLASS
-
-
 def add_rows(conn, lo: int, hi: int) -> None:
     """Rows lo..hi-1 of a deterministic synthetic table (features from the row number)."""
     q(conn, "INSERT INTO jsrc (id, x, y) SELECT g, ARRAY[sin(g), cos(g), sin(2 * g), "
@@ -240,29 +237,67 @@ def test_a_failed_run_keeps_the_outputs_records_and_retries(job):
 
 
 def test_a_run_that_finds_the_previous_still_going_records_that_and_leaves(job, dsn):
+    """A run begun in another session of the owner (its 'running' row, its session alive)
+    makes a run skip; an advisory lock on the job's id (what any role can take) does not;
+    once that session has ended, the next run marks the row it left failed and runs."""
     conn, job_id = job
     before = weights(conn, "jout")
     other = psycopg2.connect(dsn)
     other.autocommit = True
     try:
-        q(other, "SELECT pg_advisory_lock(%s, %s)", (LOCK_CLASS, job_id))
+        going = q(other, "SELECT cerebro_db.__job_step('nightly', NULL, 'begin')")[0][0]
+        q(other, "SELECT pg_advisory_lock(1128416836, %s)", (job_id,))  # the old lock's key
         t0 = time.monotonic()
         q(conn, "CALL run_model_selection_job('nightly')")
         assert time.monotonic() - t0 < 10
+        pid = q(other, "SELECT pg_backend_pid()")[0][0]
     finally:
         other.close()
-    r = runs(conn, "nightly")[-1]
-    assert (r["run"], r["status"]) == (5, "skipped")
-    assert "still going" in r["message"]
-    assert r["fit_id"] is None
+    r5, r6 = runs(conn, "nightly")[-2:]
+    assert (r5["run_id"], r5["run"], r5["status"], r5["backend_pid"]) == (int(going), 5,
+                                                                          "running", pid)
+    assert (r6["run"], r6["status"]) == (6, "skipped")
+    assert f"run 5 (backend pid {pid})" in r6["message"] and "still going" in r6["message"]
+    assert r6["fit_id"] is None
     assert weights(conn, "jout") == before
+    for _ in range(100):  # the closed session leaves pg_stat_activity
+        if not q(conn, "SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,))[0][0]:
+            break
+        time.sleep(0.05)
+    q(conn, "CALL run_model_selection_job('nightly')")
+    r5, r6, r7 = runs(conn, "nightly")[-3:]
+    assert (r5["status"], r7["run"], r7["status"]) == ("failed", 7, "succeeded"), r7["message"]
+    assert "interrupted: its session ended" in r5["message"]
+
+
+def test_explicit_ids_are_replaced_by_the_sequences(job):
+    """job_id and run_id come from their sequences whatever an INSERT gives, so no role can
+    hold the ids the sequences hand out next (a unique violation in another role's job)."""
+    conn, job_id = job
+    nxt = q(conn, "SELECT last_value + 1 FROM cerebro_db.jobs_job_id_seq")[0][0]
+    got = q(conn, "INSERT INTO cerebro_db.jobs (job_id, job_name, method, source_table, "
+                  "packed_table, dependent_varname, independent_varname, model_output_table) "
+                  "VALUES (%s, 'squat', 'fit', 's', 'p', 'y', 'x', 'o') RETURNING job_id",
+            (nxt + 5,))[0][0]
+    try:
+        assert got != nxt + 5
+        run_next = q(conn, "SELECT last_value + 1 FROM cerebro_db.job_runs_run_id_seq")[0][0]
+        run_id = q(conn, "INSERT INTO cerebro_db.job_runs (run_id, job_id, job_name, run) "
+                         "VALUES (%s, %s, 'squat', 1) RETURNING run_id",
+                   (run_next + 5, got))[0][0]
+        assert run_id != run_next + 5
+        q(conn, "UPDATE cerebro_db.jobs SET job_id = %s WHERE job_id = %s", (job_id, got))
+        assert q(conn, "SELECT count(*) FROM cerebro_db.jobs WHERE job_id = %s", (got,)) == [(1,)]
+    finally:
+        q(conn, "DELETE FROM cerebro_db.job_runs WHERE job_name = 'squat'")
+        q(conn, "DELETE FROM cerebro_db.jobs WHERE job_name = 'squat'")
 
 
 def test_unschedule_keeps_outputs_and_history(job):
     conn, _ = job
     assert q(conn, "SELECT unschedule_model_selection('nightly')")[0][0] is True
     assert q(conn, "SELECT count(*) FROM cerebro_db.model_selection_jobs")[0][0] == 0
-    assert len(runs(conn, "nightly")) == 5
+    assert len(runs(conn, "nightly")) == 7
     assert q(conn, "SELECT count(*) FROM jout")[0][0] == 2
 
 

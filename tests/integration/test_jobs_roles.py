@@ -58,3 +58,24 @@ def test_a_roles_job_runs_with_worker_sessions_of_that_role(role, session_conn):
     assert owners == [(name,)]
     assert q(c, "SELECT count(*) FROM jout")[0][0] == 1
     q(c, "SELECT unschedule_model_selection('rolejob')")
+
+
+def test_job_names_are_unique_per_role(role, session_conn):
+    """Two roles may each have a job of the same name (so no role can take a name from
+    another, nor learn from a unique violation that another has it); one role cannot have
+    two."""
+    name, c = role
+    ins = ("INSERT INTO cerebro_db.jobs (job_name, method, source_table, packed_table, "
+           "dependent_varname, independent_varname, model_output_table) "
+           "VALUES ('twin', 'fit', 's', 'p', 'y', 'x', 'o')")
+    q(c, ins)
+    try:
+        q(session_conn, ins)
+        with pytest.raises(psycopg2.Error) as e:
+            q(c, ins)
+        assert e.value.pgcode == "23505"
+        assert q(c, "SELECT owner FROM cerebro_db.jobs WHERE job_name = 'twin'") == [(name,)]
+        assert q(session_conn, "SELECT count(*) FROM cerebro_db.jobs "
+                               "WHERE job_name = 'twin'") == [(2,)]
+    finally:
+        q(session_conn, "DELETE FROM cerebro_db.jobs WHERE job_name = 'twin'")

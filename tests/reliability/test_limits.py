@@ -11,7 +11,7 @@ import time
 import pytest
 
 from ..helpers import mlp_json, q, worker_sessions_gone
-from .conftest import Roles, catalog_counts, load_mnist, relations
+from .conftest import Roles, catalog_counts, connect_as, load_mnist, relations
 
 psycopg2 = pytest.importorskip("psycopg2")
 
@@ -208,3 +208,47 @@ def test_worker_limits_are_the_dbas(lim, rel_db):
         q(lim, "RESET cerebro_db.max_workers_per_fit")
         q(lim, "DELETE FROM cerebro_db.limits")
         roles.drop()
+
+
+def test_a_role_cannot_free_its_workers_by_editing_its_catalog_rows(lim, rel_db):
+    """With a fit of the role running on 2 workers, marking that fit's workers closed in
+    fit_workers (rows the role may write) does not let another fit start past
+    max_workers_per_role: the role's live worker sessions count too."""
+    import threading
+
+    q(lim, "INSERT INTO cerebro_db.limits VALUES ('max_workers_per_role', current_user, 3)")
+    runner = connect_as(rel_db, q(lim, "SELECT current_user")[0][0])
+    failed: list[Exception] = []
+
+    def long_fit() -> None:
+        try:
+            q(runner, "SELECT madlib_keras_fit_multiple_model('lim_s.p', 'lim_s.long', "
+                      "'lim_s.mst', 100000)")
+        except psycopg2.Error as e:  # cancelled below
+            failed.append(e)
+
+    t = threading.Thread(target=long_fit)
+    t.start()
+    try:
+        for _ in range(600):  # until its 2 workers train
+            if q(lim, "SELECT count(*) FROM cerebro_db.fit_workers w JOIN cerebro_db.fits f "
+                      "USING (fit_id) WHERE f.status = 'running' AND w.status = 'active'"
+                 )[0][0] == 2:
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail("the long fit did not start")
+        q(lim, "UPDATE cerebro_db.fit_workers w SET status = 'closed' FROM cerebro_db.fits f "
+               "WHERE f.fit_id = w.fit_id AND f.status = 'running'")
+        with pytest.raises(psycopg2.Error) as e:
+            q(lim, "SELECT madlib_keras_fit_multiple_model('lim_s.p', 'lim_s.o', 'lim_s.mst', 1)")
+        assert e.value.pgcode == "22023", e.value.pgerror
+        assert "other running fits hold 2, more than its max_workers_per_role (3)" \
+            in e.value.pgerror
+    finally:
+        runner.cancel()
+        t.join(60)
+        runner.close()
+        q(lim, "DELETE FROM cerebro_db.limits")
+        q(lim, "DROP TABLE IF EXISTS lim_s.long, lim_s.long_summary, lim_s.long_info")
+    assert failed and failed[0].pgcode == "57014"
