@@ -92,7 +92,10 @@ class ConfigResult:
 
     train_loss: dict[int, list[tuple[float, int]]] = field(default_factory=dict)
     evals: dict[tuple[int, str], list[dict[str, Any]]] = field(default_factory=dict)
-    eval_done_at: dict[int, float] = field(default_factory=dict)
+    # seconds from the fit's start to the end of the epoch's last training unit (what
+    # metrics_elapsed_time reports: when the model that the epoch's metrics describe was
+    # made, however late its evaluation ran)
+    trained_at: dict[int, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -247,6 +250,8 @@ def run_fit(policy: Policy, progress: Progress, executor: Executor, *,
             if unit.kind == TRAIN:
                 done_units += 1
                 r.train_loss.setdefault(unit.epoch, []).append((data["loss"], data["rows"]))
+                if len(r.train_loss[unit.epoch]) == num_partitions:
+                    r.trained_at[unit.epoch] = clock() - start
                 if hooks is not None:
                     hooks.on_train(unit.config, unit.epoch, unit.partition, data,
                                    clock() - start)
@@ -265,10 +270,9 @@ def run_fit(policy: Policy, progress: Progress, executor: Executor, *,
             else:
                 for kind, res in data.get("evals", {}).items():
                     r.evals.setdefault((unit.epoch, kind), []).append(res)
-                if len(r.evals.get((unit.epoch, eval_kinds[0]), [])) == num_partitions:
-                    r.eval_done_at[unit.epoch] = clock() - start
-                    if hooks is not None:
-                        hooks.on_evaluated(unit.config, unit.epoch, r, clock() - start)
+                if hooks is not None and \
+                        len(r.evals.get((unit.epoch, eval_kinds[0]), [])) == num_partitions:
+                    hooks.on_evaluated(unit.config, unit.epoch, r, clock() - start)
         for w in [w for w in taken if w not in progress.running]:
             for b in taken.pop(w):  # an answer without them (never so, but never lost)
                 progress.give_back(b)

@@ -511,11 +511,11 @@ def progress_from_log(cat: Catalog, fit_id: int, targets: dict[int, int], p: int
         if r["kind"] == TRAIN:
             done += 1
             res.train_loss.setdefault(r["epoch"], []).append((r["loss"], r["rows"]))
+            if len(res.train_loss[r["epoch"]]) == p:
+                res.trained_at[r["epoch"]] = float(r["at"])
         else:
             res.evals.setdefault((r["epoch"], r["kind"]), []).append(
                 {"loss": r["loss"], "rows": r["rows"], "metrics": metrics})
-            if r["kind"] == "eval_train" and len(res.evals[(r["epoch"], r["kind"])]) == p:
-                res.eval_done_at[r["epoch"]] = float(r["at"])
         if r["kind"] != "eval_valid":
             records.append({"config": r["mst_key"], "epoch": r["epoch"],
                             "partition": r["partition"], "worker": r["worker"],

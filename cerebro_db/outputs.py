@@ -99,7 +99,7 @@ def info_row(c: Config, r: ConfigResult, epochs: list[int], size: int, fit_id: i
     has = bool(c.cp.metrics) or metrics_when_none
     return [
         c.mst_key, c.model_id, c.compile_params, c.fit_params, "madlib_keras",
-        size / 1024.0, [r.eval_done_at.get(e) for e in epochs],
+        size / 1024.0, [r.trained_at.get(e) for e in epochs],
         c.cp.metric_names() if has else None, loss,
         tm[-1][0] if tm and tm[-1] else None, tl[-1] if tl else None,
         first(tm) if has else None, tl,
@@ -126,7 +126,9 @@ def _summary_values(run: FitRun, info: str | None) -> dict[str, Any]:
             "model_arch_table": str(req.arch_table),
             "model_selection_table": str(req.mst_table) if req.mst_table else None,
             "object_table": req.object_table, "num_iterations": req.num_iterations,
-            "metrics_compute_frequency": req.frequency, "warm_start": req.warm_start,
+            # MADlib's summary holds the frequency used: num_iterations when not given
+            "metrics_compute_frequency": req.frequency or req.num_iterations,
+            "warm_start": req.warm_start,
             "name": req.name, "description": req.description, "start_training_time": run.t0,
             "madlib_version": __version__,
             "metrics_iters": sorted(evaluation_epochs(req.num_iterations, req.frequency)),

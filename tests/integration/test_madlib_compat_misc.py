@@ -126,6 +126,36 @@ def test_no_metrics_gives_null_like_madlib(fitted):
                 "mi_single_summary") == [(None, None, None)]
 
 
+def test_summary_frequency_and_elapsed_time_as_madlib(fitted):
+    """Left out, metrics_compute_frequency is num_iterations in the _summary (MADlib's);
+    metrics_elapsed_time is, per iteration, when its training ended (seconds from the fit's
+    start: the last training unit of the iteration), so it grows with the iterations even
+    where the evaluations ran later, bundled (madlib_keras_fit evaluates after training)."""
+    c = fitted
+    assert q(c, "SELECT num_iterations, metrics_compute_frequency FROM mi_out_summary") == \
+        [(1, 1)]
+    q(c, "DROP TABLE IF EXISTS mi_times, mi_times_summary")
+    q(c, "SELECT madlib.madlib_keras_fit('iris_packed', 'mi_times', 'model_arch_library', 1, "
+         "%s, 'batch_size=8', 4, FALSE, 'iris_val')", (COMPILE,))
+    freq, iters, elapsed, fit_id = q(c, "SELECT metrics_compute_frequency, metrics_iters, "
+                                        "metrics_elapsed_time, fit_id FROM mi_times_summary")[0]
+    assert (freq, iters) == (4, [4])
+    q(c, "DROP TABLE mi_times, mi_times_summary")
+    q(c, "SELECT madlib.madlib_keras_fit('iris_packed', 'mi_times', 'model_arch_library', 1, "
+         "%s, 'batch_size=8', 4, FALSE, 'iris_val', 1)", (COMPILE,))
+    iters, elapsed, fit_id = q(c, "SELECT metrics_iters, metrics_elapsed_time, fit_id "
+                                  "FROM mi_times_summary")[0]
+    assert iters == [1, 2, 3, 4] and len(elapsed) == 4
+    assert all(a < b for a, b in zip(elapsed, elapsed[1:])), elapsed
+    trained = q(c, "SELECT epoch, extract(epoch FROM max(u.ended_at) - f.started_at)::float8 "
+                   "FROM madlib.units u JOIN madlib.fits f USING (fit_id) WHERE fit_id = %s "
+                   "AND u.kind = 'train' GROUP BY epoch, f.started_at ORDER BY epoch", (fit_id,))
+    assert [e for e, _ in trained] == [1, 2, 3, 4]
+    for (_, t), got in zip(trained, elapsed):
+        assert abs(t - got) < 0.5, (trained, elapsed)
+    q(c, "DROP TABLE mi_times, mi_times_summary")
+
+
 def test_automl_summary_has_madlibs_columns(madlib_conn):
     c = madlib_conn
     q(c, "SELECT madlib.madlib_keras_automl('iris_packed', 'am_out', 'model_arch_library', "

@@ -126,3 +126,23 @@ def test_progress_take_and_give_back():
     assert p.pending_evals == []
     p.give_back(b)
     assert [(u.config, u.partition) for u in p.pending_evals] == [(1, 1)]
+
+
+def test_trained_at_is_when_the_epochs_training_ended_not_its_evaluation():
+    """``ConfigResult.trained_at`` (metrics_elapsed_time) is, per config and epoch, the end
+    of the epoch's last training unit on the fit's clock, however late its evaluations ran
+    (in bundles, after other training)."""
+    ex = Recording(4)
+    pol = get_policy("mop", random_state=7, rotated_order=True)
+    progress = Progress({c: 3 for c in range(6)}, 2, {0: [0], 1: [1]}, {1, 2, 3})
+    start = ex.clock()
+    out = run_fit(pol, progress, ex, eval_kinds=["eval_train"], num_partitions=2,
+                  snapshot_epochs=lambda c, e: True, clock=ex.clock)
+    later = 0
+    for c in range(6):
+        for e in (1, 2, 3):
+            train = [r.end for r in ex.log if (r.config, r.epoch, r.kind) == (c, e, TRAIN)]
+            evals = [r.end for r in ex.log if (r.config, r.epoch, r.kind) == (c, e, EVAL)]
+            assert out.results[c].trained_at[e] == max(train) - start
+            later += max(evals) - start > out.results[c].trained_at[e] + 1.0
+    assert later, "no evaluation ran well after its training: the test tells nothing"
