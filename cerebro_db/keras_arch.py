@@ -109,6 +109,10 @@ MAX_LAYERS = 1_000
 before Keras builds anything (building thousands of layers takes minutes)."""
 MAX_ARCH_BYTES = 16 * 1024 * 1024
 """The largest ``model_arch`` JSON text accepted."""
+BYTES_PER_PARAM = 64
+""":func:`max_params` allows one parameter per this many bytes of the machine's memory:
+training holds about 16 bytes a parameter (float32 weights, their gradients and two
+optimizer slots), and a fit runs several workers beside the rest of the server."""
 
 
 # --------------------------------------------------------------------------- parsing
@@ -581,6 +585,82 @@ def load_model(text: ArchInput) -> keras.Model:
     return build_from_json(text)
 
 
+@functools.lru_cache(maxsize=1)
+def max_params() -> int:
+    """The most parameters an architecture may have: the machine's physical memory over
+    :data:`BYTES_PER_PARAM` (about 390 million with 24 GiB)."""
+    import os
+
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (OSError, ValueError):
+        memory = 16 << 30
+    return max(1, memory // BYTES_PER_PARAM)
+
+
+def unbuilt_params(keras3_text: str) -> int | None:
+    """The parameters of the variables that building ``keras3_text`` makes, counted from
+    their shapes before any weight exists: the model is deserialized in Keras' stateless
+    scope, which defers every variable's initializer and registers the variable, and the
+    registered variables (the weights, and the 2-value states of random seed generators)
+    are counted and dropped after (Keras' private
+    ``StatelessScope``). A config that fails part way counts the variables made before
+    the failure, which the real build would have allocated too. None where Keras has no
+    such scope."""
+    import keras
+
+    try:
+        from keras.src.backend.common import global_state
+        from keras.src.backend.common.stateless_scope import StatelessScope
+    except ImportError:
+        return None
+    import random
+
+    key = "uninitialized_variables"
+    before = list(global_state.get_global_attribute(key) or [])
+    global_state.set_global_attribute(key, [])
+    # layers draw their default seeds as they are made, from the generator Keras holds
+    # (Python's global one, or the one a seeded build puts there): put the generators back,
+    # so that the count changes no weights built after it
+    try:
+        from keras.src.random import seed_generator
+
+        keras_rng = seed_generator.python_random
+    except (ImportError, AttributeError):  # pragma: no cover - a Keras that moved it
+        keras_rng = random
+    keras_state = keras_rng.getstate()
+    py_state, np_state = random.getstate(), np.random.get_state()
+    try:
+        with StatelessScope(initialize_variables=False), warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            keras.saving.deserialize_keras_object(json.loads(keras3_text), safe_mode=True)
+    except Exception:  # noqa: BLE001, S110 - the real build reports it; count what was made
+        pass
+    finally:
+        made = list(global_state.get_global_attribute(key) or [])
+        global_state.set_global_attribute(key, before)
+        random.setstate(py_state)
+        keras_rng.setstate(keras_state)
+        np.random.set_state(np_state)
+    return int(sum(int(np.prod(v.shape)) for v in made))
+
+
+@functools.lru_cache(maxsize=32)
+def check_size(keras3_text: str) -> None:
+    """Refuse (54000) an architecture with more than :func:`max_params` parameters before
+    its weights are made (every build: :func:`_build`; counted once per architecture and
+    process): building one that does not fit in memory would get the backend killed by the
+    kernel, and the server restarts every session with it."""
+    n = unbuilt_params(keras3_text)
+    limit = max_params()
+    if n is not None and n > limit:
+        raise CerebroError(
+            f"model_arch has {n:,} parameters, more than the {limit:,} this server allows",
+            PROGRAM_LIMIT_EXCEEDED,
+            hint=f"A server allows one parameter per {BYTES_PER_PARAM} bytes of its memory; "
+            "use a smaller model.")
+
+
 def build_from_json(text: ArchInput, *, shared: bool = False) -> keras.Model:
     """Build the model for ``model_arch``; conversion is cached by JSON text.
 
@@ -609,6 +689,7 @@ _SHARED: collections.OrderedDict[str, Any] = collections.OrderedDict()
 def _build(keras3_text: str) -> keras.Model:
     import keras
 
+    check_size(keras3_text)
     config = json.loads(keras3_text)
     try:
         with warnings.catch_warnings():

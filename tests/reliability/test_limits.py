@@ -168,6 +168,27 @@ def test_two_thousand_layers_are_refused_quickly(lim):
             "more than 1000 layers", seconds=5.0)
 
 
+def test_a_model_bigger_than_the_server_is_refused_before_its_weights_exist(lim):
+    """A Dense layer of 10^9 units (784 x 10^9 weights): load_keras_model refuses it
+    (54000) without making its weights, so the backend is not killed for memory (which
+    would restart every session of the server); a fit whose architecture was swapped for
+    it in the table after loading is refused the same way, by the workers' checks."""
+    arch = json.loads(mlp_json())
+    arch["config"]["layers"][1]["config"]["units"] = 1_000_000_000
+    refused(lim, "SELECT load_keras_model('lim_s.big', %s)", (json.dumps(arch),), "54000",
+            "parameters, more than the", seconds=30.0)
+    q(lim, "SELECT load_keras_model('lim_s.swap', %s)", (mlp_json(),))
+    q(lim, "UPDATE lim_s.swap SET model_arch = %s", (json.dumps(arch),))
+    q(lim, "SELECT load_model_selection_table('lim_s.swap', 'lim_s.swap_mst', ARRAY[1], "
+           "ARRAY[%s], ARRAY['batch_size=32'])", (COMPILE,))
+    try:
+        refused(lim, "SELECT madlib_keras_fit_multiple_model('lim_s.p', 'lim_s.o', "
+                     "'lim_s.swap_mst', 1)", None, "54000", "parameters, more than the",
+                seconds=60.0)
+    finally:
+        q(lim, "DROP TABLE lim_s.swap, lim_s.swap_mst, lim_s.swap_mst_summary")
+
+
 def test_worker_limits_are_the_dbas(lim, rel_db):
     """Limits come from cerebro_db.limits, which only its owner can change; a role's SET of
     a setting of the same name changes nothing."""

@@ -421,3 +421,48 @@ def test_wrong_weight_count() -> None:
         ka.check_weights(model, b"\0" * (4 * 193 + 2))
     assert info.value.sqlstate == "22023"
     assert "774 bytes" in info.value.message
+
+
+# --------------------------------------------------------------------------- size limit
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in FIXTURE_DIR.glob("*.json")))
+def test_unbuilt_params_count_what_the_build_makes(name: str) -> None:
+    """The count made before any weight exists is the built model's, plus the 2-value
+    states of its random seed generators (Dropout, LSTM), which are variables too."""
+    text = ka.to_keras3_json(fixture_text(name))
+    extra = ka.unbuilt_params(text) - ka.count_params(ka.load_model(text))
+    assert 0 <= extra <= 8 and extra % 2 == 0, extra
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
+
+
+def test_a_model_too_big_for_the_machine_is_refused_before_its_weights_exist() -> None:
+    """784 x 10^9 weights (3 TB): refused 54000 with the count, the memory untouched, and
+    Keras' registry of deferred variables left as it was (nothing initialized later)."""
+    from keras.src.backend.common import global_state
+
+    huge = keras2_sequential([
+        {"class_name": "Dense", "config": {"name": "big", "units": 1_000_000_000,
+                                           "batch_input_shape": [None, 784]}},
+        {"class_name": "Dense", "config": {"name": "out", "units": 10}}])
+    before_rss = _rss_mb()
+    err = raises(json.dumps(huge), "54000")
+    assert "784,000,000,000" in err.message or "784,000,001,000" in err.message or \
+        "parameters, more than" in err.message, err.message
+    assert f"{ka.max_params():,}" in err.message
+    assert _rss_mb() - before_rss < 200
+    assert not global_state.get_global_attribute("uninitialized_variables")
+
+
+def test_a_config_that_fails_part_way_counts_what_it_made_first() -> None:
+    """A huge first layer, then a layer whose stored input shape does not match: the build
+    would allocate the first before failing, so the count includes it."""
+    huge = keras.Sequential([keras.Input((784,)), keras.layers.Dense(4),
+                             keras.layers.Dense(10)]).to_json()
+    huge = huge.replace('"units": 4,', '"units": 900000000,')
+    assert ka.unbuilt_params(ka.to_keras3_json(huge)) >= 784 * 900_000_000
+    raises(huge, "54000")
