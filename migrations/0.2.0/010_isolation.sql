@@ -43,6 +43,10 @@ BEGIN
             NEW.unit_id := OLD.unit_id;
         ELSIF TG_TABLE_NAME = 'automl_decisions' THEN
             NEW.decision_id := OLD.decision_id;
+        ELSIF TG_TABLE_NAME = 'jobs' THEN
+            NEW.job_id := OLD.job_id;
+        ELSIF TG_TABLE_NAME = 'job_runs' THEN
+            NEW.run_id := OLD.run_id;
         END IF;
     ELSIF TG_TABLE_NAME = 'fits' THEN
         NEW.fit_id := pg_catalog.nextval('@extschema@.fits_fit_id_seq'::regclass);
@@ -51,6 +55,11 @@ BEGIN
     ELSIF TG_TABLE_NAME = 'automl_decisions' THEN
         NEW.decision_id :=
             pg_catalog.nextval('@extschema@.automl_decisions_decision_id_seq'::regclass);
+    -- scheduled jobs' tables (070_jobs.sql)
+    ELSIF TG_TABLE_NAME = 'jobs' THEN
+        NEW.job_id := pg_catalog.nextval('@extschema@.jobs_job_id_seq'::regclass);
+    ELSIF TG_TABLE_NAME = 'job_runs' THEN
+        NEW.run_id := pg_catalog.nextval('@extschema@.job_runs_run_id_seq'::regclass);
     END IF;
     RETURN NEW;
 END

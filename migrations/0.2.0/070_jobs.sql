@@ -5,7 +5,9 @@
 -- run_model_selection_job(job_name); everything works without it.
 CREATE TABLE @extschema@.jobs (
     job_id              bigserial PRIMARY KEY,
-    job_name            text NOT NULL UNIQUE,
+    -- unique per owner (as pg_cron's job names per user): a role can neither take a name
+    -- from another nor learn from a unique violation that another role has it
+    job_name            text NOT NULL,
     owner               name NOT NULL DEFAULT current_user,
     schedule            text,
     cron_database       text,
@@ -28,7 +30,8 @@ CREATE TABLE @extschema@.jobs (
     -- the largest key packed so far (text of the key column's type) and the packed rows
     packed_through      text,
     packed_rows         bigint,
-    created_at          timestamptz NOT NULL DEFAULT clock_timestamp()
+    created_at          timestamptz NOT NULL DEFAULT clock_timestamp(),
+    UNIQUE (owner, job_name)
 );
 
 CREATE TABLE @extschema@.job_runs (
@@ -50,9 +53,22 @@ CREATE TABLE @extschema@.job_runs (
     best_metric_name text,
     best_metric   double precision,
     backend_pid   integer DEFAULT pg_catalog.pg_backend_pid(),
+    -- when the session in backend_pid started: with the pid, what tells a run whose session
+    -- is alive from a recycled pid (two runs of a job never overlap: entrypoints/jobs.py)
+    backend_start timestamptz,
     owner         name NOT NULL DEFAULT current_user,
     UNIQUE (job_id, run)
 );
+
+-- ids from the sequences whatever an INSERT says (__fresh_id, 010_isolation.sql), so no
+-- role can claim the ids the sequences hand out next and make another role's job or run
+-- fail on the primary key
+ALTER TABLE @extschema@.jobs ALTER COLUMN job_id DROP DEFAULT;
+ALTER TABLE @extschema@.job_runs ALTER COLUMN run_id DROP DEFAULT;
+CREATE TRIGGER fresh_id BEFORE INSERT OR UPDATE ON @extschema@.jobs
+    FOR EACH ROW EXECUTE FUNCTION @extschema@.__fresh_id();
+CREATE TRIGGER fresh_id BEFORE INSERT OR UPDATE ON @extschema@.job_runs
+    FOR EACH ROW EXECUTE FUNCTION @extschema@.__fresh_id();
 
 -- Row-level security: a role sees and writes its own jobs; a run row is accepted only for a
 -- job of the writing role and (when it names one) a fit of the writing role, as for every

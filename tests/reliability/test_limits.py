@@ -273,3 +273,59 @@ def test_a_role_cannot_free_its_workers_by_editing_its_catalog_rows(lim, rel_db)
         q(lim, "DELETE FROM cerebro_db.limits")
         q(lim, "DROP TABLE IF EXISTS lim_s.long, lim_s.long_summary, lim_s.long_info")
     assert failed and failed[0].pgcode == "57014"
+
+
+def test_the_coordinator_grants_workers_within_the_limits_whatever_the_request(lim, rel_db):
+    """The role writes fits.requested_workers itself (past cerebro_db_fit_workers' check):
+    the coordinator still grants no more workers than max_workers_per_role allows."""
+    import threading
+
+    q(lim, "INSERT INTO cerebro_db.limits VALUES ('max_workers_per_role', current_user, 3)")
+    role = q(lim, "SELECT current_user")[0][0]
+    runner = connect_as(rel_db, role)
+    q(runner, "SET client_min_messages = notice")
+
+    class Capped(list):  # psycopg2 keeps only its default list to 50 notices
+        def append(self, notice: str) -> None:
+            if "worker limits" in notice:
+                super().append(notice)
+
+    runner.notices = Capped()
+    failed: list[Exception] = []
+
+    def long_fit() -> None:
+        try:
+            q(runner, "SELECT madlib_keras_fit_multiple_model('lim_s.p', 'lim_s.long', "
+                      "'lim_s.mst', 100000)")
+        except psycopg2.Error as e:  # cancelled below
+            failed.append(e)
+
+    def live_workers() -> int:
+        q(lim, "SELECT pg_stat_clear_snapshot()")
+        return q(lim, "SELECT count(*) FROM pg_stat_activity WHERE usename = current_user "
+                      "AND application_name ~ '^cerebro_db [0-9]+_[0-9]+ worker [0-9]+$'")[0][0]
+
+    t = threading.Thread(target=long_fit)
+    t.start()
+    try:
+        for _ in range(600):  # until it trains (its request is cleared as it starts)
+            if q(lim, "SELECT count(*) FROM cerebro_db.units u JOIN cerebro_db.fits f "
+                      "USING (fit_id) WHERE f.status = 'running'")[0][0] > 2:
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail("the long fit did not start")
+        assert live_workers() == 2
+        assert q(lim, "UPDATE cerebro_db.fits SET requested_workers = 5 "
+                      "WHERE status = 'running' RETURNING fit_id")
+        time.sleep(4)  # the coordinator polls the request every 0.5 s
+        assert live_workers() == 3
+    finally:
+        runner.cancel()
+        t.join(60)
+        runner.close()
+        q(lim, "DELETE FROM cerebro_db.limits")
+        q(lim, "DROP TABLE IF EXISTS lim_s.long, lim_s.long_summary, lim_s.long_info")
+    assert failed and failed[0].pgcode == "57014"
+    assert any("asked for 5 worker sessions; this role's worker limits allow 3 now" in n
+               for n in runner.notices), runner.notices
