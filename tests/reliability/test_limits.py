@@ -5,8 +5,12 @@ Also: the worker limits the DBA sets in cerebro_db.limits, which a role cannot r
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import threading
 import time
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -231,34 +235,65 @@ def test_worker_limits_are_the_dbas(lim, rel_db):
         roles.drop()
 
 
-def test_a_role_cannot_free_its_workers_by_editing_its_catalog_rows(lim, rel_db):
-    """With a fit of the role running on 2 workers, marking that fit's workers closed in
-    fit_workers (rows the role may write) does not let another fit start past
-    max_workers_per_role: the role's live worker sessions count too."""
-    import threading
+class Notices(list):
+    """The notices about worker limits only (psycopg2 keeps its default list to 50)."""
 
+    def append(self, notice: str) -> None:
+        if "worker limits" in notice:
+            super().append(notice)
+
+
+@contextlib.contextmanager
+def long_fit(lim, rel_db) -> Iterator[Any]:
+    """With max_workers_per_role 3 for the role: a fit of 100,000 iterations running in
+    another session of the role (its connection is yielded, with ``notices``), once its
+    units are being logged; cancelled at the end (and checked to end so: 57014)."""
     q(lim, "INSERT INTO cerebro_db.limits VALUES ('max_workers_per_role', current_user, 3)")
     runner = connect_as(rel_db, q(lim, "SELECT current_user")[0][0])
+    q(runner, "SET client_min_messages = notice")
+    runner.notices = Notices()
     failed: list[Exception] = []
 
-    def long_fit() -> None:
+    def run() -> None:
         try:
             q(runner, "SELECT madlib_keras_fit_multiple_model('lim_s.p', 'lim_s.long', "
                       "'lim_s.mst', 100000)")
-        except psycopg2.Error as e:  # cancelled below
+        except psycopg2.Error as e:
             failed.append(e)
 
-    t = threading.Thread(target=long_fit)
+    t = threading.Thread(target=run)
     t.start()
     try:
-        for _ in range(600):  # until its 2 workers train
-            if q(lim, "SELECT count(*) FROM cerebro_db.fit_workers w JOIN cerebro_db.fits f "
-                      "USING (fit_id) WHERE f.status = 'running' AND w.status = 'active'"
-                 )[0][0] == 2:
+        for _ in range(600):  # until it trains (its worker request is cleared as it starts)
+            if q(lim, "SELECT count(*) FROM cerebro_db.units u JOIN cerebro_db.fits f "
+                      "USING (fit_id) WHERE f.status = 'running'")[0][0] > 2:
                 break
             time.sleep(0.1)
         else:
             pytest.fail("the long fit did not start")
+        yield runner
+    finally:
+        runner.cancel()
+        t.join(60)
+        runner.close()
+        q(lim, "DELETE FROM cerebro_db.limits")
+        q(lim, "DROP TABLE IF EXISTS lim_s.long, lim_s.long_summary, lim_s.long_info")
+    assert failed and failed[0].pgcode == "57014"
+
+
+def live_workers(conn) -> int:
+    """The worker sessions of the connection's role, as the server has them."""
+    q(conn, "SELECT pg_stat_clear_snapshot()")
+    return q(conn, "SELECT count(*) FROM pg_stat_activity WHERE usename = current_user "
+                   "AND application_name ~ '^cerebro_db [0-9]+_[0-9]+ worker [0-9]+$'")[0][0]
+
+
+def test_a_role_cannot_free_its_workers_by_editing_its_catalog_rows(lim, rel_db):
+    """With a fit of the role running on 2 workers, marking that fit's workers closed in
+    fit_workers (rows the role may write) does not let another fit start past
+    max_workers_per_role: the role's live worker sessions count too."""
+    with long_fit(lim, rel_db):
+        assert live_workers(lim) == 2
         q(lim, "UPDATE cerebro_db.fit_workers w SET status = 'closed' FROM cerebro_db.fits f "
                "WHERE f.fit_id = w.fit_id AND f.status = 'running'")
         with pytest.raises(psycopg2.Error) as e:
@@ -266,66 +301,16 @@ def test_a_role_cannot_free_its_workers_by_editing_its_catalog_rows(lim, rel_db)
         assert e.value.pgcode == "22023", e.value.pgerror
         assert "other running fits hold 2, more than its max_workers_per_role (3)" \
             in e.value.pgerror
-    finally:
-        runner.cancel()
-        t.join(60)
-        runner.close()
-        q(lim, "DELETE FROM cerebro_db.limits")
-        q(lim, "DROP TABLE IF EXISTS lim_s.long, lim_s.long_summary, lim_s.long_info")
-    assert failed and failed[0].pgcode == "57014"
 
 
 def test_the_coordinator_grants_workers_within_the_limits_whatever_the_request(lim, rel_db):
     """The role writes fits.requested_workers itself (past cerebro_db_fit_workers' check):
     the coordinator still grants no more workers than max_workers_per_role allows."""
-    import threading
-
-    q(lim, "INSERT INTO cerebro_db.limits VALUES ('max_workers_per_role', current_user, 3)")
-    role = q(lim, "SELECT current_user")[0][0]
-    runner = connect_as(rel_db, role)
-    q(runner, "SET client_min_messages = notice")
-
-    class Capped(list):  # psycopg2 keeps only its default list to 50 notices
-        def append(self, notice: str) -> None:
-            if "worker limits" in notice:
-                super().append(notice)
-
-    runner.notices = Capped()
-    failed: list[Exception] = []
-
-    def long_fit() -> None:
-        try:
-            q(runner, "SELECT madlib_keras_fit_multiple_model('lim_s.p', 'lim_s.long', "
-                      "'lim_s.mst', 100000)")
-        except psycopg2.Error as e:  # cancelled below
-            failed.append(e)
-
-    def live_workers() -> int:
-        q(lim, "SELECT pg_stat_clear_snapshot()")
-        return q(lim, "SELECT count(*) FROM pg_stat_activity WHERE usename = current_user "
-                      "AND application_name ~ '^cerebro_db [0-9]+_[0-9]+ worker [0-9]+$'")[0][0]
-
-    t = threading.Thread(target=long_fit)
-    t.start()
-    try:
-        for _ in range(600):  # until it trains (its request is cleared as it starts)
-            if q(lim, "SELECT count(*) FROM cerebro_db.units u JOIN cerebro_db.fits f "
-                      "USING (fit_id) WHERE f.status = 'running'")[0][0] > 2:
-                break
-            time.sleep(0.1)
-        else:
-            pytest.fail("the long fit did not start")
-        assert live_workers() == 2
+    with long_fit(lim, rel_db) as runner:
+        assert live_workers(lim) == 2
         assert q(lim, "UPDATE cerebro_db.fits SET requested_workers = 5 "
                       "WHERE status = 'running' RETURNING fit_id")
         time.sleep(4)  # the coordinator polls the request every 0.5 s
-        assert live_workers() == 3
-    finally:
-        runner.cancel()
-        t.join(60)
-        runner.close()
-        q(lim, "DELETE FROM cerebro_db.limits")
-        q(lim, "DROP TABLE IF EXISTS lim_s.long, lim_s.long_summary, lim_s.long_info")
-    assert failed and failed[0].pgcode == "57014"
+        assert live_workers(lim) == 3
     assert any("asked for 5 worker sessions; this role's worker limits allow 3 now" in n
                for n in runner.notices), runner.notices
