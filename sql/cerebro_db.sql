@@ -264,6 +264,56 @@ BEGIN
 END
 $worker_connect$;
 
+-- Delete catalog rows (internal; cerebro_db/catalog/*.py). PUBLIC has neither DELETE nor
+-- table-level UPDATE on the catalog tables (migration 095): with either, PostgreSQL lets a
+-- role LOCK TABLE one IN ACCESS EXCLUSIVE MODE, which row-level security does not limit,
+-- and every role's fits and catalog reads would wait on it. The package deletes through
+-- this procedure: only the deletions below, only rows of _owner (the caller passes
+-- current_user), a role the session user may act as (as for __worker_connect). A procedure,
+-- so that the control session can run it with dblink_exec (a statement without rows).
+CREATE OR REPLACE PROCEDURE @extschema@.__delete_own(
+    _owner NAME, _what TEXT, _fit_id BIGINT DEFAULT NULL, _keys INTEGER[] DEFAULT NULL,
+    _text TEXT DEFAULT NULL)
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $delete_own$
+BEGIN
+    IF _owner IS NULL OR NOT pg_catalog.pg_has_role(session_user, _owner, 'MEMBER') THEN
+        RAISE EXCEPTION 'role "%" may not delete catalog rows of role "%"', session_user,
+            _owner USING ERRCODE = '42501';
+    END IF;
+    IF _what = 'state' THEN  -- one stored version of a configuration's state
+        DELETE FROM @extschema@.model_states WHERE owner = _owner AND fit_id = _fit_id
+           AND mst_key = _keys[1] AND version = _text;
+    ELSIF _what = 'old_states' THEN  -- a done fit's: all but 'current', all of _keys
+        DELETE FROM @extschema@.model_states WHERE owner = _owner AND fit_id = _fit_id
+           AND (version <> 'current' OR mst_key = ANY(_keys));
+    ELSIF _what = 'done_states' THEN  -- the states of the role's fits marked done
+        DELETE FROM @extschema@.model_states s USING @extschema@.fits f
+         WHERE s.fit_id = f.fit_id AND f.status = 'done' AND f.owner = _owner
+           AND s.owner = _owner;
+    ELSIF _what = 'trials' THEN  -- AutoML: trials but _keys, decisions after step _text
+        DELETE FROM @extschema@.model_states WHERE owner = _owner AND fit_id = _fit_id
+           AND mst_key <> ALL(_keys);
+        DELETE FROM @extschema@.automl_trials WHERE owner = _owner AND fit_id = _fit_id
+           AND mst_key <> ALL(_keys);
+        DELETE FROM @extschema@.fit_configs WHERE owner = _owner AND fit_id = _fit_id
+           AND mst_key <> ALL(_keys);
+        DELETE FROM @extschema@.automl_decisions WHERE owner = _owner AND fit_id = _fit_id
+           AND seq > _text::integer;
+    ELSIF _what = 'postings' THEN  -- an executor's (tag _text)
+        DELETE FROM @extschema@.unit_postings WHERE owner = _owner AND tag = _text;
+    ELSIF _what = 'stale_postings' THEN  -- of the role's fits no coordinator runs
+        DELETE FROM @extschema@.unit_postings p USING @extschema@.fits f
+         WHERE p.fit_id = f.fit_id AND f.status <> 'running' AND f.owner = _owner
+           AND p.owner = _owner;
+    ELSIF _what = 'job' THEN  -- a job's definition (job_id in _fit_id)
+        DELETE FROM @extschema@.jobs WHERE owner = _owner AND job_id = _fit_id;
+    ELSE
+        RAISE EXCEPTION 'unknown deletion "%"', _what USING ERRCODE = '22023';
+    END IF;
+END
+$delete_own$;
+
 -- @entrypoint
 CREATE OR REPLACE FUNCTION @extschema@.cerebro_db_fit_workers(
     fit_id      BIGINT,

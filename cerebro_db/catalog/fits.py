@@ -108,18 +108,14 @@ def purge_done_states(cat: Catalog) -> str:
     interrupted and a resume writes the outputs from them. Once another session (the next
     fit's control session) sees the fit done, that transaction committed and nothing reads
     them again."""
-    states, fits = cat.ext("model_states"), cat.ext("fits")
-    return (f"DELETE FROM {states} s USING {fits} f WHERE s.fit_id = f.fit_id AND "
-            "f.status = 'done' AND f.owner = current_user AND s.owner = current_user")
+    return f"CALL {cat.ext('__delete_own')}(current_user, 'done_states')"
 
 
 def purge_postings(cat: Catalog) -> str:
     """The units posted in worker sessions' slots (``unit_postings``) of this role's fits
     that no coordinator runs any more (their executor closes without deleting its rows when
     it ends abnormally, e.g. terminated)."""
-    postings, fits = cat.ext("unit_postings"), cat.ext("fits")
-    return (f"DELETE FROM {postings} p USING {fits} f WHERE p.fit_id = f.fit_id AND "
-            "f.status <> 'running' AND f.owner = current_user AND p.owner = current_user")
+    return f"CALL {cat.ext('__delete_own')}(current_user, 'stale_postings')"
 
 
 def drop_states(cat: Catalog, fit_id: int, mst_keys: Sequence[int] = ()) -> str:
@@ -127,9 +123,8 @@ def drop_states(cat: Catalog, fit_id: int, mst_keys: Sequence[int] = ()) -> str:
     ``mst_keys`` (AutoML trials freed). 'current' goes when the role's next fit starts
     (:func:`purge_done_states`)."""
     return cat.format_sql(
-        f"DELETE FROM {ext(cat, 'model_states')} WHERE fit_id = %L::bigint AND "
-        "(version <> 'current' OR mst_key = ANY(%L::int[]))",
-        [fit_id, [int(k) for k in mst_keys]], ["int8", "int4[]"])
+        f"CALL {ext(cat, '__delete_own')}(current_user, 'old_states', %L::bigint, "
+        "%L::int[])", [fit_id, [int(k) for k in mst_keys]], ["int8", "int4[]"])
 
 
 def record_unit_failure(cat: Catalog, fit_id: int, mst_key: int, epoch: int, partition: int,
@@ -246,14 +241,10 @@ def add_options(cat: Catalog, fit_id: int, options: dict[str, Any]) -> str:
 def forget_trials(cat: Catalog, fit_id: int, keep: Iterable[int], seq: int) -> list[str]:
     """Remove what an AutoML run decided after its last saved step (step ``seq``, trials
     ``keep``): trials, their configurations and states, later decisions."""
-    out = [cat.format_sql(f"DELETE FROM {ext(cat, t)} WHERE fit_id = %L::bigint AND "
-                          "mst_key <> ALL(%L::int[])", [fit_id, sorted(int(k) for k in keep)],
-                          ["int8", "int4[]"])
-           for t in ("model_states", "automl_trials", "fit_configs")]
-    out.append(cat.format_sql(f"DELETE FROM {ext(cat, 'automl_decisions')} WHERE "
-                              "fit_id = %L::bigint AND seq > %L::int", [fit_id, seq],
-                              ["int8", "int4"]))
-    return out
+    return [cat.format_sql(
+        f"CALL {ext(cat, '__delete_own')}(current_user, 'trials', %L::bigint, %L::int[], "
+        "%L)", [fit_id, sorted(int(k) for k in keep), str(int(seq))],
+        ["int8", "int4[]", "text"])]
 
 
 # -- read and written by the calling session (bound parameters) ---------------------------

@@ -99,7 +99,7 @@ def set_cron_job(cat: Any, job_id: int, cron_jobid: int, cron_database: str) -> 
 
 
 def delete_job(cat: Any, job_id: int) -> None:
-    cat.query(f"DELETE FROM {cat.ext('jobs')} WHERE job_id = $1", [job_id], ["int8"])
+    cat.query(f"CALL {cat.ext('__delete_own')}(current_user, 'job', $1)", [job_id], ["int8"])
 
 
 def set_packed_through(cat: Any, job_id: int, key: str | None, rows: int) -> None:

@@ -102,8 +102,8 @@ def slot_kind(cat: Catalog, tag: str, fit_id: int, worker: int, seq: int) -> str
 
 def clear_postings(cat: Catalog, tag: str) -> str:
     """For the control session: forget an executor's postings."""
-    return cat.format_sql(f"DELETE FROM {ext(cat, 'unit_postings')} WHERE tag = %L", [tag],
-                          ["text"])
+    return cat.format_sql(f"CALL {ext(cat, '__delete_own')}(current_user, 'postings', "
+                          "NULL, NULL, %L)", [tag], ["text"])
 
 
 def check_fit(cat: Catalog, spec: dict[str, Any]) -> str:

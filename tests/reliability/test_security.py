@@ -217,15 +217,22 @@ def test_another_roles_fit_state_is_invisible_and_read_only(world, admin):
               "fit_config_progress"):
         assert q(ce, f"SELECT count(*) FROM cerebro_db.{t} WHERE fit_id = %s",
                  (alice_fit,)) == [(0,)], t
-    # updates and deletes see no rows
+    # updates see no rows; deletes are not allowed at all (only through __delete_own, which
+    # deletes the caller's rows only)
     for sql in ("UPDATE cerebro_db.fits SET status = 'failed' WHERE fit_id = %s",
-                "UPDATE cerebro_db.model_states SET data = '\\x00' WHERE fit_id = %s",
-                "DELETE FROM cerebro_db.units WHERE fit_id = %s",
-                "DELETE FROM cerebro_db.model_states WHERE fit_id = %s",
-                "DELETE FROM cerebro_db.fit_configs WHERE fit_id = %s"):
+                "UPDATE cerebro_db.model_states SET data = '\\x00' WHERE fit_id = %s"):
         with ce.cursor() as cur:
             cur.execute(sql, (alice_fit,))
             assert cur.rowcount == 0, sql
+    for sql in ("DELETE FROM cerebro_db.units WHERE fit_id = %s",
+                "DELETE FROM cerebro_db.model_states WHERE fit_id = %s",
+                "DELETE FROM cerebro_db.fit_configs WHERE fit_id = %s"):
+        with pytest.raises(psycopg2.Error) as e:
+            q(ce, sql, (alice_fit,))
+        assert e.value.pgcode == "42501", sql
+    for what in ("state", "old_states", "trials"):
+        q(ce, "CALL cerebro_db.__delete_own(current_user, %s, %s, ARRAY[1], '0')",
+          (what, alice_fit))
     # inserts under alice's fit fail, as eve or in alice's name
     for sql in (
         ("INSERT INTO cerebro_db.model_states (fit_id, mst_key, version, chunk, data) "
