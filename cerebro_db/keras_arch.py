@@ -598,9 +598,11 @@ def max_params() -> int:
     return max(1, memory // BYTES_PER_PARAM)
 
 
-def unbuilt_params(keras3_text: str) -> int | None:
-    """The parameters of the variables that building ``keras3_text`` makes, counted from
-    their shapes before any weight exists: the model is deserialized in Keras' stateless
+def unbuilt_sizes(keras3_text: str) -> tuple[int, int] | None:
+    """(parameters, values per row): the parameters of the variables that building
+    ``keras3_text`` makes, counted from their shapes before any weight exists, and the
+    values one row makes as it passes through (the outputs of every layer call, nested
+    models included; training keeps them for the backward pass, times the batch size): the model is deserialized in Keras' stateless
     scope, which defers every variable's initializer and registers the variable, and the
     registered variables (the weights, and the 2-value states of random seed generators)
     are counted and dropped after (Keras' private
@@ -617,6 +619,7 @@ def unbuilt_params(keras3_text: str) -> int | None:
     import random
 
     key = "uninitialized_variables"
+    values = 0
     before = list(global_state.get_global_attribute(key) or [])
     global_state.set_global_attribute(key, [])
     # layers draw their default seeds as they are made, from the generator Keras holds
@@ -633,7 +636,12 @@ def unbuilt_params(keras3_text: str) -> int | None:
     try:
         with StatelessScope(initialize_variables=False), warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
-            keras.saving.deserialize_keras_object(json.loads(keras3_text), safe_mode=True)
+            model = keras.saving.deserialize_keras_object(json.loads(keras3_text),
+                                                          safe_mode=True)
+            for layer in model._flatten_layers(include_self=False, recursive=True):
+                for node in getattr(layer, "_inbound_nodes", ()):
+                    for t in keras.tree.flatten(node.output_tensors):
+                        values += int(np.prod([d for d in t.shape if d is not None]))
     except Exception:  # noqa: BLE001, S110 - the real build reports it; count what was made
         pass
     finally:
@@ -642,23 +650,28 @@ def unbuilt_params(keras3_text: str) -> int | None:
         random.setstate(py_state)
         keras_rng.setstate(keras_state)
         np.random.set_state(np_state)
-    return int(sum(int(np.prod(v.shape)) for v in made))
+    return int(sum(int(np.prod(v.shape)) for v in made)), values
 
 
 @functools.lru_cache(maxsize=32)
 def check_size(keras3_text: str) -> None:
-    """Refuse (54000) an architecture with more than :func:`max_params` parameters before
-    its weights are made (every build: :func:`_build`; counted once per architecture and
-    process): building one that does not fit in memory would get the backend killed by the
-    kernel, and the server restarts every session with it."""
-    n = unbuilt_params(keras3_text)
+    """Refuse (54000) an architecture with more than :func:`max_params` parameters, or whose
+    one row makes more values than that on its way through the layers, before its weights
+    are made (every build: :func:`_build`; counted once per architecture and process):
+    building or training one that does not fit in memory would get the backend killed by
+    the kernel, and the server restarts every session with it. The values per row are a
+    guard for one row: a batch multiplies them."""
+    sizes = unbuilt_sizes(keras3_text)
+    if sizes is None:
+        return
     limit = max_params()
-    if n is not None and n > limit:
-        raise CerebroError(
-            f"model_arch has {n:,} parameters, more than the {limit:,} this server allows",
-            PROGRAM_LIMIT_EXCEEDED,
-            hint=f"A server allows one parameter per {BYTES_PER_PARAM} bytes of its memory; "
-            "use a smaller model.")
+    for n, what in zip(sizes, ("parameters", "values per row in its layers' outputs")):
+        if n > limit:
+            raise CerebroError(
+                f"model_arch has {n:,} {what}, more than the {limit:,} this server allows",
+                PROGRAM_LIMIT_EXCEEDED,
+                hint=f"A server allows one parameter (and one value of a row's activations) "
+                f"per {BYTES_PER_PARAM} bytes of its memory; use a smaller model.")
 
 
 def build_from_json(text: ArchInput, *, shared: bool = False) -> keras.Model:

@@ -214,20 +214,41 @@ $python$;
 -- authentication would otherwise let any role log in as any other. This function runs as
 -- the extension's owner and calls dblink_connect_u, but it decides every part of the
 -- connection itself: this server's own socket and port, the current database, login as
--- session_user (the role that authenticated this session), then SET ROLE role_name in the
--- new session. role_name must be one the session user may SET ROLE to (the caller passes
--- current_user), so a worker session never has more privileges than its caller could get
--- with SET ROLE; PostgreSQL checks the SET ROLE again in the new session. No caller text
--- reaches the connection string.
-CREATE OR REPLACE FUNCTION @extschema@.__worker_connect(conn_name TEXT, role_name NAME)
+-- session_user (the role that authenticated this session), then SET ROLE to the caller in
+-- the new session. The caller is the owner of the ticket (worker_tickets, migration 096)
+-- it inserted just before: row-level security makes that its current_user, which this
+-- function, running as the owner, could not see otherwise. That role must be the session
+-- user or the role the session SET ROLE to: the server also runs a role's code with
+-- another session user (autovacuum and a DBA's ANALYZE run an index's functions as the
+-- table's owner, session_user being the superuser or the DBA), and such code must not get
+-- a session of that session user. PostgreSQL checks the SET ROLE again in the new session.
+-- No caller text reaches the connection string.
+CREATE OR REPLACE FUNCTION @extschema@.__worker_connect(conn_name TEXT, ticket TEXT)
 RETURNS VOID LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $worker_connect$
 DECLARE
-    dl   text;
-    info text;
+    dl        text;
+    info      text;
+    role_name name;
 BEGIN
-    IF conn_name IS NULL OR role_name IS NULL THEN
-        RAISE EXCEPTION 'conn_name and role_name must not be NULL' USING ERRCODE = '22004';
+    IF conn_name IS NULL OR ticket IS NULL THEN
+        RAISE EXCEPTION 'conn_name and ticket must not be NULL' USING ERRCODE = '22004';
+    END IF;
+    DELETE FROM @extschema@.worker_tickets
+     WHERE made_at < pg_catalog.clock_timestamp() - interval '10 minutes';
+    DELETE FROM @extschema@.worker_tickets t WHERE t.token = ticket
+    RETURNING t.owner INTO role_name;
+    IF role_name IS NULL THEN
+        RAISE EXCEPTION 'no worker ticket %', pg_catalog.quote_literal(ticket)
+            USING ERRCODE = '42501',
+            HINT = 'INSERT INTO worker_tickets DEFAULT VALUES RETURNING token gives one.';
+    END IF;
+    IF role_name <> session_user
+       AND role_name IS DISTINCT FROM pg_catalog.current_setting('role', true)::name THEN
+        RAISE EXCEPTION 'role "%" may not open worker sessions in a session of role "%"',
+            role_name, session_user USING ERRCODE = '42501',
+            HINT = 'Worker sessions are opened for the session user or the role it SET ROLE '
+                   'to, not for code the server runs as another role.';
     END IF;
     IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = role_name) THEN
         RAISE EXCEPTION 'role "%" does not exist', role_name USING ERRCODE = '42704';
@@ -264,55 +285,26 @@ BEGIN
 END
 $worker_connect$;
 
--- Delete catalog rows (internal; cerebro_db/catalog/*.py). PUBLIC has neither DELETE nor
--- table-level UPDATE on the catalog tables (migration 095): with either, PostgreSQL lets a
--- role LOCK TABLE one IN ACCESS EXCLUSIVE MODE, which row-level security does not limit,
--- and every role's fits and catalog reads would wait on it. The package deletes through
--- this procedure: only the deletions below, only rows of _owner (the caller passes
--- current_user), a role the session user may act as (as for __worker_connect). A procedure,
--- so that the control session can run it with dblink_exec (a statement without rows).
-CREATE OR REPLACE PROCEDURE @extschema@.__delete_own(
-    _owner NAME, _what TEXT, _fit_id BIGINT DEFAULT NULL, _keys INTEGER[] DEFAULT NULL,
-    _text TEXT DEFAULT NULL)
+-- Delete the catalog rows of `_table` that their owners marked `doomed` (internal;
+-- cerebro_db/catalog/*.py, migration 094). PUBLIC has neither DELETE nor table-level UPDATE
+-- on the catalog tables (migration 095): with either, PostgreSQL lets a role LOCK TABLE one
+-- IN ACCESS EXCLUSIVE MODE, which row-level security does not limit, and every role's fits
+-- and catalog reads would wait on it. A role marks its rows with an UPDATE (row-level
+-- security: its own only, as the server sees the role) and calls this procedure, which
+-- deletes marked rows only: committed ones and the caller's own. A procedure, so that the
+-- control session can run it with dblink_exec (a statement without rows).
+CREATE OR REPLACE PROCEDURE @extschema@.__purge(_table TEXT)
 LANGUAGE plpgsql SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp AS $delete_own$
+SET search_path = pg_catalog, pg_temp AS $purge$
 BEGIN
-    IF _owner IS NULL OR NOT pg_catalog.pg_has_role(session_user, _owner, 'MEMBER') THEN
-        RAISE EXCEPTION 'role "%" may not delete catalog rows of role "%"', session_user,
-            _owner USING ERRCODE = '42501';
+    IF _table IS NULL OR _table NOT IN ('model_states', 'automl_trials', 'fit_configs',
+                                        'automl_decisions', 'unit_postings', 'jobs') THEN
+        RAISE EXCEPTION 'no catalog table % to purge', pg_catalog.quote_nullable(_table)
+            USING ERRCODE = '22023';
     END IF;
-    IF _what = 'state' THEN  -- one stored version of a configuration's state
-        DELETE FROM @extschema@.model_states WHERE owner = _owner AND fit_id = _fit_id
-           AND mst_key = _keys[1] AND version = _text;
-    ELSIF _what = 'old_states' THEN  -- a done fit's: all but 'current', all of _keys
-        DELETE FROM @extschema@.model_states WHERE owner = _owner AND fit_id = _fit_id
-           AND (version <> 'current' OR mst_key = ANY(_keys));
-    ELSIF _what = 'done_states' THEN  -- the states of the role's fits marked done
-        DELETE FROM @extschema@.model_states s USING @extschema@.fits f
-         WHERE s.fit_id = f.fit_id AND f.status = 'done' AND f.owner = _owner
-           AND s.owner = _owner;
-    ELSIF _what = 'trials' THEN  -- AutoML: trials but _keys, decisions after step _text
-        DELETE FROM @extschema@.model_states WHERE owner = _owner AND fit_id = _fit_id
-           AND mst_key <> ALL(_keys);
-        DELETE FROM @extschema@.automl_trials WHERE owner = _owner AND fit_id = _fit_id
-           AND mst_key <> ALL(_keys);
-        DELETE FROM @extschema@.fit_configs WHERE owner = _owner AND fit_id = _fit_id
-           AND mst_key <> ALL(_keys);
-        DELETE FROM @extschema@.automl_decisions WHERE owner = _owner AND fit_id = _fit_id
-           AND seq > _text::integer;
-    ELSIF _what = 'postings' THEN  -- an executor's (tag _text)
-        DELETE FROM @extschema@.unit_postings WHERE owner = _owner AND tag = _text;
-    ELSIF _what = 'stale_postings' THEN  -- of the role's fits no coordinator runs
-        DELETE FROM @extschema@.unit_postings p USING @extschema@.fits f
-         WHERE p.fit_id = f.fit_id AND f.status <> 'running' AND f.owner = _owner
-           AND p.owner = _owner;
-    ELSIF _what = 'job' THEN  -- a job's definition (job_id in _fit_id)
-        DELETE FROM @extschema@.jobs WHERE owner = _owner AND job_id = _fit_id;
-    ELSE
-        RAISE EXCEPTION 'unknown deletion "%"', _what USING ERRCODE = '22023';
-    END IF;
+    EXECUTE pg_catalog.format('DELETE FROM @extschema@.%I WHERE doomed', _table);
 END
-$delete_own$;
+$purge$;
 
 -- @entrypoint
 CREATE OR REPLACE FUNCTION @extschema@.cerebro_db_fit_workers(

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from . import Catalog
-from .sessions import ext
+from .sessions import ext, purge
 
 LIVE_COORDINATOR = (
     "EXISTS (SELECT 1 FROM pg_catalog.pg_stat_activity a WHERE a.pid = f.coordinator_pid "
@@ -108,14 +108,20 @@ def purge_done_states(cat: Catalog) -> str:
     interrupted and a resume writes the outputs from them. Once another session (the next
     fit's control session) sees the fit done, that transaction committed and nothing reads
     them again."""
-    return f"CALL {cat.ext('__delete_own')}(current_user, 'done_states')"
+    states, fits = cat.ext("model_states"), cat.ext("fits")
+    return (f"UPDATE {states} s SET doomed = true FROM {fits} f WHERE s.fit_id = f.fit_id AND "
+            "f.status = 'done' AND f.owner = current_user AND s.owner = current_user; "
+            + purge(cat, "model_states"))
 
 
 def purge_postings(cat: Catalog) -> str:
     """The units posted in worker sessions' slots (``unit_postings``) of this role's fits
     that no coordinator runs any more (their executor closes without deleting its rows when
     it ends abnormally, e.g. terminated)."""
-    return f"CALL {cat.ext('__delete_own')}(current_user, 'stale_postings')"
+    postings, fits = cat.ext("unit_postings"), cat.ext("fits")
+    return (f"UPDATE {postings} p SET doomed = true FROM {fits} f WHERE p.fit_id = f.fit_id "
+            "AND f.status <> 'running' AND f.owner = current_user AND p.owner = current_user; "
+            + purge(cat, "unit_postings"))
 
 
 def drop_states(cat: Catalog, fit_id: int, mst_keys: Sequence[int] = ()) -> str:
@@ -123,8 +129,9 @@ def drop_states(cat: Catalog, fit_id: int, mst_keys: Sequence[int] = ()) -> str:
     ``mst_keys`` (AutoML trials freed). 'current' goes when the role's next fit starts
     (:func:`purge_done_states`)."""
     return cat.format_sql(
-        f"CALL {ext(cat, '__delete_own')}(current_user, 'old_states', %L::bigint, "
-        "%L::int[])", [fit_id, [int(k) for k in mst_keys]], ["int8", "int4[]"])
+        f"UPDATE {ext(cat, 'model_states')} SET doomed = true WHERE fit_id = %L::bigint AND "
+        "(version <> 'current' OR mst_key = ANY(%L::int[])); " + purge(cat, "model_states"),
+        [fit_id, [int(k) for k in mst_keys]], ["int8", "int4[]"])
 
 
 def record_unit_failure(cat: Catalog, fit_id: int, mst_key: int, epoch: int, partition: int,
@@ -241,10 +248,15 @@ def add_options(cat: Catalog, fit_id: int, options: dict[str, Any]) -> str:
 def forget_trials(cat: Catalog, fit_id: int, keep: Iterable[int], seq: int) -> list[str]:
     """Remove what an AutoML run decided after its last saved step (step ``seq``, trials
     ``keep``): trials, their configurations and states, later decisions."""
-    return [cat.format_sql(
-        f"CALL {ext(cat, '__delete_own')}(current_user, 'trials', %L::bigint, %L::int[], "
-        "%L)", [fit_id, sorted(int(k) for k in keep), str(int(seq))],
-        ["int8", "int4[]", "text"])]
+    keys = sorted(int(k) for k in keep)
+    out = [cat.format_sql(f"UPDATE {ext(cat, t)} SET doomed = true WHERE fit_id = %L::bigint "
+                          "AND mst_key <> ALL(%L::int[])", [fit_id, keys], ["int8", "int4[]"])
+           for t in ("model_states", "automl_trials", "fit_configs")]
+    out.append(cat.format_sql(f"UPDATE {ext(cat, 'automl_decisions')} SET doomed = true "
+                              "WHERE fit_id = %L::bigint AND seq > %L::int", [fit_id, seq],
+                              ["int8", "int4"]))
+    return out + [purge(cat, t) for t in ("model_states", "automl_trials", "fit_configs",
+                                          "automl_decisions")]
 
 
 # -- read and written by the calling session (bound parameters) ---------------------------
@@ -327,7 +339,11 @@ def busy_workers(cat: Catalog, fit_id: int | None, coordinator_pid: int | None =
     the catalog says (``fit_workers`` of its running fits other than ``fit_id``) and the
     role's live worker sessions (``pg_stat_activity``) other than those of the coordinator
     ``coordinator_pid`` (default: this session). The role can edit its own catalog rows
-    (mark a running fit's workers closed), not what the server says its sessions are.
+    (mark a running fit's workers closed), not what the server says its sessions are. A
+    worker session logs in as the session user and SETs ROLE to the fit's role, and
+    ``pg_stat_activity`` names the login: the workers of both count (after SET ROLE to a
+    group role, the login's own fits' workers count against the group's limit too; the
+    group's fits run from other members' logins count by the catalog only).
     The statistics snapshot is dropped first: a transaction keeps the first one it read
     (a fit's coordinator runs in one transaction)."""
     cat.query("SELECT pg_catalog.pg_stat_clear_snapshot()")
@@ -336,7 +352,8 @@ def busy_workers(cat: Catalog, fit_id: int | None, coordinator_pid: int | None =
         f"JOIN {cat.ext('fits')} f USING (fit_id) WHERE w.status IN ('active', 'joining') "
         f"AND f.status = 'running' AND f.owner = current_user AND {LIVE_COORDINATOR} "
         "AND f.fit_id IS DISTINCT FROM $1), (SELECT count(*) FROM pg_catalog.pg_stat_activity a "
-        "WHERE a.usename = current_user AND a.application_name OPERATOR(pg_catalog.~) $2 "
+        "WHERE a.usename IN (current_user, session_user) "
+        "AND a.application_name OPERATOR(pg_catalog.~) $2 "
         "AND pg_catalog.split_part(pg_catalog.split_part(a.application_name, ' ', 2), '_', 1) "
         "<> coalesce($3, pg_catalog.pg_backend_pid())::text)) AS n",
         [fit_id, WORKER_NAME, coordinator_pid], ["int8", "text", "int4"])[0]["n"])

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..names import TableName, quote_ident
+from .sessions import purge
 
 
 # -- the job's definition -----------------------------------------------------------------
@@ -99,7 +100,9 @@ def set_cron_job(cat: Any, job_id: int, cron_jobid: int, cron_database: str) -> 
 
 
 def delete_job(cat: Any, job_id: int) -> None:
-    cat.query(f"CALL {cat.ext('__delete_own')}(current_user, 'job', $1)", [job_id], ["int8"])
+    cat.query(f"UPDATE {cat.ext('jobs')} SET doomed = true WHERE job_id = $1", [job_id],
+              ["int8"])
+    cat.query(purge(cat, "jobs"))
 
 
 def set_packed_through(cat: Any, job_id: int, key: str | None, rows: int) -> None:

@@ -100,10 +100,18 @@ def slot_kind(cat: Catalog, tag: str, fit_id: int, worker: int, seq: int) -> str
                           ["int8", "text", "int4", "int4"])
 
 
+def purge(cat: Catalog, table: str) -> str:
+    """Delete the rows of catalog ``table`` marked ``doomed`` (``__purge``; a role has no
+    DELETE on the catalog: it marks its rows with an UPDATE, which row-level security keeps
+    to its own, and this deletes the marked ones)."""
+    assert table.isidentifier(), table  # one of the package's table names
+    return f"CALL {ext(cat, '__purge')}('{table}')"
+
+
 def clear_postings(cat: Catalog, tag: str) -> str:
     """For the control session: forget an executor's postings."""
-    return cat.format_sql(f"CALL {ext(cat, '__delete_own')}(current_user, 'postings', "
-                          "NULL, NULL, %L)", [tag], ["text"])
+    return cat.format_sql(f"UPDATE {ext(cat, 'unit_postings')} SET doomed = true WHERE tag = %L; "
+                          f"{purge(cat, 'unit_postings')}", [tag], ["text"])
 
 
 def check_fit(cat: Catalog, spec: dict[str, Any]) -> str:
@@ -126,8 +134,12 @@ def relation_visible(cat: Catalog, qualified: str) -> str:
 
 # -- run by the coordinator ---------------------------------------------------------------
 def worker_connect(cat: Catalog, name: str) -> None:
-    """Open ``name`` through the extension's SECURITY DEFINER ``__worker_connect``."""
-    cat.query(f"SELECT {cat.ext('__worker_connect')}($1, current_user)", [name], ["text"])
+    """Open ``name`` through the extension's SECURITY DEFINER ``__worker_connect``, with a
+    ticket that says who asks (``worker_tickets``: its owner is this current_user)."""
+    token = cat.query(f"INSERT INTO {cat.ext('worker_tickets')} DEFAULT VALUES "
+                      "RETURNING token")[0]["token"]
+    cat.query(f"SELECT {cat.ext('__worker_connect')}($1, $2)", [name, token],
+              ["text", "text"])
 
 
 def backend_pid(cat: Catalog) -> int:

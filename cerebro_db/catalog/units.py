@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..names import TableName, quote_ident
+from .sessions import purge
 
 
 def sleep(cat: Any, seconds: float) -> None:
@@ -123,8 +124,9 @@ def keep_state(cat: Any, fit_id: int, mst_key: int, version: str) -> None:
     unit then writes a new 'current'. A ``version`` left by an earlier attempt goes first."""
     states = cat.ext("model_states")
     args, types = [fit_id, mst_key, version], ["int8", "int4", "text"]
-    cat.query(f"CALL {cat.ext('__delete_own')}(current_user, 'state', $1, ARRAY[$2], $3)",
-              args, types)
+    cat.query(f"UPDATE {states} SET doomed = true WHERE fit_id = $1 AND mst_key = $2 AND "
+              "version = $3", args, types)
+    cat.query(purge(cat, "model_states"))
     cat.query(f"UPDATE {states} SET version = $3 WHERE fit_id = $1 AND mst_key = $2 AND "
               "version = 'current'", args, types)
 
@@ -132,8 +134,10 @@ def keep_state(cat: Any, fit_id: int, mst_key: int, version: str) -> None:
 def replace_state(cat: Any, fit_id: int, mst_key: int, version: str,
                   chunks: Sequence[bytes]) -> None:
     """Store one model state as ``chunks`` in place of the one stored before."""
-    cat.query(f"CALL {cat.ext('__delete_own')}(current_user, 'state', $1, ARRAY[$2], $3)",
-              [fit_id, mst_key, version], ["int8", "int4", "text"])
+    cat.query(f"UPDATE {cat.ext('model_states')} SET doomed = true WHERE fit_id = $1 AND "
+              "mst_key = $2 AND version = $3", [fit_id, mst_key, version],
+              ["int8", "int4", "text"])
+    cat.query(purge(cat, "model_states"))
     for i, c in enumerate(chunks):
         cat.query(f"INSERT INTO {cat.ext('model_states')} (fit_id, mst_key, version, chunk, "
                   "data) VALUES ($1, $2, $3, $4, $5)", [fit_id, mst_key, version, i, c],

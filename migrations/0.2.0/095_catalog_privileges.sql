@@ -5,9 +5,9 @@
 -- catalog reads wait (found by a red-team pass). PUBLIC keeps SELECT and INSERT (a
 -- ROW EXCLUSIVE lock at most, which blocks no fit), gets UPDATE on each column instead of
 -- the table (enough for UPDATE and SELECT ... FOR UPDATE, not for LOCK TABLE), and no
--- DELETE: the package deletes through __delete_own (sql/cerebro_db.sql), which deletes only
--- the caller's rows. A column added to one of these tables later needs its own
--- GRANT UPDATE (col).
+-- DELETE: a role marks its rows `doomed` (migration 094; its own only, by row-level
+-- security) and __purge (sql/cerebro_db.sql) deletes the marked rows. A column added to one
+-- of these tables later needs its own GRANT UPDATE (col).
 DO $catalog_privileges$
 DECLARE
     t text;

@@ -128,7 +128,7 @@ def test_no_rows_under_another_roles_fit_nor_probing(two, admin):
             q(ce, f"UPDATE cerebro_db.{t} SET fit_id = %s WHERE fit_id = %s", (fit, own))
         assert e.value.pgcode == "42501", t
         assert q(ce, f"SELECT count(*) FROM cerebro_db.{t} WHERE fit_id = %s", (fit,)) == [(0,)]
-        with pytest.raises(psycopg2.Error) as e:  # no role deletes directly: __delete_own
+        with pytest.raises(psycopg2.Error) as e:  # no role deletes: it marks rows, __purge
             q(ce, f"DELETE FROM cerebro_db.{t} WHERE fit_id = %s", (fit,))
         assert e.value.pgcode == "42501", t
         assert q(admin, f"SELECT count(*) FROM cerebro_db.{t} WHERE fit_id = %s", (fit,)) == \
@@ -139,7 +139,8 @@ def test_no_role_can_lock_a_catalog_table_against_the_others(two, admin):
     """With UPDATE or DELETE on a table PostgreSQL lets a role LOCK it IN ACCESS EXCLUSIVE
     MODE, past row-level security, which would stall every role's fits: a role holds
     neither on the catalog tables (UPDATE per column only), so every lock mode that could
-    block a fit is refused; rows are deleted through __delete_own, only the caller's."""
+    block a fit is refused; a role marks its rows doomed (only its own: row-level security)
+    and __purge deletes marked rows."""
     ce, ca = two["ce"], two["ca"]
     tables = [r[0] for r in q(admin, "SELECT relname::text FROM pg_class WHERE relnamespace = "
                                      "'cerebro_db'::regnamespace AND relkind = 'r'")]
@@ -157,16 +158,20 @@ def test_no_role_can_lock_a_catalog_table_against_the_others(two, admin):
             with pytest.raises(psycopg2.Error) as e:
                 q(ce, statement)
             assert e.value.pgcode == "42501", (statement, e.value.pgerror)
-    alice_job = q(admin, "SELECT job_id FROM cerebro_db.jobs WHERE job_name = 'iso_alice_job'")
+    # eve cannot mark alice's rows for deletion; a purge deletes only marked rows
+    with ce.cursor() as cur:
+        cur.execute("UPDATE cerebro_db.jobs SET doomed = true WHERE job_name = 'iso_alice_job'")
+        assert cur.rowcount == 0
+    q(ce, "CALL cerebro_db.__purge('jobs')")
+    e = None
     with pytest.raises(psycopg2.Error) as e:
-        q(ce, "CALL cerebro_db.__delete_own(%s, 'job', %s)", (two["alice"], alice_job[0][0]))
-    assert e.value.pgcode == "42501" and "may not delete catalog rows" in e.value.pgerror
-    q(ce, "CALL cerebro_db.__delete_own(current_user, 'job', %s)", (alice_job[0][0],))
+        q(ce, "CALL cerebro_db.__purge('fits')")
+    assert e.value.pgcode == "22023"
     new_job(ca, "iso_alice_gone")
-    gone = q(ca, "SELECT job_id FROM cerebro_db.jobs WHERE job_name = 'iso_alice_gone'")[0][0]
-    q(ca, "CALL cerebro_db.__delete_own(current_user, 'job', %s)", (gone,))
-    assert q(admin, "SELECT count(*) FROM cerebro_db.jobs WHERE job_name IN "
-                    "('iso_alice_job', 'iso_alice_gone')") == [(1,)]
+    q(ca, "UPDATE cerebro_db.jobs SET doomed = true WHERE job_name = 'iso_alice_gone'")
+    q(ca, "CALL cerebro_db.__purge('jobs')")
+    assert q(admin, "SELECT job_name FROM cerebro_db.jobs WHERE job_name IN "
+                    "('iso_alice_job', 'iso_alice_gone')") == [("iso_alice_job",)]
     # what a role still may do to its rows: UPDATE (per column) and lock them for update
     q(ca, "UPDATE cerebro_db.jobs SET retries = 1 WHERE job_name = 'iso_alice_job'")
     q(ca, "BEGIN")

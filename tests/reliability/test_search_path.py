@@ -297,13 +297,14 @@ def test_only_the_known_routines_run_as_the_extensions_owner(sp):
     """The SECURITY DEFINER routines are the three that need the owner's rights, each
     reviewed for what a caller can make it do: opening a worker session as a role the
     session user may act as, reading a cerebro_db.* setting from the configuration files,
-    and deleting the caller's own catalog rows (roles have no DELETE on the catalog). A new
+    and deleting the catalog rows their owners marked doomed (roles have no DELETE on the
+    catalog). A new
     one fails here until it is reviewed and listed."""
     rows = q(sp["check"], "SELECT p.proname::text, p.proconfig FROM pg_proc p JOIN pg_depend d "
                           "ON d.classid = 'pg_proc'::regclass AND d.objid = p.oid AND "
                           "d.deptype = 'e' JOIN pg_extension e ON e.oid = d.refobjid AND "
                           "e.extname = 'cerebro_db' WHERE p.prosecdef ORDER BY 1")
-    assert [r[0] for r in rows] == ["__dba_setting", "__delete_own", "__worker_connect"]
+    assert [r[0] for r in rows] == ["__dba_setting", "__purge", "__worker_connect"]
     assert all("search_path=pg_catalog, pg_temp" in (config or []) for _, config in rows)
 
 

@@ -111,7 +111,8 @@ def test_worker_sessions_run_as_the_calling_role(world, admin):
     logged in as the role; afterwards the role cannot reach another identity."""
     bob, cb = world["bob"], world["cb"]
     assert q(cb, "SELECT rolsuper FROM pg_roles WHERE rolname = current_user") == [(False,)]
-    q(cb, "SELECT cerebro_db.__worker_connect('t_own', current_user)")
+    token = q(cb, "INSERT INTO cerebro_db.worker_tickets DEFAULT VALUES RETURNING token")[0][0]
+    q(cb, "SELECT cerebro_db.__worker_connect('t_own', %s)", (token,))
     try:
         who = q(cb, "SELECT * FROM cerebro_db.dblink('t_own', 'SELECT current_user::text, "
                     "session_user::text, (SELECT rolsuper FROM pg_roles WHERE rolname = "
@@ -123,14 +124,69 @@ def test_worker_sessions_run_as_the_calling_role(world, admin):
 
 @pytest.mark.parametrize("target", ["alice", "postgres", "pg_read_server_files"])
 def test_cannot_open_a_worker_session_as_another_role(world, admin, target):
+    """The role a worker session is opened for is the owner of the caller's ticket: a
+    ticket in another role's name cannot be made, a made-up one does not exist, and another
+    role's ticket (its token somehow known) opens nothing for it in bob's session."""
     cb = world["cb"]
     role = world.get(target, target)
-    e = err(cb, "SELECT cerebro_db.__worker_connect('t_other', %s)", (role,))
+    e = err(cb, "INSERT INTO cerebro_db.worker_tickets (owner) VALUES (%s)", (role,))
+    assert e.pgcode == "42501" and "row-level security" in e.pgerror
+    e = err(cb, "SELECT cerebro_db.__worker_connect('t_other', 'made-up')")
+    assert e.pgcode == "42501" and "no worker ticket" in e.pgerror
+    token = q(admin, "INSERT INTO cerebro_db.worker_tickets (owner) VALUES (%s) "
+                     "RETURNING token", (role,))[0][0]
+    e = err(cb, "SELECT cerebro_db.__worker_connect('t_other', %s)", (token,))
     assert e.pgcode == "42501"
-    assert f'may not open worker sessions as role "{role}"' in e.pgerror
+    assert f'role "{role}" may not open worker sessions in a session of role' in e.pgerror
     # no connection was left (the session may keep its fits' idle worker sessions)
     assert q(cb, "SELECT 't_other' <> ALL(coalesce(cerebro_db.dblink_get_connections(), "
                  "'{}'))") == [(True,)]
+
+
+def test_a_roles_code_run_by_the_server_gets_no_session_of_the_session_user(world, admin):
+    """A red-team pass made a role superuser this way: an index function of bob's asks for
+    a worker session when the server runs it as bob for a superuser session (autovacuum,
+    here the superuser's ANALYZE: session_user postgres, current_user bob) and, with a
+    session logged in as postgres, makes bob superuser. The ticket says bob, who is neither
+    the session user nor the role it SET ROLE to: refused, and bob stays as he was (the
+    session would log in as postgres, where bob's code could RESET ROLE)."""
+    bob, cb = world["bob"], world["cb"]
+    s = f'"{bob}"'
+    q(cb, f"CREATE TABLE {s}.esc_log (cu text, su text, msg text)")
+    q(cb, f"""CREATE FUNCTION {s}.esc_try() RETURNS void LANGUAGE plpgsql AS $f$
+        DECLARE t text;
+        BEGIN
+            INSERT INTO cerebro_db.worker_tickets DEFAULT VALUES RETURNING token INTO t;
+            PERFORM cerebro_db.__worker_connect('esc', t);
+            PERFORM cerebro_db.dblink_exec('esc', 'RESET ROLE');
+            PERFORM cerebro_db.dblink_exec('esc', 'ALTER ROLE {s} SUPERUSER');
+            INSERT INTO {s}.esc_log VALUES (current_user, session_user, 'connected');
+        EXCEPTION WHEN OTHERS THEN
+            INSERT INTO {s}.esc_log VALUES (current_user, session_user, SQLERRM);
+        END $f$""")
+    q(cb, f"""CREATE FUNCTION {s}.esc(i int) RETURNS int LANGUAGE plpgsql IMMUTABLE AS $f$
+        BEGIN
+            IF session_user <> current_user THEN
+                PERFORM {s}.esc_try();
+            END IF;
+            RETURN i;
+        END $f$""")
+    q(cb, f"CREATE TABLE {s}.esc_t (i int)")
+    q(cb, f"CREATE INDEX ON {s}.esc_t ({s}.esc(i))")
+    q(cb, f"INSERT INTO {s}.esc_t SELECT generate_series(1, 50)")
+    try:
+        q(admin, f"ANALYZE {s}.esc_t")
+        log = q(admin, f"SELECT cu, su, msg FROM {s}.esc_log")
+        su = q(admin, "SELECT session_user::text")[0][0]
+        assert log and all(row[:2] == (bob, su) for row in log), log
+        assert all("may not open worker sessions in a session of role" in row[2]
+                   for row in log), log
+        assert q(admin, "SELECT rolsuper FROM pg_roles WHERE rolname = %s", (bob,)) == \
+            [(False,)]
+    finally:
+        q(admin, f"ALTER ROLE {s} NOSUPERUSER")
+        q(admin, f"DROP TABLE {s}.esc_t, {s}.esc_log")
+        q(admin, f"DROP FUNCTION {s}.esc(int), {s}.esc_try()")
 
 
 def test_plain_dblink_stays_closed_to_roles(world):
@@ -217,8 +273,8 @@ def test_another_roles_fit_state_is_invisible_and_read_only(world, admin):
               "fit_config_progress"):
         assert q(ce, f"SELECT count(*) FROM cerebro_db.{t} WHERE fit_id = %s",
                  (alice_fit,)) == [(0,)], t
-    # updates see no rows; deletes are not allowed at all (only through __delete_own, which
-    # deletes the caller's rows only)
+    # updates see no rows; deletes are not allowed at all (a role marks its own rows doomed
+    # and __purge deletes marked rows)
     for sql in ("UPDATE cerebro_db.fits SET status = 'failed' WHERE fit_id = %s",
                 "UPDATE cerebro_db.model_states SET data = '\\x00' WHERE fit_id = %s"):
         with ce.cursor() as cur:
@@ -230,9 +286,13 @@ def test_another_roles_fit_state_is_invisible_and_read_only(world, admin):
         with pytest.raises(psycopg2.Error) as e:
             q(ce, sql, (alice_fit,))
         assert e.value.pgcode == "42501", sql
-    for what in ("state", "old_states", "trials"):
-        q(ce, "CALL cerebro_db.__delete_own(current_user, %s, %s, ARRAY[1], '0')",
-          (what, alice_fit))
+    # nor marked for deletion, so a purge leaves them
+    for t in ("model_states", "fit_configs"):
+        with ce.cursor() as cur:
+            cur.execute(f"UPDATE cerebro_db.{t} SET doomed = true WHERE fit_id = %s",
+                        (alice_fit,))
+            assert cur.rowcount == 0, t
+        q(ce, "CALL cerebro_db.__purge(%s)", (t,))
     # inserts under alice's fit fail, as eve or in alice's name
     for sql in (
         ("INSERT INTO cerebro_db.model_states (fit_id, mst_key, version, chunk, data) "

@@ -427,11 +427,11 @@ def test_wrong_weight_count() -> None:
 
 
 @pytest.mark.parametrize("name", sorted(p.stem for p in FIXTURE_DIR.glob("*.json")))
-def test_unbuilt_params_count_what_the_build_makes(name: str) -> None:
+def test_unbuilt_sizes_count_the_parameters_the_build_makes(name: str) -> None:
     """The count made before any weight exists is the built model's, plus the 2-value
     states of its random seed generators (Dropout, LSTM), which are variables too."""
     text = ka.to_keras3_json(fixture_text(name))
-    extra = ka.unbuilt_params(text) - ka.count_params(ka.load_model(text))
+    extra = ka.unbuilt_sizes(text)[0] - ka.count_params(ka.load_model(text))
     assert 0 <= extra <= 8 and extra % 2 == 0, extra
 
 
@@ -464,5 +464,21 @@ def test_a_config_that_fails_part_way_counts_what_it_made_first() -> None:
     huge = keras.Sequential([keras.Input((784,)), keras.layers.Dense(4),
                              keras.layers.Dense(10)]).to_json()
     huge = huge.replace('"units": 4,', '"units": 900000000,')
-    assert ka.unbuilt_params(ka.to_keras3_json(huge)) >= 784 * 900_000_000
+    assert ka.unbuilt_sizes(ka.to_keras3_json(huge))[0] >= 784 * 900_000_000
     raises(huge, "54000")
+
+
+def test_a_model_whose_one_row_would_not_fit_is_refused() -> None:
+    """Two weights, but RepeatVector(10^10) makes 10^10 values of one row (40 GB at training
+    time, times the batch): refused before anything is built (a red-team pass showed the
+    parameter count alone let it through)."""
+    i = keras.Input((1,))
+    x = keras.layers.RepeatVector(10**10)(i)
+    x = keras.layers.GlobalAveragePooling1D()(x)
+    text = keras.Model(i, keras.layers.Dense(1)(x)).to_json()
+    params, values = ka.unbuilt_sizes(ka.to_keras3_json(text))
+    assert params < 10 and values >= 10**10
+    err = raises(text, "54000")
+    assert "values per row in its layers' outputs" in err.message, err.message
+    # the suite's CNN makes about 124,000 values a row: far below the limit
+    assert ka.unbuilt_sizes(ka.to_keras3_json(fixture_text("cnn_mnist")))[1] < 10**6

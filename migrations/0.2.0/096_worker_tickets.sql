@@ -1,0 +1,19 @@
+-- Who asks for a worker session. __worker_connect runs as the extension's owner, so it cannot
+-- see its caller's current_user; a ticket carries it: a row a role inserts holds its
+-- current_user in owner, which row-level security checks (WITH CHECK), also inside a
+-- security-restricted operation (autovacuum, or a DBA's ANALYZE, running a role's index
+-- function as that role while session_user is the superuser or the DBA). __worker_connect
+-- takes the ticket once (by its random token) and opens a session for the ticket's owner,
+-- only where that owner is the session user or the role the session SET ROLE to, so a role's
+-- code that the server runs under another session user never gets a session of that user
+-- (a red-team pass made an index function's owner superuser through autovacuum before).
+-- Tickets live for one connection; unlogged, as nothing in them outlives a crash.
+CREATE UNLOGGED TABLE @extschema@.worker_tickets (
+    token   text PRIMARY KEY DEFAULT pg_catalog.gen_random_uuid()::text,
+    owner   name NOT NULL DEFAULT current_user,
+    made_at timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp()
+);
+ALTER TABLE @extschema@.worker_tickets ENABLE ROW LEVEL SECURITY;
+CREATE POLICY own_rows ON @extschema@.worker_tickets USING (owner = current_user)
+    WITH CHECK (owner = current_user);
+GRANT SELECT, INSERT ON @extschema@.worker_tickets TO PUBLIC;
