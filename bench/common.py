@@ -31,6 +31,9 @@ def connect():
     if db not in _ready:
         subprocess.run([str(ROOT / "scripts" / "cerebro.sh"), "createdb", db], check=True)
         _ready.add(db)
-    c = psycopg2.connect(host=env["PGHOST"], port=env["PGPORT"], user=env["PGUSER"], dbname=db)
+    # the private cluster's superuser, which keeps its idle worker sessions between fits
+    # (the second fit of a session) only when it opts in; an ordinary role keeps them
+    c = psycopg2.connect(host=env["PGHOST"], port=env["PGPORT"], user=env["PGUSER"], dbname=db,
+                         options="-c cerebro_db.keep_workers_as_maintainer=on")
     c.autocommit = True
     return c

@@ -251,6 +251,8 @@ class DblinkExecutor:
         self._send_failed: dict[int, str] = {}
         self.keep_idle = 0.0
         self._pool_key: tuple[Any, ...] | None = None
+        self._maintainer = True  # set with the pool key
+        self.maintainer_keeps = False  # cerebro_db.keep_workers_as_maintainer
         self._conn: dict[int | str, str] = {}
         self.fit_id: int | None = None
         self.check_interval = 0.5
@@ -359,6 +361,7 @@ class DblinkExecutor:
         """Who may reuse a pooled session: this connection string and calling role."""
         if self._pool_key is None:
             row = sql.roles(self.cat)
+            self._maintainer = bool(row["m"])
             self._pool_key = (self.conninfo, row["c"], row["s"], row["d"])
         return self._pool_key
 
@@ -391,9 +394,13 @@ class DblinkExecutor:
 
     def may_keep(self) -> bool:
         """Whether this caller's sessions may outlive the fit: only when it acts as the role
-        it logged in as (see the module)."""
+        it logged in as (see the module), and that role cannot VACUUM or ANALYZE other
+        roles' tables (a superuser, the database's owner): those commands run a table
+        owner's index functions in this session, where they could use a kept connection of
+        the session user (``dblink_exec`` is PUBLIC's, ``dblink_get_connections`` names it).
+        Such a session keeps them only with ``cerebro_db.keep_workers_as_maintainer`` on."""
         _, current, session, _ = self.pool_key()
-        return current == session
+        return current == session and (not self._maintainer or self.maintainer_keeps)
 
     def _park(self, worker: int) -> bool:
         """Keep an idle worker's session in the pool for the next fit; False if it cannot."""

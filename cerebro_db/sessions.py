@@ -39,6 +39,9 @@ TIMEOUT_FIRST_SETTING = "cerebro_db.unit_timeout_first"
 HOOK_SETTING = "cerebro_db.test_hook"
 REPLICAS_SETTING = "cerebro_db.replicas"
 IDLE_SETTING = "cerebro_db.worker_idle_timeout"
+MAINTAINER_POOL_SETTING = "cerebro_db.keep_workers_as_maintainer"
+"""'on': a session whose user may VACUUM and ANALYZE other roles' tables (a superuser, the
+database's owner) keeps its idle worker sessions too (see ``DblinkExecutor.may_keep``)."""
 PIPELINE_SETTING = "cerebro_db.pipeline_depth"
 DEFAULT_PIPELINE_DEPTH = 1
 """No pipelined dispatch unless set: measured on the benchmark machine (2 cores, 2 workers,
@@ -81,6 +84,7 @@ def make_executor(cat: Catalog, num_workers: int) -> DblinkExecutor:
             DblinkExecutor(cat, tag, num_workers, conninfo(cat), unit_timeout=timeout)
     ex.refuse_reopen = refused_reopen(cat)
     ex.keep_idle = idle_timeout(cat)
+    ex.maintainer_keeps = (cat.setting(MAINTAINER_POOL_SETTING) or "").lower() in ("on", "true")
     if type(ex) is DblinkExecutor:  # remote workers take one unit per call
         ex.pipeline_depth = pipeline_depth(cat)
         ex.eval_bundle = eval_bundle(cat)

@@ -69,6 +69,9 @@ def create_database(schema: str = "cerebro_db", version: str | None = None) -> s
         ver = f" VERSION '{version}'" if version else ""
         cur.execute(f'CREATE EXTENSION cerebro_db SCHEMA "{schema}"{ver} CASCADE')
         cur.execute(f'ALTER DATABASE "{name}" SET search_path = "$user", public, "{schema}"')
+        # the tests connect as the cluster's superuser, which keeps its idle worker sessions
+        # only when it opts in (test_security checks the default)
+        cur.execute(f'ALTER DATABASE "{name}" SET cerebro_db.keep_workers_as_maintainer = on')
     c.close()
     return name
 

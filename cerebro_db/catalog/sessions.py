@@ -146,10 +146,16 @@ def backend_pid(cat: Catalog) -> int:
     return int(cat.query("SELECT pg_catalog.pg_backend_pid() AS p")[0]["p"])
 
 
-def roles(cat: Catalog) -> dict[str, str]:
-    """current_user (c), session_user (s) and the database (d) of the calling session."""
-    return cat.query("SELECT current_user::text AS c, session_user::text AS s, "
-                     "current_database()::text AS d")[0]
+def roles(cat: Catalog) -> dict[str, Any]:
+    """current_user (c), session_user (s) and the database (d) of the calling session, and
+    whether the session user may VACUUM and ANALYZE other roles' tables here (m: a
+    superuser or a member of the database's owner), which run those roles' index
+    functions in this session."""
+    return cat.query(
+        "SELECT current_user::text AS c, session_user::text AS s, current_database()::text "
+        "AS d, (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = session_user) "
+        "OR pg_catalog.pg_has_role(session_user, (SELECT db.datdba FROM pg_catalog.pg_database "
+        "db WHERE db.datname = current_database()), 'MEMBER') AS m")[0]
 
 
 def terminate_backend(cat: Catalog, pid: int) -> bool:

@@ -11,7 +11,7 @@ import threading
 import pytest
 
 from ..helpers import mlp_json, q, worker_sessions, worker_sessions_gone
-from .conftest import Roles, catalog_counts, load_mnist, relations
+from .conftest import Roles, catalog_counts, connect_as, load_mnist, relations
 
 psycopg2 = pytest.importorskip("psycopg2")
 
@@ -187,6 +187,39 @@ def test_a_roles_code_run_by_the_server_gets_no_session_of_the_session_user(worl
         q(admin, f"ALTER ROLE {s} NOSUPERUSER")
         q(admin, f"DROP TABLE {s}.esc_t, {s}.esc_log")
         q(admin, f"DROP FUNCTION {s}.esc(int), {s}.esc_try()")
+
+
+def test_a_maintainer_keeps_no_worker_sessions_unless_it_opts_in(world, admin, rel_db):
+    """A superuser's (or the database owner's) VACUUM and ANALYZE run other roles' index
+    functions in its session, where a kept worker connection (logged in as the superuser,
+    dblink_exec is PUBLIC's) would be theirs to use: such a session keeps none after a fit,
+    unless it sets cerebro_db.keep_workers_as_maintainer; an ordinary role keeps them."""
+    bob = world["bob"]
+
+    def kept(conn) -> list[str]:
+        return q(conn, "SELECT coalesce(cerebro_db.dblink_get_connections(), '{}')")[0][0]
+
+    su = connect_as(rel_db, q(admin, "SELECT current_user")[0][0])
+    try:
+        q(su, f'SET search_path = "{bob}", cerebro_db')
+        for setting, keeps in (("off", False), ("on", True)):
+            q(su, "SET cerebro_db.keep_workers_as_maintainer = %s", (setting,))
+            fit_multiple(su, f"su_out_{setting}")
+            assert bool(kept(su)) is keeps, (setting, kept(su))
+            q(su, "SELECT cerebro_db_close_workers()")
+            q(su, f'DROP TABLE "{bob}".su_out_{setting}, "{bob}".su_out_{setting}_summary, '
+                  f'"{bob}".su_out_{setting}_info')
+    finally:
+        su.close()
+    cb = world["cb"]
+    q(cb, "SET cerebro_db.keep_workers_as_maintainer = off")  # not a maintainer: no matter
+    fit_multiple(cb, "bob_keeps")
+    try:
+        assert kept(cb)
+    finally:
+        q(cb, "SELECT cerebro_db_close_workers()")
+        q(cb, "RESET cerebro_db.keep_workers_as_maintainer")
+        q(cb, "DROP TABLE bob_keeps, bob_keeps_summary, bob_keeps_info")
 
 
 def test_plain_dblink_stays_closed_to_roles(world):
