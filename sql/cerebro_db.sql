@@ -234,8 +234,11 @@ BEGIN
     IF conn_name IS NULL OR ticket IS NULL THEN
         RAISE EXCEPTION 'conn_name and ticket must not be NULL' USING ERRCODE = '22004';
     END IF;
-    DELETE FROM @extschema@.worker_tickets
-     WHERE made_at < pg_catalog.clock_timestamp() - interval '10 minutes';
+    -- expired tickets go, but none that another transaction holds: nobody waits on them
+    DELETE FROM @extschema@.worker_tickets WHERE ctid = ANY(ARRAY(
+        SELECT ctid FROM @extschema@.worker_tickets
+         WHERE made_at < pg_catalog.clock_timestamp() - interval '10 minutes'
+           FOR UPDATE SKIP LOCKED));
     DELETE FROM @extschema@.worker_tickets t WHERE t.token = ticket
     RETURNING t.owner INTO role_name;
     IF role_name IS NULL THEN
@@ -291,7 +294,8 @@ $worker_connect$;
 -- IN ACCESS EXCLUSIVE MODE, which row-level security does not limit, and every role's fits
 -- and catalog reads would wait on it. A role marks its rows with an UPDATE (row-level
 -- security: its own only, as the server sees the role) and calls this procedure, which
--- deletes marked rows only: committed ones and the caller's own. A procedure, so that the
+-- deletes marked rows only (committed ones and the caller's own), skipping rows another
+-- transaction has locked. A procedure, so that the
 -- control session can run it with dblink_exec (a statement without rows).
 CREATE OR REPLACE PROCEDURE @extschema@.__purge(_table TEXT)
 LANGUAGE plpgsql SECURITY DEFINER
@@ -302,7 +306,11 @@ BEGIN
         RAISE EXCEPTION 'no catalog table % to purge', pg_catalog.quote_nullable(_table)
             USING ERRCODE = '22023';
     END IF;
-    EXECUTE pg_catalog.format('DELETE FROM @extschema@.%I WHERE doomed', _table);
+    -- rows another transaction holds (a role may lock its own marked rows) are left for a
+    -- later purge: nobody waits on another role's locks
+    EXECUTE pg_catalog.format('DELETE FROM @extschema@.%1$I WHERE ctid = ANY(ARRAY('
+                              'SELECT ctid FROM @extschema@.%1$I WHERE doomed '
+                              'FOR UPDATE SKIP LOCKED))', _table);
 END
 $purge$;
 

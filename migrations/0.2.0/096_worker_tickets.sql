@@ -7,7 +7,9 @@
 -- only where that owner is the session user or the role the session SET ROLE to, so a role's
 -- code that the server runs under another session user never gets a session of that user
 -- (a red-team pass made an index function's owner superuser through autovacuum before).
--- Tickets live for one connection; unlogged, as nothing in them outlives a crash.
+-- Tickets live for one connection; unlogged, as nothing in them outlives a crash. A role
+-- may insert only the owner column (its own name, by the policy): the token and the time are
+-- the defaults, so no role can choose a ticket that never expires or an oversized token.
 CREATE UNLOGGED TABLE @extschema@.worker_tickets (
     token   text PRIMARY KEY DEFAULT pg_catalog.gen_random_uuid()::text,
     owner   name NOT NULL DEFAULT current_user,
@@ -16,4 +18,5 @@ CREATE UNLOGGED TABLE @extschema@.worker_tickets (
 ALTER TABLE @extschema@.worker_tickets ENABLE ROW LEVEL SECURITY;
 CREATE POLICY own_rows ON @extschema@.worker_tickets USING (owner = current_user)
     WITH CHECK (owner = current_user);
-GRANT SELECT, INSERT ON @extschema@.worker_tickets TO PUBLIC;
+CREATE INDEX worker_tickets_made_at_idx ON @extschema@.worker_tickets (made_at);
+GRANT SELECT, INSERT (owner) ON @extschema@.worker_tickets TO PUBLIC;

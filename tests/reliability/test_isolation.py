@@ -163,7 +163,6 @@ def test_no_role_can_lock_a_catalog_table_against_the_others(two, admin):
         cur.execute("UPDATE cerebro_db.jobs SET doomed = true WHERE job_name = 'iso_alice_job'")
         assert cur.rowcount == 0
     q(ce, "CALL cerebro_db.__purge('jobs')")
-    e = None
     with pytest.raises(psycopg2.Error) as e:
         q(ce, "CALL cerebro_db.__purge('fits')")
     assert e.value.pgcode == "22023"
@@ -180,6 +179,46 @@ def test_no_role_can_lock_a_catalog_table_against_the_others(two, admin):
                      "FOR UPDATE") == [("iso_alice_job",)]
     finally:
         q(ca, "ROLLBACK")
+
+
+def test_no_role_makes_another_wait_on_its_marked_rows_or_tickets(two, admin):
+    """__purge and __worker_connect delete across roles (marked rows, expired tickets) as
+    the extension's owner; rows another transaction holds are skipped, never waited on: a
+    role that locks its own marked row, or holds an expired ticket's deletion open, stalls
+    nobody else. A ticket's token and time are the defaults (no role can choose a ticket
+    that never expires)."""
+    ca, ce = two["ca"], two["ce"]
+    own = new_fit(ce)
+    q(ce, "INSERT INTO cerebro_db.model_states (fit_id, mst_key, version, chunk, data, "
+          "doomed) VALUES (%s, 1, 'current', 0, '\\x00', true)", (own,))
+    for column, value in (("made_at", "2000-01-01"), ("token", "x" * 5000)):
+        with pytest.raises(psycopg2.Error) as e:
+            q(ce, f"INSERT INTO cerebro_db.worker_tickets ({column}) VALUES (%s)", (value,))
+        assert e.value.pgcode == "42501", column
+    q(admin, "INSERT INTO cerebro_db.worker_tickets (owner, made_at) VALUES (%s, "
+             "'2000-01-01')", (two["eve"],))
+    q(ce, "BEGIN")
+    try:
+        assert len(q(ce, "SELECT fit_id FROM cerebro_db.model_states WHERE doomed "
+                         "FOR UPDATE")) == 1
+        token = q(ce, "INSERT INTO cerebro_db.worker_tickets DEFAULT VALUES RETURNING token")
+        q(ce, "SELECT cerebro_db.__worker_connect('iso_hold', %s)", token[0])
+        q(ca, "SET statement_timeout = '5s'")
+        try:
+            q(ca, "CALL cerebro_db.__purge('model_states')")  # no wait on eve's locked row
+            mine = q(ca, "INSERT INTO cerebro_db.worker_tickets DEFAULT VALUES "
+                         "RETURNING token")[0][0]
+            q(ca, "SELECT cerebro_db.__worker_connect('iso_a', %s)", (mine,))
+            q(ca, "SELECT cerebro_db.dblink_disconnect('iso_a')")
+        finally:
+            q(ca, "RESET statement_timeout")
+    finally:
+        q(ce, "ROLLBACK")
+        if "iso_hold" in (q(ce, "SELECT cerebro_db.dblink_get_connections()")[0][0] or []):
+            q(ce, "SELECT cerebro_db.dblink_disconnect('iso_hold')")
+    q(ca, "CALL cerebro_db.__purge('model_states')")  # unlocked now: gone
+    assert q(admin, "SELECT count(*) FROM cerebro_db.model_states WHERE fit_id = %s",
+             (own,)) == [(0,)]
 
 
 def test_ids_come_from_the_sequences(two, admin):
