@@ -599,16 +599,16 @@ def max_params() -> int:
 
 
 def unbuilt_sizes(keras3_text: str) -> tuple[int, int] | None:
-    """(parameters, values per row): the parameters of the variables that building
-    ``keras3_text`` makes, counted from their shapes before any weight exists, and the
-    values one row makes as it passes through (the outputs of every layer call, nested
-    models included; training keeps them for the backward pass, times the batch size): the model is deserialized in Keras' stateless
-    scope, which defers every variable's initializer and registers the variable, and the
-    registered variables (the weights, and the 2-value states of random seed generators)
-    are counted and dropped after (Keras' private
-    ``StatelessScope``). A config that fails part way counts the variables made before
-    the failure, which the real build would have allocated too. None where Keras has no
-    such scope."""
+    """(parameters, values per row) of the model ``keras3_text`` describes, before any
+    weight exists: the parameters of the variables its build makes, and the values one row
+    makes on its way through (the outputs of every layer call, nested models included;
+    training keeps them for the backward pass, times the batch size).
+
+    The model is deserialized in Keras' private ``StatelessScope``, which defers every
+    variable's initializer and registers the variable; the registered variables (the
+    weights, and the 2-value states of random seed generators) are counted and dropped
+    after. A config that fails part way counts the variables made before the failure,
+    which the real build would have allocated too. None where Keras has no such scope."""
     import keras
 
     try:
