@@ -57,7 +57,8 @@ def _check_config(c: Any, src: Any, checked: dict[str, Any]) -> None:
 def check_configs(spec: dict[str, Any], cat: Catalog | None = None) -> None:
     """The checks that need Keras, run in a worker session (which imports TensorFlow anyway)
     so that the coordinator never does: each architecture builds and fits the packed data
-    (:func:`_check_config`), and with ``validate_compile`` the loss, metric and optimizer
+    (:func:`_check_config`), its batches fit in memory (:func:`keras_arch.check_batch`),
+    and with ``validate_compile`` the loss, metric and optimizer
     names are checked against Keras. Raises the same :class:`CerebroError` as the
     coordinator would."""
     from types import SimpleNamespace
@@ -85,5 +86,9 @@ def check_configs(spec: dict[str, Any], cat: Catalog | None = None) -> None:
         c = SimpleNamespace(mst_key=item["mst_key"], model_id=item["model_id"],
                             arch=item["arch"], cp=cp)
         _check_config(c, src, checked)
+        batch = params.parse_fit_params(item.get("fit_params"), "fit_params").batch_size
+        if spec.get("num_rows") is not None:
+            batch = min(batch, int(spec["num_rows"]))
+        keras_arch.check_batch(c.arch, batch)
     if not spec.get("configs"):
         from . import training  # noqa: F401 - the warm-up: import TensorFlow now

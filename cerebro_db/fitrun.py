@@ -363,7 +363,7 @@ def check_spec(src: PackedTable, items: list[dict[str, Any]], num_workers: int,
     TensorFlow with the fit's thread count. ``custom_functions``: the fit's
     ``{name: reference}`` (imported by the workers only)."""
     return {"configs": items, "x_size": src.x_size, "y_width": src.y_width, "kind": src.kind,
-            "columns": list(src.columns()),
+            "columns": list(src.columns()), "num_rows": src.summary.get("num_rows"),
             "validate_compile": validate_compile, "custom_functions": custom_functions or {},
             "worker_threads": max(1, (os.cpu_count() or 1) // max(1, num_workers))}
 

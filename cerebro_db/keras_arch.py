@@ -113,6 +113,10 @@ BYTES_PER_PARAM = 64
 """:func:`max_params` allows one parameter per this many bytes of the machine's memory:
 training holds about 16 bytes a parameter (float32 weights, their gradients and two
 optimizer slots), and a fit runs several workers beside the rest of the server."""
+BYTES_PER_BATCH_VALUE = 32
+""":func:`check_batch` allows a batch's layer outputs one value per this many bytes of the
+machine's memory: training keeps them (4 bytes each) and their gradients for the backward
+pass, and a fit runs several workers at once."""
 
 
 # --------------------------------------------------------------------------- parsing
@@ -586,16 +590,26 @@ def load_model(text: ArchInput) -> keras.Model:
 
 
 @functools.lru_cache(maxsize=1)
+def physical_memory() -> int:
+    """The machine's memory in bytes, or the cgroup's limit when it is lower (containers)."""
+    import os
+
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(path) as f:
+                limit = f.read().strip()
+        except OSError:
+            continue
+        if limit.isdigit():
+            total = min(total, int(limit))
+    return int(total)
+
+
 def max_params() -> int:
     """The most parameters an architecture may have: the machine's physical memory over
     :data:`BYTES_PER_PARAM` (about 390 million with 24 GiB)."""
-    import os
-
-    try:
-        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (OSError, ValueError):
-        memory = 16 << 30
-    return max(1, memory // BYTES_PER_PARAM)
+    return max(1, physical_memory() // BYTES_PER_PARAM)
 
 
 def unbuilt_sizes(keras3_text: str) -> tuple[int, int] | None:
@@ -638,10 +652,7 @@ def unbuilt_sizes(keras3_text: str) -> tuple[int, int] | None:
             warnings.simplefilter("ignore", UserWarning)
             model = keras.saving.deserialize_keras_object(json.loads(keras3_text),
                                                           safe_mode=True)
-            for layer in model._flatten_layers(include_self=False, recursive=True):
-                for node in getattr(layer, "_inbound_nodes", ()):
-                    for t in keras.tree.flatten(node.output_tensors):
-                        values += int(np.prod([d for d in t.shape if d is not None]))
+            values = graph_values(model)
     except Exception:  # noqa: BLE001, S110 - the real build reports it; count what was made
         pass
     finally:
@@ -653,6 +664,60 @@ def unbuilt_sizes(keras3_text: str) -> tuple[int, int] | None:
     return int(sum(int(np.prod(v.shape)) for v in made)), values
 
 
+def graph_values(model: Any) -> int:
+    """The values one row makes in the outputs of the calls in ``model``'s graph (its
+    inputs included), each call counted once, and a nested model's own graph once per call
+    of it. The graph is walked back from the outputs: a Sequential model's layers also keep
+    the calls of every smaller graph its deserialization built on the way (layer k of n
+    holds n - k of them), which are not part of the model."""
+    import keras
+
+    graph = getattr(model, "_functional", None) or model
+    seen: set[tuple[int, int]] = set()
+    stack = [t._keras_history for t in keras.tree.flatten(graph.outputs)]
+    total = 0
+    while stack:
+        op, node_index, _ = stack.pop()
+        if (id(op), node_index) in seen:
+            continue
+        seen.add((id(op), node_index))
+        node = op._inbound_nodes[node_index]
+        for t in keras.tree.flatten(node.output_tensors):
+            total += int(np.prod([d for d in t.shape if d is not None]))
+        if op is not model and isinstance(op, keras.Model):
+            total += graph_values(op)
+        stack.extend(t._keras_history for t in keras.tree.flatten(node.input_tensors))
+    return total
+
+
+@functools.lru_cache(maxsize=32)
+def _sizes(keras3_text: str) -> tuple[int, int] | None:
+    return unbuilt_sizes(keras3_text)
+
+
+def check_batch(arch: ArchInput, batch_rows: int) -> None:
+    """Refuse (54000) to run ``batch_rows`` rows at once through ``arch`` when their layer
+    outputs together hold more values than the machine's memory over
+    :data:`BYTES_PER_BATCH_VALUE` (790 million with 24 GiB: VGG16 at 224 x 224 makes about 15
+    million a row, so a batch of 32 passes and one of 64 does not). Without this a large
+    ``batch_size`` gets the backend killed by the kernel, and the server restarts every
+    session with it. ``batch_rows`` is the batch a unit runs: the smaller of ``batch_size``
+    and the rows it has. Counted once per architecture and process."""
+    sizes = _sizes(to_keras3_json(arch))
+    if sizes is None or batch_rows <= 0:
+        return
+    limit = max(1, physical_memory() // BYTES_PER_BATCH_VALUE)
+    values = sizes[1] * int(batch_rows)
+    if values > limit:
+        most = max(1, limit // max(sizes[1], 1))
+        raise CerebroError(
+            f"a batch of {int(batch_rows):,} rows makes {values:,} values in model_arch's "
+            f"layer outputs, more than the {limit:,} this server allows",
+            PROGRAM_LIMIT_EXCEEDED,
+            hint=f"Use batch_size {most:,} or less with this model (a server allows one value "
+            f"of a batch's activations per {BYTES_PER_BATCH_VALUE} bytes of its memory).")
+
+
 @functools.lru_cache(maxsize=32)
 def check_size(keras3_text: str) -> None:
     """Refuse (54000) an architecture with more than :func:`max_params` parameters, or whose
@@ -660,8 +725,8 @@ def check_size(keras3_text: str) -> None:
     are made (every build: :func:`_build`; counted once per architecture and process):
     building or training one that does not fit in memory would get the backend killed by
     the kernel, and the server restarts every session with it. The values per row are a
-    guard for one row: a batch multiplies them."""
-    sizes = unbuilt_sizes(keras3_text)
+    guard for one row: :func:`check_batch` checks a batch."""
+    sizes = _sizes(keras3_text)
     if sizes is None:
         return
     limit = max_params()

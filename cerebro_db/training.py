@@ -1240,6 +1240,7 @@ def train_unit(
     rebuilt = cache.misses != misses
     try:
         rows = _rows(entry.model, x, y)
+        keras_arch.check_batch(arch_json, min(fp.batch_size, rows))
         state = restore_state(entry, cp, state_bytes, reset_optimizer)
         loss, metrics = _fit_multi(entry, fp, x, seed) if isinstance(x, MultiData) \
             else _fit(entry, fp, x, y, seed)
@@ -1421,6 +1422,8 @@ def evaluate(
     """
     cp = _compile_params(compile_params)
     entry = cache.get(arch_json, cp)
+    if isinstance(x, (BufferSource, MultiData)):
+        keras_arch.check_batch(arch_json, min(int(batch_size), x.total_rows))
     if isinstance(x, MultiData):
         return _evaluate_multi(cache, entry, x, state_bytes, batch_size, weights_loaded)
     try:
@@ -1440,6 +1443,7 @@ def evaluate(
                 del xb, yb, xs, ys, features
         else:
             xs, ys = _fit_xy(entry.model, x, y)
+            keras_arch.check_batch(arch_json, min(int(batch_size), int(xs.shape[0])))
             rows = _eval_rows(entry, _features(x), tuple(xs.shape[1:]), ys, batch_size)
         if rows == 0:
             return EvalResult(float("nan"), {}, 0)

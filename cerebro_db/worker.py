@@ -71,6 +71,7 @@ from .errors import (
     CerebroError,
     out_of_memory,
 )
+from .keras_arch import physical_memory
 from .names import TableName
 
 MAX_CACHED_PARTITIONS = 4
@@ -432,20 +433,6 @@ def parse_memory(text: str) -> int:
                            hint="Use a size such as '2GB', '512MB' or '0' (cache nothing), or "
                                 "RESET it to the default.")
     return int(value * _UNITS[unit])
-
-
-def physical_memory() -> int:
-    """The machine's memory in bytes, or the cgroup's limit when it is lower (containers)."""
-    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-        try:
-            with open(path) as f:
-                limit = f.read().strip()
-        except OSError:
-            continue
-        if limit.isdigit():
-            total = min(total, int(limit))
-    return int(total)
 
 
 def cache_memory(setting: str | None, num_workers: int) -> int:

@@ -135,9 +135,9 @@ def error_of(conn, sql: str, args: Any = None):
 
 
 def worker_sessions(conn) -> int:
-    """Worker and control sessions of any fit connected now."""
+    """Worker and control sessions of any fit connected to this database now."""
     return q(conn, "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE "
-                   "'cerebro_db %%'")[0][0]
+                   "'cerebro_db %%' AND datname = current_database()")[0][0]
 
 
 def worker_sessions_gone(conn, wait: float = 10.0) -> bool:

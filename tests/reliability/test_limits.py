@@ -193,6 +193,39 @@ def test_a_model_bigger_than_the_server_is_refused_before_its_weights_exist(lim)
         q(lim, "DROP TABLE lim_s.swap, lim_s.swap_mst, lim_s.swap_mst_summary")
 
 
+def test_a_batch_whose_activations_do_not_fit_is_refused_before_any_work(lim):
+    """A convolution with few weights but many filters makes millions of values a row; a
+    batch of all 120 rows (batch_size 1000 on 120 rows trains batches of 120) would hold more
+    than memory / BYTES_PER_BATCH_VALUE of them: the workers' checks refuse the fit (54000)
+    with the batch size that fits, before anything is written."""
+    from cerebro_db import keras_arch
+
+    limit = keras_arch.physical_memory() // keras_arch.BYTES_PER_BATCH_VALUE
+    filters = limit // (120 * 784) + 1
+    arch = {"class_name": "Sequential", "config": {"name": "wide", "layers": [
+        {"class_name": "Reshape", "config": {"name": "r", "target_shape": [28, 28, 1],
+                                             "batch_input_shape": [None, 784]}},
+        {"class_name": "Conv2D", "config": {"name": "c", "filters": filters,
+                                            "kernel_size": [3, 3], "padding": "same"}},
+        {"class_name": "GlobalAveragePooling2D", "config": {"name": "g"}},
+        {"class_name": "Dense", "config": {"name": "o", "units": 10,
+                                           "activation": "softmax"}}]}}
+    q(lim, "SELECT load_keras_model('lim_s.wide', %s)", (json.dumps(arch),))
+    q(lim, "SELECT load_model_selection_table('lim_s.wide', 'lim_s.wide_mst', ARRAY[1], "
+           "ARRAY[%s], ARRAY['batch_size=1000'])", (COMPILE,))
+    try:
+        refused(lim, "SELECT madlib_keras_fit_multiple_model('lim_s.p', 'lim_s.o', "
+                     "'lim_s.wide_mst', 1)", None, "54000",
+                "a batch of 120 rows makes", seconds=60.0)
+        with pytest.raises(psycopg2.Error) as e:
+            q(lim, "SELECT madlib_keras_fit_multiple_model('lim_s.p', 'lim_s.o', "
+                   "'lim_s.wide_mst', 1)")
+        most = limit // (784 + 784 + 784 * filters + filters + 10)
+        assert f"Use batch_size {most:,} or less" in e.value.pgerror, e.value.pgerror
+    finally:
+        q(lim, "DROP TABLE lim_s.wide, lim_s.wide_mst, lim_s.wide_mst_summary")
+
+
 def test_worker_limits_are_the_dbas(lim, rel_db):
     """Limits come from cerebro_db.limits, which only its owner can change; a role's SET of
     a setting of the same name changes nothing."""

@@ -482,3 +482,42 @@ def test_a_model_whose_one_row_would_not_fit_is_refused() -> None:
     assert "values per row in its layers' outputs" in err.message, err.message
     # the suite's CNN makes about 124,000 values a row: far below the limit
     assert ka.unbuilt_sizes(ka.to_keras3_json(fixture_text("cnn_mnist")))[1] < 10**6
+
+
+def test_a_batch_whose_activations_do_not_fit_is_refused_with_the_batch_size_that_does() -> None:
+    """A 28 x 28 image through 2,000 3 x 3 filters: few weights (20,000), 1.57 million values
+    a row. The largest batch within memory / BYTES_PER_BATCH_VALUE passes, one row more is
+    refused (54000) and the hint names that largest batch."""
+    arch = keras.Sequential([keras.Input((784,)), keras.layers.Reshape((28, 28, 1)),
+                             keras.layers.Conv2D(2000, 3, padding="same"),
+                             keras.layers.GlobalAveragePooling2D(),
+                             keras.layers.Dense(10)]).to_json()
+    params, per_row = ka.unbuilt_sizes(ka.to_keras3_json(arch))
+    assert params < 100_000
+    assert per_row == 784 + 784 + 784 * 2000 + 2000 + 10
+    limit = ka.physical_memory() // ka.BYTES_PER_BATCH_VALUE
+    most = limit // per_row
+    ka.check_batch(arch, most)
+    ka.check_batch(arch, 1)
+    with pytest.raises(CerebroError) as e:
+        ka.check_batch(arch, most + 1)
+    assert e.value.sqlstate == "54000"
+    assert f"a batch of {most + 1:,} rows makes {(most + 1) * per_row:,} values" in e.value.message
+    assert f"Use batch_size {most:,} or less" in e.value.hint
+
+
+def test_values_per_row_count_each_call_of_the_graph_once() -> None:
+    """A Sequential model's layers also hold the calls of the smaller graphs its
+    deserialization built (layer k of n holds n - k): only the final graph counts. A shared
+    layer counts once per call; a nested model counts its call's outputs and its own graph
+    (its input included)."""
+    layers = [keras.Input((100,))] + [keras.layers.Dense(10) for _ in range(30)]
+    _, per_row = ka.unbuilt_sizes(ka.to_keras3_json(keras.Sequential(layers).to_json()))
+    assert per_row == 100 + 30 * 10
+    inp = keras.Input((784,))
+    shared = keras.layers.Dense(5)
+    x = shared(shared(keras.layers.Dense(5)(inp)))
+    inner = keras.Sequential([keras.Input((5,)), keras.layers.Dense(7)])
+    model = keras.Model(inp, inner(x))
+    _, per_row = ka.unbuilt_sizes(ka.to_keras3_json(model.to_json()))
+    assert per_row == 784 + 5 + 5 + 5 + (5 + 7) + 7
