@@ -120,7 +120,13 @@ class TableName:
                 INVALID_NAME,
                 hint=f"Use a name of at most {NAMEDATALEN - 1 - len(suffix)} bytes.",
             )
-        shown = (self.given.rstrip() + suffix) if self.given else new
+        given = self.given.rstrip()
+        if not given:
+            shown = new
+        elif given.endswith('"'):  # a quoted name: the suffix goes inside its quotes
+            shown = given[:-1] + suffix + '"'
+        else:
+            shown = given + suffix
         return TableName(self.schema, new, shown)
 
     def __str__(self) -> str:

@@ -604,7 +604,8 @@ BEGIN
     IF job_name IS NULL THEN
         RAISE EXCEPTION 'job_name must not be NULL' USING ERRCODE = '22004';
     END IF;
-    SELECT j.retry_delay INTO delay FROM @extschema@.jobs j WHERE j.job_name = $1;
+    SELECT j.retry_delay INTO delay FROM @extschema@.jobs j WHERE j.job_name = $1
+        AND j.owner OPERATOR(pg_catalog.=) current_user;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'model selection job "%" does not exist', job_name
             USING ERRCODE = '42704', HINT = 'The jobs are listed in model_selection_jobs.';

@@ -354,6 +354,25 @@ def append_buffers(cat: Any, packed: TableName, stage: TableName,
               f"(SELECT coalesce(max(buffer_id) + 1, 0) FROM {packed.sql}) FROM {stage.sql}")
 
 
+def relation_owner(cat: Any, table: TableName) -> dict[str, Any] | None:
+    """``oid``, ``kind`` (pg_class.relkind), ``owner`` (the role's name) and ``mine``
+    (owned by current_user itself, not a role it is a member of) of ``table``; None when
+    there is none."""
+    rows = cat.query(
+        "SELECT c.oid, c.relkind::text AS kind, pg_catalog.pg_get_userbyid(c.relowner) AS owner, "
+        "c.relowner OPERATOR(pg_catalog.=) (SELECT r.oid FROM pg_catalog.pg_roles r "
+        "WHERE r.rolname OPERATOR(pg_catalog.=) current_user) AS mine "
+        "FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) "
+        "pg_catalog.to_regclass($1)", [table.sql], ["text"])
+    return rows[0] if rows else None
+
+
+def lock_table(cat: Any, table: TableName) -> None:
+    """Hold ``table`` until the transaction ends (ACCESS SHARE: nobody drops or replaces it
+    meanwhile; reads and writes go on)."""
+    cat.query(f"LOCK TABLE {table.sql} IN ACCESS SHARE MODE")
+
+
 def copy_table(cat: Any, new: TableName, source: TableName) -> None:
     cat.query(f"CREATE TABLE {new.sql} AS SELECT * FROM {source.sql}")
 

@@ -22,6 +22,7 @@ record it in the history row and answer ``retry`` while the job has retries left
 from __future__ import annotations
 
 import json
+import secrets
 import traceback
 from typing import Any
 
@@ -53,10 +54,43 @@ REQUIRED = {"fit": {"num_iterations"},
 MAX_JOB_NAME = 48
 
 
-def _stage(t: TableName, job_id: int, what: str) -> TableName:
-    """A staging table of the job, in the schema of ``t``."""
-    name = f"__cerebro_job_{job_id}_{what}"
+def _stage(t: TableName, job: dict[str, Any], what: str) -> TableName:
+    """A staging table of the job, in the schema of ``t``, named with the step's random
+    token (``job["stage"]``): another role that may create tables in that schema cannot
+    take the name before the step does."""
+    name = f"__cerebro_job_{int(job['job_id'])}_{job['stage']}_{what}"
     return TableName(t.schema, name, TableName(t.schema, name, "").sql)
+
+
+def _own_tables(cat: Catalog, job: dict[str, Any]) -> None:
+    """The job's tables that exist (the packed table and the outputs, with their summaries)
+    must be plain tables of the job's owner: a run reads, appends to and drops them by name,
+    and another role that may create in their schema could have put a view or a table of
+    its own there (a view's functions would run as the job's owner). Each is locked (ACCESS
+    SHARE) until the step ends, so it is not replaced after the check. 42501 otherwise."""
+    names = [(job["packed_table"], "packed_table", ("", "_summary")),
+             (job["model_output_table"], "model_output_table", ("", "_summary", "_info"))]
+    if job["method"] == "automl":
+        names.append((job["model_selection_table"], "model_selection_table", ("", "_summary")))
+    for text, what, suffixes in names:
+        base = cat.table(text, what)
+        for sfx in suffixes:
+            t = base.with_suffix(sfx, what) if sfx else base
+            rel = stmts.relation_owner(cat, t)
+            if rel is None:
+                continue
+            if rel["mine"] and rel["kind"] == "r":
+                stmts.lock_table(cat, t)
+                again = stmts.relation_owner(cat, t)
+                if again is not None and again["oid"] == rel["oid"]:
+                    continue
+                rel = again or rel
+            kind = "table" if rel["kind"] == "r" else "relation that is not a plain table"
+            raise CerebroError(
+                f'"{t}" is a {kind} of role "{rel["owner"]}", not a table this job made; '
+                "the job does not read, write or drop it", INSUFFICIENT_PRIVILEGE,
+                hint="Drop or rename it. Keep a job's tables in a schema where only its owner "
+                "may create tables.")
 
 
 def _fn_args(cat: Catalog, fn: str) -> dict[str, str]:
@@ -290,7 +324,8 @@ def schedule_model_selection(
         fit_options=json.dumps(fopts), warm_start=warm, retries=retries, retry_delay=delay,
         search_path=_caller_path(cat))
     for s in ("out", "mst", "packed", "new"):
-        if len(_stage(out, job_id, s).name.encode()) + len("_summary") >= NAMEDATALEN:
+        probe = {"job_id": job_id, "stage": "0" * 12}
+        if len(_stage(out, probe, s).name.encode()) + len("_summary") >= NAMEDATALEN:
             raise invalid("job id too large for staging names")  # pragma: no cover
     if schedule is not None:
         if not schedule.strip():
@@ -337,6 +372,7 @@ def job_step(plpy: Any, schema: str, *, job_name: str, run_id: int | None, step:
     cat = Catalog(plpy, schema)
     job = _job(cat, job_name)
     cat.caller_path = job.get("search_path") or None
+    job["stage"] = secrets.token_hex(6)
     if step == "begin":
         return _begin(cat, job)
     if step == "end":
@@ -350,6 +386,7 @@ def job_step(plpy: Any, schema: str, *, job_name: str, run_id: int | None, step:
     fit_id = None
     try:
         with plpy.subtransaction():
+            _own_tables(cat, job)
             if step == "pack":
                 new, total = _pack(cat, job)
                 stmts.record_rows(cat, run_id, new, total)
@@ -410,7 +447,7 @@ def _failed(cat: Catalog, job: dict[str, Any], run_id: int, step: str, e: BaseEx
 
 def _last_fit(cat: Catalog, job: dict[str, Any], run_id: int) -> int | None:
     out = cat.table(job["model_output_table"], "model_output_table")
-    return stmts.last_fit(cat, run_id, str(_stage(out, int(job["job_id"]), "out")))
+    return stmts.last_fit(cat, run_id, str(_stage(out, job, "out")))
 
 
 def _key_type(cat: Catalog, src: TableName, key: str) -> str:
@@ -457,7 +494,7 @@ def _pack(cat: Catalog, job: dict[str, Any]) -> tuple[int, int]:
             stmts.drop_view(cat, view)
         source = stmts.create_key_view(cat, f"__cerebro_job_{jid}_src", src, key, ktype,
                                        None, hwm)
-    stage = _stage(packed, jid, "packed")
+    stage = _stage(packed, job, "packed")
     _call(cat, "training_preprocessor_dl",
           [("source_table", str(source), "text"), ("output_table", stage.sql, "text"),
            ("dependent_varname", job["dependent_varname"], "text"),
@@ -482,7 +519,7 @@ def _append(cat: Catalog, job: dict[str, Any], view: TableName, packed: TableNam
             psumm: TableName, popts: dict[str, Any]) -> int:
     """Pack the new rows with the packed table's class values, normalizing constant and
     partitions (validation_preprocessor_dl does exactly that) and append their buffers."""
-    stage = _stage(packed, int(job["job_id"]), "new")
+    stage = _stage(packed, job, "new")
     n_new = cat.count_rows(view)
     p = stmts.summary_num_partitions(cat, psumm)
     vtypes = _fn_args(cat, "validation_preprocessor_dl")
@@ -516,7 +553,7 @@ def _train_and_publish(cat: Catalog, job: dict[str, Any], run_id: int) -> None:
     fn = METHODS[m]
     types = _fn_args(cat, fn)
     out = cat.table(job["model_output_table"], "model_output_table")
-    stage = _stage(out, jid, "out")
+    stage = _stage(out, job, "out")
     fopts = job["fit_options"]
     fopts = json.loads(fopts) if isinstance(fopts, str) else dict(fopts or {})
     fixed: list[tuple[str, Any, str]] = [("source_table", job["packed_table"], "text"),
@@ -529,7 +566,7 @@ def _train_and_publish(cat: Catalog, job: dict[str, Any], run_id: int) -> None:
         fixed.append(("warm_start", warm, "bool"))
     else:
         mst = cat.table(job["model_selection_table"], "model_selection_table")
-        smst = _stage(mst, jid, "mst")
+        smst = _stage(mst, job, "mst")
         fixed.append(("model_selection_table", smst.sql, "text"))
     _call(cat, fn, fixed, fopts, types)
     fit_id = _last_fit(cat, job, run_id)

@@ -79,3 +79,100 @@ def test_job_names_are_unique_per_role(role, session_conn):
                                "WHERE job_name = 'twin'") == [(2,)]
     finally:
         q(session_conn, "DELETE FROM cerebro_db.jobs WHERE job_name = 'twin'")
+
+
+@pytest.fixture
+def mallory(session_conn, dbname):
+    """A second role that, like the first, may create tables in schema jshared."""
+    name = f"jobmal_{uuid.uuid4().hex[:8]}"
+    q(session_conn, f'CREATE ROLE "{name}" LOGIN')
+    q(session_conn, f'GRANT USAGE ON SCHEMA cerebro_db TO "{name}"')
+    q(session_conn, f'GRANT CREATE ON SCHEMA public TO "{name}"')
+    c = connect(dbname, name, autocommit=True)
+    yield name, c
+    c.close()
+    q(session_conn, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE usename = %s", (name,))
+    q(session_conn, f'DROP OWNED BY "{name}" CASCADE')
+    q(session_conn, f'DROP ROLE "{name}"')
+
+
+def _job_in_shared_schema(session_conn, c, alice: str, mallory: str) -> None:
+    q(session_conn, "DROP SCHEMA IF EXISTS jshared CASCADE")
+    q(session_conn, "CREATE SCHEMA jshared")
+    q(session_conn, f'GRANT USAGE, CREATE ON SCHEMA jshared TO "{alice}", "{mallory}"')
+    q(c, "CREATE TABLE jsrc (id integer PRIMARY KEY, x real[], y integer)")
+    add_rows(c, 0, 60)
+    q(c, "SELECT load_keras_model('jarch', %s)", (mlp_json(inputs=4, outputs=3),))
+    q(c, "SELECT load_model_selection_table('jarch', 'jmst', ARRAY[1], ARRAY["
+         "$$loss='categorical_crossentropy', optimizer='Adam(learning_rate=0.01)', "
+         "metrics=['accuracy']$$], ARRAY['batch_size=16'])")
+    q(c, "SELECT schedule_model_selection('shared', NULL, 'jsrc', 'jshared.jpacked', 'y', 'x', "
+         "'jshared.jout', 'jmst', warm_start => TRUE, "
+         "fit_options => '{\"num_iterations\": 1}', "
+         "preprocess_options => '{\"num_partitions\": 2}')")
+
+
+def test_a_job_reads_no_relation_another_role_put_at_its_names(role, mallory, session_conn):
+    """Another role that may create tables in the schema of a job's outputs puts a view at
+    the output's name (before the first run, or after dropping the published table as the
+    schema's owner could): the run would read it (warm_start) and so run the view's
+    function as the job's owner. The run refuses it (42501) without reading it; the
+    function never runs as the job's owner. A staging name taken in advance (job ids come
+    from a sequence) blocks nothing: staging names carry a random token per step."""
+    alice, c = role
+    mal, m = mallory
+    _job_in_shared_schema(session_conn, c, alice, mal)
+    jid = q(c, "SELECT job_id FROM cerebro_db.jobs WHERE job_name = 'shared'")[0][0]
+    q(m, "CREATE TABLE jshared.loot (who text)")
+    q(m, "GRANT INSERT ON jshared.loot TO PUBLIC")
+    q(m, "CREATE FUNCTION jshared.evil() RETURNS int LANGUAGE sql AS "
+         "$$ INSERT INTO jshared.loot SELECT current_user; SELECT 1 $$")
+    q(m, "CREATE VIEW jshared.jout AS SELECT jshared.evil() AS model_weights")
+    q(m, "GRANT SELECT ON jshared.jout TO PUBLIC")
+    for what in ("packed", "out", "new", "mst"):
+        q(m, f"CREATE TABLE jshared.__cerebro_job_{jid}_{what} (x int)")
+    q(c, "CALL run_model_selection_job('shared')")
+    (r,) = runs(c, "shared")
+    assert r["status"] == "failed"
+    assert f'"jshared.jout" is a relation that is not a plain table of role "{mal}"' \
+        in r["message"], r["message"]
+    assert "SQLSTATE 42501" in r["message"]
+    assert q(m, "SELECT count(*) FROM jshared.loot")[0][0] == 0
+    # gone: the next run packs and trains despite the taken staging names, then the
+    # schema's owner-like role replaces the published table with a table of its own
+    q(m, "DROP VIEW jshared.jout")
+    q(c, "CALL run_model_selection_job('shared')")
+    assert runs(c, "shared")[-1]["status"] == "succeeded", runs(c, "shared")[-1]["message"]
+    q(session_conn, "DROP TABLE jshared.jout")
+    q(m, "CREATE TABLE jshared.jout AS SELECT 1 AS mst_key, NULL::bytea AS model_weights")
+    q(c, "CALL run_model_selection_job('shared')")
+    last = runs(c, "shared")[-1]
+    assert last["status"] == "failed"
+    assert f'"jshared.jout" is a table of role "{mal}", not a table this job made' \
+        in last["message"], last["message"]
+    assert q(m, "SELECT count(*) FROM jshared.loot")[0][0] == 0
+    q(c, "SELECT unschedule_model_selection('shared')")
+    q(session_conn, "DROP SCHEMA jshared CASCADE")
+
+
+def test_a_run_waits_its_own_jobs_retry_delay(role, session_conn):
+    """A superuser sees every role's jobs: its run of a job named like another role's must
+    still wait its own retry_delay (1 second), not the other role's (1 hour)."""
+    _, c = role
+    sched = ("SELECT schedule_model_selection('twin_delay', NULL, 'empty_src', %s, 'y', "
+             "'x', %s, 'empty_mst', retries => 1, retry_delay => %s, "
+             "fit_options => '{\"num_iterations\": 1}')")
+    q(c, "CREATE TABLE empty_src (id integer, x real[], y integer)")
+    q(c, "CREATE TABLE empty_mst (mst_key integer)")
+    try:
+        q(c, sched, ("tdp_role", "tdo_role", "1 hour"))
+        q(session_conn, sched, ("tdp_super", "tdo_super", "1 second"))
+        q(session_conn, "SET statement_timeout = '60s'")
+        q(session_conn, "CALL run_model_selection_job('twin_delay')")
+        (r,) = [r for r in runs(session_conn, "twin_delay") if r["owner"] == "postgres"]
+        assert r["status"] == "failed" and r["attempts"] == 2, r
+    finally:
+        q(session_conn, "RESET statement_timeout")
+        q(session_conn, "SELECT unschedule_model_selection('twin_delay')")
+        q(c, "SELECT unschedule_model_selection('twin_delay')")

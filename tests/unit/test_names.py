@@ -32,6 +32,11 @@ def test_table_name_sql_is_always_quoted():
     t = TableName.parse('public."Weird ""X"""', "t")
     assert t.sql == '"public"."Weird ""X"""'
     assert t.with_suffix("_summary", "t").sql == '"public"."Weird ""X""_summary"'
+    # the text shown (and stored in summaries) names the same table when parsed again
+    shown = str(t.with_suffix("_summary", "t"))
+    assert shown == 'public."Weird ""X""_summary"'
+    assert TableName.parse(shown, "t").name == 'Weird "X"_summary'
+    assert str(TableName.parse("s.plain", "t").with_suffix("_info", "t")) == "s.plain_info"
     with pytest.raises(CerebroError):
         TableName.parse("a.b.c", "t")
     with pytest.raises(CerebroError):
