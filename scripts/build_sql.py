@@ -19,8 +19,9 @@ A function preceded by ``-- @entrypoint`` is split in two: the PL/Python body be
 ``@extschema@.__NAME(...)`` (same arguments, no defaults), and ``NAME`` itself is a small
 PL/pgSQL wrapper with the declared defaults that calls it and re-raises any error through
 ``__reraise``: PL/Python prefixes every message with the Python exception's type
-(``plpy.Error: ...``); the wrapper gives users a clean PostgreSQL-style message with the
-same SQLSTATE, DETAIL and HINT.
+(``plpy.Error: ...``, ``spiexceptions.QueryCanceled: ...``); the wrapper gives users a clean
+PostgreSQL-style message with the same SQLSTATE, DETAIL and HINT (a cancel too: ``WHEN
+OTHERS`` alone does not catch ``query_canceled``).
 
 search_path. Every function the extension creates runs with ``SET search_path = pg_catalog,
 pg_temp`` (added here to every PL/Python function), so that no function or operator a role
@@ -135,7 +136,7 @@ def split_entrypoint(decl: str) -> str:
         "AS $wrapper$\nDECLARE _m text; _d text; _h text; _s text;\nBEGIN\n"
         "    PERFORM pg_catalog.set_config('cerebro_db.caller_search_path'::text,\n"
         "        pg_catalog.current_setting('search_path'::text), true);\n"
-        f"    {stmt}\nEXCEPTION WHEN OTHERS THEN\n"
+        f"    {stmt}\nEXCEPTION WHEN OTHERS OR query_canceled THEN\n"
         "    GET STACKED DIAGNOSTICS _m = MESSAGE_TEXT, _d = PG_EXCEPTION_DETAIL,\n"
         "        _h = PG_EXCEPTION_HINT, _s = RETURNED_SQLSTATE;\n"
         "    PERFORM @extschema@.__reraise(_m, _d, _h, _s);\n"

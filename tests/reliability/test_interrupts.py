@@ -219,7 +219,8 @@ def test_pg_cancel_backend_cancels_the_fit(it, rel_db):
         bg.close()
     assert isinstance(bg.error, psycopg2.Error)
     assert bg.error.pgcode == "57014", bg.error.pgerror
-    assert "canceling statement due to user request" in bg.error.pgerror
+    assert bg.error.pgerror.startswith("ERROR:  canceling statement due to user request\n"), \
+        bg.error.pgerror  # no PL/Python prefix (spiexceptions.QueryCanceled: ...)
     cancelled_then_resumed(it, fit_id, out)
 
 
@@ -241,7 +242,8 @@ def test_statement_timeout_cancels_the_fit(it, rel_db):
         bg.close()
     assert isinstance(bg.error, psycopg2.Error)
     assert bg.error.pgcode == "57014", bg.error.pgerror
-    assert "statement timeout" in bg.error.pgerror
+    assert bg.error.pgerror.startswith("ERROR:  canceling statement due to statement "
+                                       "timeout\n"), bg.error.pgerror
     assert bg.seconds < 35, bg.seconds
     cancelled_then_resumed(it, fit_id, out, min_units=0)
 
@@ -284,7 +286,7 @@ def test_cerebro_db_cancel_fit(it, rel_db, admin):
         q(admin, f'DROP ROLE "{role}"')
     assert isinstance(bg.error, psycopg2.Error)
     assert bg.error.pgcode == "57014", bg.error.pgerror
-    assert f"canceling fit {fit_id}" in bg.error.pgerror
+    assert bg.error.pgerror.startswith(f"ERROR:  canceling fit {fit_id}"), bg.error.pgerror
     assert q(it, "SELECT cerebro_db_cancel_fit(%s)", (fit_id,)) == [(False,)]
     cancelled_then_resumed(it, fit_id, out)
     assert q(it, "SELECT cancel_requested FROM cerebro_db.fits WHERE fit_id = %s",
