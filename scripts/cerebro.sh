@@ -101,7 +101,7 @@ CONF
   local added=0
   ensure_cron_conf && added=1
   if pg_running; then
-    [ "$added" = 1 ] || return 0
+    if [ "$added" = 0 ]; then ensure_cron_extension; return 0; fi
     log "restarting PostgreSQL to load pg_cron"
     cmd_stop
   fi
@@ -110,6 +110,13 @@ CONF
   as_pg env PYTHONPATH="$sp" TF_CPP_MIN_LOG_LEVEL=2 PYTHONDONTWRITEBYTECODE=1 \
     "$PG_BIN/pg_ctl" -D "$PGDATA" -l "$PGLOG" -w -t 60 start >/dev/null \
     || { tail -n 20 "$PGLOG" >&2; die "the server did not start (log: $PGLOG)"; }
+  ensure_cron_extension
+}
+
+# pg_cron's tables, in cron.database_name (postgres), so that schedule_model_selection works
+ensure_cron_extension() {
+  psql_cmd -d postgres -qc "SET client_min_messages = warning; CREATE EXTENSION IF NOT EXISTS pg_cron" \
+    || die "could not create the pg_cron extension in database postgres"
 }
 
 # pg_cron (scheduled model selection jobs): loaded at start, its metadata in the database

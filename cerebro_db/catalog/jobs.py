@@ -144,6 +144,11 @@ class CronStatement:
     def run(self, cat: Any) -> Any:
         return cat.query(self.local, list(self.args), list(self.types))[0]["r"]
 
+    def text(self, cat: Any) -> str:
+        """The statement with its values as literals, for a person to run (a hint)."""
+        return cat.format_sql(self.remote.removesuffix(" AS r"), list(self.args),
+                              list(self.types))
+
     def run_over(self, cat: Any, connection: str) -> Any:
         res = cat.dblink_query(connection, cat.format_sql(self.remote, list(self.args),
                                                           list(self.types)))

@@ -210,9 +210,8 @@ def _cron(cat: Catalog, stmt: stmts.CronStatement) -> tuple[Any, str]:
             if not db.startswith("(") else
             f'pg_cron runs in another database; only a superuser can schedule from "{here}"',
             INSUFFICIENT_PRIVILEGE,
-            hint=f'Pass schedule => NULL, then have a superuser run in {db}: SELECT '
-            f"cron.schedule_in_database(<name>, <schedule>, 'CALL "
-            f"{quote_ident(cat.schema)}.run_model_selection_job(<job_name>)', '{here}').")
+            hint=f"Pass schedule => NULL (nothing was made now), then have a superuser run "
+            f"in {db}: {stmt.text(cat)};")
     row = session.socket_login(cat)
     info = session.conninfo(dbname=db, user=row["u"], port=row["p"],
                             host=row["s"].strip() or "localhost")

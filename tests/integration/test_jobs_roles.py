@@ -46,7 +46,12 @@ def test_a_roles_job_runs_with_worker_sessions_of_that_role(role, session_conn):
     with pytest.raises(psycopg2.Error) as e:
         q(c, f"SELECT schedule_model_selection('rolejob', '0 3 * * *', {args})")
     assert e.value.pgcode == "42501"
-    assert "cron.schedule_in_database" in (e.value.diag.message_hint or ""), str(e.value)
+    hint = e.value.diag.message_hint or ""
+    # the whole statement, with the job's owner (pg_cron would otherwise run it as the
+    # superuser, who has no job of that name)
+    assert "SELECT cron.schedule_in_database('cerebro_db:" in hint, hint
+    assert "'0 3 * * *', 'CALL \"cerebro_db\".\"run_model_selection_job\"(''rolejob'')'" in hint, hint
+    assert hint.endswith(f"'{name}');"), hint
     assert q(c, "SELECT count(*) FROM cerebro_db.jobs")[0][0] == 0
     q(c, f"SELECT schedule_model_selection('rolejob', NULL, {args})")
     q(c, "CALL run_model_selection_job('rolejob')")
