@@ -41,6 +41,7 @@ from __future__ import annotations
 import collections
 import functools
 import json
+import math
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Optional, Union
@@ -661,7 +662,7 @@ def unbuilt_sizes(keras3_text: str) -> tuple[int, int] | None:
         random.setstate(py_state)
         keras_rng.setstate(keras_state)
         np.random.set_state(np_state)
-    return int(sum(int(np.prod(v.shape)) for v in made)), values
+    return sum(math.prod(int(d) for d in v.shape) for v in made), values
 
 
 def graph_values(model: Any) -> int:
@@ -683,7 +684,7 @@ def graph_values(model: Any) -> int:
         seen.add((id(op), node_index))
         node = op._inbound_nodes[node_index]
         for t in keras.tree.flatten(node.output_tensors):
-            total += int(np.prod([d for d in t.shape if d is not None]))
+            total += math.prod(int(d) for d in t.shape if d is not None)
         if op is not model and isinstance(op, keras.Model):
             total += graph_values(op)
         stack.extend(t._keras_history for t in keras.tree.flatten(node.input_tensors))
@@ -822,7 +823,7 @@ def normalize_arch(text: ArchInput) -> tuple[str, keras.Model]:
 
 def count_params(model: keras.Model) -> int:
     """Total number of parameters, trainable or not (the length of the flat weight vector)."""
-    return int(sum(int(np.prod(shape)) for shape in weight_shapes(model)))
+    return sum(math.prod(int(d) for d in shape) for shape in weight_shapes(model))
 
 
 def weight_shapes(model: keras.Model) -> list[tuple[int, ...]]:
@@ -899,7 +900,7 @@ def bytes_to_weights(model: keras.Model, data: bytes | bytearray | memoryview) -
     out: list[np.ndarray] = []
     offset = 0
     for shape in weight_shapes(model):
-        n = int(np.prod(shape))
+        n = math.prod(int(d) for d in shape)
         out.append(flat[offset:offset + n].astype(np.float32).reshape(shape))
         offset += n
     return out

@@ -41,6 +41,7 @@ detecting a missing, duplicated, reordered, foreign or corrupted chunk.
 from __future__ import annotations
 
 import json
+import math
 import struct
 import zlib
 from collections.abc import Mapping, Sequence
@@ -307,7 +308,7 @@ def decode_state(data: BytesLike, *, verify: bool = True) -> ModelState:
             raise _state_error(f"model state array {i} has bad metadata", detail=str(exc)) from None
         if dtype.kind not in _ALLOWED_KINDS or group not in ("w", "o") or min(shape, default=0) < 0:
             raise _state_error(f"model state array {i} has bad metadata", detail=str(entry))
-        count = int(np.prod(shape, dtype=np.int64))
+        count = math.prod(int(d) for d in shape)  # Python ints: no int64 wrap
         nbytes = count * dtype.itemsize
         if offset + nbytes > len(payload):
             raise _state_error(f"model state is truncated inside array {i}")

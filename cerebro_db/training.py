@@ -219,7 +219,7 @@ def _frombuffer(
     data: BytesLike, shape: tuple[int, ...], dtype: np.dtype, what: str
 ) -> np.ndarray:
     view = memoryview(data).cast("B")
-    count = int(np.prod(shape, dtype=np.int64))
+    count = math.prod(int(d) for d in shape)  # Python ints: no int64 wrap
     need = count * dtype.itemsize
     if len(view) != need:
         raise CerebroError(
@@ -272,7 +272,7 @@ def aligned_empty(shape: Sequence[int], dtype: Any = np.float32) -> np.ndarray:
     decodes packed buffers straight into it)."""
     dt = np.dtype(dtype)
     shape = tuple(int(d) for d in shape)
-    n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+    n = math.prod(shape) * dt.itemsize
     raw = np.empty(n + _ALIGN, dtype=np.uint8)
     off = (-raw.ctypes.data) % _ALIGN
     return raw[off:off + n].view(dt).reshape(shape)

@@ -50,6 +50,7 @@ import collections
 import contextlib
 import gc
 import json
+import math
 import os
 import sys
 import time
@@ -346,7 +347,7 @@ def _feature_steps(cat: Catalog, t: TableName, xcol: str, partition: int,
 def _labels(meta: dict[str, Any]) -> np.ndarray:
     """One buffer's labels as float32 (int16 one-hot / integer labels or float32 targets)."""
     ys = [int(d) for d in meta["ys"]]
-    count = int(np.prod(ys, dtype=np.int64))
+    count = math.prod(ys)
     data = meta["y"]
     dtype = "<f4" if len(data) == 4 * count else "<i2"
     if len(data) != count * np.dtype(dtype).itemsize:
@@ -399,7 +400,7 @@ def _read_steps(cat: Catalog, t: TableName, xcol: str, metas: list[dict[str, Any
             yield held, y, shape[0]
             return
     x = stream_array(shape) if stream else aligned_empty(shape)
-    row_bytes = 4 * int(np.prod(row, dtype=np.int64))
+    row_bytes = 4 * math.prod(int(d) for d in row)
     at = last = 0
     for m, s in zip(metas, shapes):
         for done in _feature_steps(cat, t, xcol, partition, m, x[at:at + s[0]], partition_mod):

@@ -42,7 +42,7 @@ from ..errors import (
     CerebroError,
     invalid,
 )
-from ..names import NAMEDATALEN, TableName, quote_ident, split_column_list
+from ..names import NAMEDATALEN, TableName, split_column_list
 from . import entrypoint, require_output_schema
 
 METHODS = {"fit": "madlib_keras_fit_multiple_model", "automl": "madlib_keras_automl"}
@@ -547,7 +547,6 @@ def _rename_indexes(cat: Catalog, table: TableName, old_prefix: str) -> None:
 
 
 def _train_and_publish(cat: Catalog, job: dict[str, Any], run_id: int) -> None:
-    jid = int(job["job_id"])
     m = job["method"]
     fn = METHODS[m]
     types = _fn_args(cat, fn)

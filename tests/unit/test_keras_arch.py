@@ -521,3 +521,12 @@ def test_values_per_row_count_each_call_of_the_graph_once() -> None:
     model = keras.Model(inp, inner(x))
     _, per_row = ka.unbuilt_sizes(ka.to_keras3_json(model.to_json()))
     assert per_row == 784 + 5 + 5 + 5 + (5 + 7) + 7
+
+
+def test_a_count_that_wraps_int64_is_still_refused() -> None:
+    """An Embedding of 2**62 rows x 4: 2**64 weights, which int64 arithmetic counts as 0."""
+    arch = keras.Sequential([keras.Input((1,)), keras.layers.Embedding(8, 4)]).to_json()
+    arch = arch.replace('"input_dim": 8', f'"input_dim": {2**62}')
+    params, _ = ka.unbuilt_sizes(ka.to_keras3_json(arch))
+    assert params == 2**64
+    raises(arch, "54000")

@@ -255,3 +255,14 @@ def test_split_join_property(data, size):
     chunks = split_chunks(data, size)
     assert join_chunks(chunks) == data
     assert all(len(c) - CHUNK_HEADER_SIZE <= size for c in chunks)
+
+
+def test_a_shape_whose_size_wraps_int64_is_not_taken_for_a_small_one():
+    """[2**62, 4] float32 values: 2**64 of them, which int64 arithmetic wraps to 0 (so 0
+    bytes would match an empty payload). Counted with Python integers, it is truncated."""
+    meta = json.dumps({"arrays": [{"group": "w", "dtype": "<f4", "shape": [2**62, 4],
+                                   "offset": 0}],
+                       "payload_bytes": 0, "payload_crc32": 0}).encode()
+    data = struct.pack("<8sHHI", MAGIC, 1, 0, len(meta)) + meta
+    with pytest.raises(CerebroError, match="truncated"):
+        decode_state(data, verify=False)
