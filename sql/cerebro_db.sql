@@ -234,10 +234,12 @@ BEGIN
     IF conn_name IS NULL OR ticket IS NULL THEN
         RAISE EXCEPTION 'conn_name and ticket must not be NULL' USING ERRCODE = '22004';
     END IF;
-    -- expired tickets go, but none that another transaction holds: nobody waits on them
+    -- expired tickets go, but none that another transaction holds (nobody waits on them)
+    -- and at most 100 a call (no role's pile of tickets makes another's connect slow)
     DELETE FROM @extschema@.worker_tickets WHERE ctid = ANY(ARRAY(
         SELECT ctid FROM @extschema@.worker_tickets
          WHERE made_at < pg_catalog.clock_timestamp() - interval '10 minutes'
+         ORDER BY made_at LIMIT 100
            FOR UPDATE SKIP LOCKED));
     DELETE FROM @extschema@.worker_tickets t WHERE t.token = ticket
     RETURNING t.owner INTO role_name;

@@ -135,11 +135,14 @@ def relation_visible(cat: Catalog, qualified: str) -> str:
 # -- run by the coordinator ---------------------------------------------------------------
 def worker_connect(cat: Catalog, name: str) -> None:
     """Open ``name`` through the extension's SECURITY DEFINER ``__worker_connect``, with a
-    ticket that says who asks (``worker_tickets``: its owner is this current_user)."""
-    token = cat.query(f"INSERT INTO {cat.ext('worker_tickets')} DEFAULT VALUES "
-                      "RETURNING token")[0]["token"]
-    cat.query(f"SELECT {cat.ext('__worker_connect')}($1, $2)", [name, token],
-              ["text", "text"])
+    ticket that says who asks (``worker_tickets``: its owner is this current_user). In one
+    subtransaction: a connect that fails leaves no ticket behind (a role holds at most 100
+    live ones)."""
+    with cat.db.subtransaction():
+        token = cat.query(f"INSERT INTO {cat.ext('worker_tickets')} DEFAULT VALUES "
+                          "RETURNING token")[0]["token"]
+        cat.query(f"SELECT {cat.ext('__worker_connect')}($1, $2)", [name, token],
+                  ["text", "text"])
 
 
 def backend_pid(cat: Catalog) -> int:

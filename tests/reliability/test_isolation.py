@@ -221,6 +221,38 @@ def test_no_role_makes_another_wait_on_its_marked_rows_or_tickets(two, admin):
              (own,)) == [(0,)]
 
 
+def test_no_role_fills_the_tickets_that_every_connect_cleans(two, admin):
+    """A role holds at most 100 live worker tickets: an INSERT past that fails as a whole
+    (54000), the role's own expired tickets do not count, and a connect deletes at most 100
+    expired tickets, so a pile of them (made here by the superuser, as 10 minutes of a role's
+    inserts would) costs another role's connect a bounded amount."""
+    ca, ce = two["ca"], two["ce"]
+    q(admin, "DELETE FROM cerebro_db.worker_tickets")  # what earlier tests left
+    with pytest.raises(psycopg2.Error) as e:
+        q(ce, "INSERT INTO cerebro_db.worker_tickets SELECT FROM generate_series(1, 101)")
+    assert e.value.pgcode == "54000", e.value.pgerror
+    assert "more than 100 live worker tickets" in e.value.pgerror
+    assert q(ce, "SELECT count(*) FROM cerebro_db.worker_tickets") == [(0,)]
+    q(ce, "INSERT INTO cerebro_db.worker_tickets SELECT FROM generate_series(1, 100)")
+    with pytest.raises(psycopg2.Error) as e:
+        q(ce, "INSERT INTO cerebro_db.worker_tickets DEFAULT VALUES")
+    assert e.value.pgcode == "54000"
+    q(admin, "UPDATE cerebro_db.worker_tickets SET made_at = '2000-01-01' WHERE owner = %s",
+      (two["eve"],))
+    q(admin, "INSERT INTO cerebro_db.worker_tickets (owner, made_at) SELECT %s, '2000-01-01' "
+             "FROM generate_series(1, 150)", (two["eve"],))
+    token = q(ce, "INSERT INTO cerebro_db.worker_tickets DEFAULT VALUES RETURNING token")[0][0]
+    q(ce, "SELECT cerebro_db.__worker_connect('iso_e', %s)", (token,))
+    q(ce, "SELECT cerebro_db.dblink_disconnect('iso_e')")
+    assert q(admin, "SELECT count(*) FROM cerebro_db.worker_tickets WHERE owner = %s",
+             (two["eve"],)) == [(150,)]
+    mine = q(ca, "INSERT INTO cerebro_db.worker_tickets DEFAULT VALUES RETURNING token")[0][0]
+    q(ca, "SELECT cerebro_db.__worker_connect('iso_a', %s)", (mine,))
+    q(ca, "SELECT cerebro_db.dblink_disconnect('iso_a')")
+    assert q(admin, "SELECT count(*) FROM cerebro_db.worker_tickets") == [(50,)]
+    q(admin, "DELETE FROM cerebro_db.worker_tickets")
+
+
 def test_ids_come_from_the_sequences(two, admin):
     """eve cannot take the next fit id (or unit id) in advance: an explicit id is replaced
     by a fresh one and an id never changes."""
