@@ -253,16 +253,16 @@ def run(cat: Catalog, *, request: FitRequest, outputs: Callable[[FitRun], Any],
     ended = False
     try:
         ex.open(forward)
+        if resume is not None:  # at once: the fit shows running (cancellable) from here
+            fit.fit_id, fit.t0 = take_over(cat, ex, resume)
         refuse_uncommitted(cat, ex, [request.source, request.validation])
         worker_checks(ex, check_spec(request.source, request.checks or [], len(workers),
                                      request.validate_compile, request.custom_functions))
         ex.control(sql.mark_interrupted(cat))
         ex.control(sql.purge_done_states(cat))
         ex.control(sql.purge_postings(cat))
-        if resume is None:
+        if resume is None:  # after the checks: a refused fit leaves no row
             fit.fit_id = register(cat, ex, request, total)
-        else:
-            fit.fit_id, fit.t0 = take_over(cat, ex, resume)
         pool = WorkerPool(cat, ex, fit.fit_id, request.source.partitions, request.replicas) \
             if hooks.elastic else None
         if pool is not None:

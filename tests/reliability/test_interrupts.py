@@ -224,6 +224,58 @@ def test_pg_cancel_backend_cancels_the_fit(it, rel_db):
     cancelled_then_resumed(it, fit_id, out)
 
 
+def test_a_resume_is_cancellable_while_its_workers_start(it, rel_db):
+    """A resume takes the fit over as soon as its sessions are open: while its (cold) worker
+    sessions still run their checks, the fit shows 'running' and cerebro_db_cancel_fit
+    returns true and stops it (57014), where it used to show 'cancelled' for those seconds
+    and return false, and the resume then ran to its end."""
+    out = "it_rc"
+    drop_outputs(it, out)
+    n0 = max_fit(it)
+    bg = Background(rel_db, out, setup=[hook_sql(SLOW_EPOCH2)])
+    bg.start()
+    try:
+        fit_id = started(it, out, n0, units=PARTITIONS)
+        assert q(it, "SELECT cerebro_db_cancel_fit(%s)", (fit_id,)) == [(True,)]
+        bg.join(60)
+    finally:
+        bg.close()
+    assert q(it, "SELECT status FROM cerebro_db.fits WHERE fit_id = %s", (fit_id,)) == \
+        [("cancelled",)]
+    conn = connect(rel_db)  # a new session: no kept worker sessions, so a cold start
+    conn.autocommit = True
+    errors: list[BaseException] = []
+
+    def resume():
+        try:
+            q(conn, "SELECT madlib_keras_fit_resume(%s)", (fit_id,))
+        except BaseException as e:  # noqa: BLE001 - the test looks at it
+            errors.append(e)
+
+    t = threading.Thread(target=resume, daemon=True)
+    t.start()
+    try:
+        wait_for(lambda: q(it, "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' "
+                               "AND application_name LIKE 'cerebro_db %%' "
+                               "AND query LIKE '%%__check_fit%%'")[0][0],
+                 what="the resume's workers checking the fit")
+        assert q(it, "SELECT status FROM cerebro_db.fits WHERE fit_id = %s", (fit_id,)) == \
+            [("running",)]
+        assert q(it, "SELECT cerebro_db_cancel_fit(%s)", (fit_id,)) == [(True,)]
+        t.join(60)
+        assert not t.is_alive()
+    finally:
+        if t.is_alive():
+            end_backend(rel_db, conn.get_backend_pid())
+            t.join(60)
+        conn.close()
+    assert len(errors) == 1 and getattr(errors[0], "pgcode", None) == "57014", errors
+    assert q(it, "SELECT status FROM cerebro_db.fits WHERE fit_id = %s", (fit_id,)) == \
+        [("cancelled",)]
+    q(it, "SELECT madlib_keras_fit_resume(%s)", (fit_id,))
+    check_done(it, fit_id, out)
+
+
 def test_statement_timeout_cancels_the_fit(it, rel_db):
     """statement_timeout of the calling session bounds the whole fit: 57014 after the
     timeout, not a fit that runs on (and reports done) past it. (Where the timeout lands,
