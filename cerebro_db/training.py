@@ -554,7 +554,7 @@ unit has, so a unit's pass is one call (Keras' loop stops when the data ends).""
 
 
 def _compile(model: keras.Model, cp: CompileParams) -> None:
-    kwargs = _per_output(model, cp.to_keras())
+    kwargs = _per_output(model, cp.to_keras(), cp.to_keras)
     if cp.steps_per_execution is None:
         kwargs["steps_per_execution"] = STEPS_PER_EXECUTION
     try:
@@ -1686,17 +1686,25 @@ class MultiData:
         return int(self.xs[0].shape[0]) if self.xs else 0
 
 
-def _per_output(model: keras.Model, kwargs: dict[str, Any]) -> dict[str, Any]:
+def _per_output(model: keras.Model, kwargs: dict[str, Any],
+                fresh: Callable[[], dict[str, Any]] | None = None) -> dict[str, Any]:
     """Compile arguments for ``model``: with several outputs, a flat metrics list applies to
-    every output (as Keras 2, which MADlib uses, did; Keras 3 wants one list per output)."""
+    every output (as Keras 2, which MADlib uses, did; Keras 3 wants one list per output).
+    A list holding metric objects (custom functions by reference, top k accuracy) gives
+    each output objects of its own, from ``fresh()`` (new compile arguments): a metric
+    object keeps its state, so two outputs cannot share one."""
     n = len(model.outputs)
     if n < 2:
         return kwargs
     out = dict(kwargs)
     for key in ("metrics", "weighted_metrics"):
         v = out.get(key)
-        if isinstance(v, (list, tuple)) and v and all(isinstance(m, str) for m in v):
+        if not isinstance(v, (list, tuple)) or not v:
+            continue
+        if all(isinstance(m, str) for m in v):
             out[key] = [list(v) for _ in range(n)]
+        elif fresh is not None:
+            out[key] = [list(v)] + [list(fresh()[key]) for _ in range(n - 1)]
     return out
 
 

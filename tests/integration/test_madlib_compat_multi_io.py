@@ -116,6 +116,23 @@ def test_fit_two_inputs_two_outputs(packed, tables):
     assert len(tl) == 1 and math.isfinite(tl[0]) and 0 <= tm[0] <= 1 and mt == ["accuracy"]
 
 
+def test_a_metric_object_applies_to_every_output(packed, tables):
+    """A flat metrics list naming a function of the object table (here MADlib's top k
+    accuracy) applies to every output, as a named one does: each output gets its own
+    metric object (they keep state), where Keras 3 refused one list for two outputs."""
+    conn = packed
+    tables += ["mio_cf", "mio_mk"]
+    q(conn, "DROP TABLE IF EXISTS mio_cf")
+    q(conn, "SELECT load_top_k_accuracy_function('mio_cf', 2)")
+    q(conn, "SELECT madlib_keras_fit('mio_p', 'mio_mk', 'mio_arch', 1, %s, %s, 1, "
+            "object_table => 'mio_cf')",
+      (COMPILE.replace("'accuracy'", "'top_2_accuracy'"), FIT))
+    (tl, tm, mt), = q(conn, "SELECT training_loss, training_metrics, metrics_type "
+                            "FROM mio_mk_summary")
+    assert mt == ["top_2_accuracy"] and len(tm) == 1 and 0 <= tm[0] <= 1, (tm, mt)
+    assert math.isfinite(tl[0])
+
+
 def test_model_and_data_must_agree_before_work(packed, tables):
     conn = packed
     import keras
