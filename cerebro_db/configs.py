@@ -438,7 +438,10 @@ def generate_model_configs(
         )
         return [(c, f) for c in compiles for f in fits]
 
-    if num_configs is None or isinstance(num_configs, bool) or not isinstance(num_configs, int):
+    if num_configs is None:
+        raise CerebroError("num_configs must not be NULL for random search",
+                           NULL_VALUE_NOT_ALLOWED, hint="Say how many configurations to draw.")
+    if isinstance(num_configs, bool) or not isinstance(num_configs, int):
         raise invalid(f"num_configs must be an integer for random search, got {num_configs!r}")
     if num_configs < 1:
         raise invalid(f"num_configs must be at least 1 for random search, got {num_configs}")

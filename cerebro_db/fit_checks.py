@@ -5,9 +5,8 @@ the packed data; with ``validate_compile`` the loss, metric and optimizer names 
 against Keras. The coordinator builds the spec (:func:`cerebro_db.fitrun.check_spec`)."""
 from __future__ import annotations
 
+import math
 from typing import Any
-
-import numpy as np
 
 from . import keras_arch, params
 from .catalog import Catalog
@@ -30,15 +29,22 @@ def _check_config(c: Any, src: Any, checked: dict[str, Any]) -> None:
             "variables", DATATYPE_MISMATCH,
             hint="List the variables in independent_varname / dependent_varname in the order "
             "of the model's inputs and outputs.")
-    for i, (shape, size) in enumerate(zip(ins, x_sizes)):
-        in_size = int(np.prod([d for d in shape if d is not None]))
+    rows = getattr(src, "x_shapes", None) or [[size] for size in x_sizes]
+    for i, (shape, size, row) in enumerate(zip(ins, x_sizes, rows)):
+        in_size = math.prod(int(d) for d in shape if d is not None)
         if None in shape or in_size != size:
-            which = "" if len(ins) == 1 else f" {i + 1}"
-            raise CerebroError(
-                f"model_id {c.model_id} expects input{which} shape {list(shape)}, but the "
-                f"packed data has {size} values per row", DATATYPE_MISMATCH,
-                hint="The architecture's input must hold as many values as each packed row "
-                "(a Reshape layer can adapt a flat row).")
+            packed, hint = f"{size} values per row", (
+                "The architecture's input must hold as many values as each packed row (a "
+                "Reshape layer can adapt a flat row).")
+        elif not keras_arch.reshapes_to(row, [int(d) for d in shape if d is not None]):
+            packed, hint = f"rows of shape {list(row)}", (
+                "Rows are taken as the model's input when they are flat or have the same "
+                "dimensions (besides dimensions of size 1); pack them in the model's order.")
+        else:
+            continue
+        which = "" if len(ins) == 1 else f" {i + 1}"
+        raise CerebroError(f"model_id {c.model_id} expects input{which} shape {list(shape)}, "
+                           f"but the packed data has {packed}", DATATYPE_MISMATCH, hint=hint)
     loss = c.cp.loss if isinstance(c.cp.loss, str) else None
     sparse = loss is not None and "sparse" in loss
     for shape, width, kind in zip(outs, y_widths, kinds):
@@ -68,7 +74,7 @@ def check_configs(spec: dict[str, Any], cat: Catalog | None = None) -> None:
     worker._runtime(int(spec.get("worker_threads") or 0) or None)
     cols = tuple(spec["columns"])
     src = SimpleNamespace(x_size=spec["x_size"], y_width=spec["y_width"], kind=spec["kind"],
-                          columns=lambda: cols)
+                          columns=lambda: cols, x_shapes=spec.get("x_shapes"))
     refs = dict(spec.get("custom_functions") or {})
     if refs:  # this session checks the grants itself before importing anything
         from .custom_functions import parse_reference, require_allowed

@@ -76,6 +76,7 @@ class PackedTable:
     kind: str
     partition_mod: int | None = None  # MADlib-packed: partition = buffer_id % partition_mod
     multi: dict[str, list[Any]] | None = None  # several inputs/outputs: xs, ys, sizes, kinds
+    x_shapes: list[list[int]] | None = None  # each input's per-row shape, as packed
 
     def columns(self) -> tuple[list[str], list[str], list[int], list[int], list[str]]:
         """Buffer columns, values per row and label kinds of every input and output."""
@@ -364,6 +365,7 @@ def check_spec(src: PackedTable, items: list[dict[str, Any]], num_workers: int,
     ``{name: reference}`` (imported by the workers only)."""
     return {"configs": items, "x_size": src.x_size, "y_width": src.y_width, "kind": src.kind,
             "columns": list(src.columns()), "num_rows": src.summary.get("num_rows"),
+            "x_shapes": src.x_shapes,
             "validate_compile": validate_compile, "custom_functions": custom_functions or {},
             "worker_threads": max(1, (os.cpu_count() or 1) // max(1, num_workers))}
 

@@ -665,6 +665,20 @@ def unbuilt_sizes(keras3_text: str) -> tuple[int, int] | None:
     return sum(math.prod(int(d) for d in v.shape) for v in made), values
 
 
+def reshapes_to(row: Sequence[int], target: Sequence[int]) -> bool:
+    """Whether rows of shape ``row`` are taken as rows of ``target``: the same number of
+    values, and either side flat (``[784]`` for ``(28, 28, 1)``, as MADlib packs images) or
+    the same dimensions once those of size 1 are left out (``[28, 28]`` for ``(28, 28, 1)``).
+    Other shapes of the same size (``[3, 32, 32]`` for ``(32, 32, 3)``) would scramble the
+    values: refused, as MADlib does."""
+    row, target = tuple(int(d) for d in row), tuple(int(d) for d in target)
+    if math.prod(row) != math.prod(target):
+        return False
+    if len(row) <= 1 or len(target) <= 1:
+        return True
+    return tuple(d for d in row if d != 1) == tuple(d for d in target if d != 1)
+
+
 def graph_values(model: Any) -> int:
     """The values one row makes in the outputs of the calls in ``model``'s graph (its
     inputs included), each call counted once, and a nested model's own graph once per call

@@ -193,6 +193,15 @@ def _automl_info_rows(book: TrialBook, tuner: Tuner, configs: Mapping[int, Confi
     return rows
 
 
+def _most_epochs(run: FitRun) -> int | None:
+    """The most epochs a trial of an AutoML run trained: its ``_summary``'s
+    ``metrics_compute_frequency`` when the call left it out (MADlib's value there: R for
+    Hyperband, num_iterations for Hyperopt)."""
+    assert run.outcome is not None
+    return max((e for r in run.outcome.results.values() for (e, kind) in r.evals
+                if kind == "eval_train"), default=None)
+
+
 def write_automl(run: FitRun, book: TrialBook, configs: Mapping[int, Config], method: str,
                  automl_params: str | None, use_gpus: bool) -> int:
     """``madlib_keras_automl``'s outputs; returns the best trial's mst_key."""
@@ -229,7 +238,8 @@ def write_automl(run: FitRun, book: TrialBook, configs: Mapping[int, Config], me
                                   "automl_params": automl_params,
                                   "random_state": str(req.random_state),
                                   "object_table": req.object_table, "use_gpus": use_gpus,
-                                  "metrics_compute_frequency": req.frequency,
+                                  "metrics_compute_frequency":
+                                      req.frequency or _most_epochs(run),
                                   "name": req.name, "description": req.description,
                                   "start_training_time": run.t0,
                                   "madlib_version": __version__})

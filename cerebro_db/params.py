@@ -992,7 +992,13 @@ def parse_fit_params(text: str | None, what: str = "fit_params") -> FitParams:
         kwargs["verbose"] = v
     if d.get("callbacks") is not None:
         names = []
-        given = d["callbacks"] if isinstance(d["callbacks"], list) else [d["callbacks"]]
+        raw = d["callbacks"]
+        if isinstance(raw, str) and raw.strip().startswith("["):
+            # a grid's value as MADlib writes it ('callbacks': ['[TensorBoard(...)]']): the
+            # string is the list itself
+            raw = parse_keyword_string(f"callbacks={raw.strip()}", what,
+                                       call_list_keys=("callbacks",))["callbacks"]
+        given = raw if isinstance(raw, list) else [raw]
         for item in given:
             if isinstance(item, Call):
                 if item.name.lower() != "tensorboard":

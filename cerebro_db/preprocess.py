@@ -93,7 +93,7 @@ def decode_arrays(blobs: Sequence[bytes | None], elem: str, what: str
     dtype_be, width = _ELEM[elem]
     if any(b is None for b in blobs):
         raise CerebroError(f"{what} is NULL in some rows", NULL_VALUE_NOT_ALLOWED,
-                           hint="Filter or impute NULL rows before preprocessing.")
+                           hint="Filter or impute the rows with NULL first.")
     rows = cast("Sequence[bytes]", blobs)  # no NULL: checked above
     first = bytes(rows[0])
     ndim, flags = struct.unpack_from(">ii", first)
@@ -109,7 +109,7 @@ def decode_arrays(blobs: Sequence[bytes | None], elem: str, what: str
         bndim, bflags = struct.unpack_from(">ii", bytes(rows[bad]))
         if bflags & 1:
             raise CerebroError(f"{what} has NULL elements", NULL_VALUE_NOT_ALLOWED,
-                               hint="Replace NULL array elements before preprocessing.")
+                               hint="Replace the NULL array elements first.")
         bdims = struct.unpack_from(f">{2 * bndim}i", bytes(rows[bad]), 12)[0::2] if bndim else ()
         raise CerebroError(
             f"{what} must have the same shape in every row, found {list(dims)} and {list(bdims)}",
@@ -131,7 +131,7 @@ def check_finite(values: np.ndarray, what: str, row_offset: int = 0) -> None:
         raise CerebroError(
             f"{what} contains NaN or infinity (first in row {row + 1} of the scan)",
             FLOATING_POINT_EXCEPTION,
-            hint="Clean or impute the data before preprocessing.",
+            hint="Clean or impute the data first.",
         )
 
 

@@ -299,8 +299,8 @@ def fit_input_shape(x: np.ndarray, model: keras.Model) -> np.ndarray:
 
     ``[rows, 784]`` becomes ``[rows, 28, 28, 1]`` for a model whose input shape is
     ``(28, 28, 1)``: any per-row shape with the same number of elements is reshaped (a view,
-    no copy). Per-row shapes already matching (with ``None`` dimensions matching anything) are
-    returned unchanged. Raises :class:`CerebroError` with SQLSTATE 42804 (datatype mismatch)
+    no copy) when :func:`keras_arch.reshapes_to` allows it. Per-row shapes already matching (with
+    ``None`` dimensions matching anything) are returned unchanged. Raises :class:`CerebroError` with SQLSTATE 42804 (datatype mismatch)
     naming both shapes when the element counts differ or the model's input has undefined
     dimensions that the data does not match, and 0A000 for models with several inputs.
     """
@@ -315,15 +315,14 @@ def fit_input_shape(x: np.ndarray, model: keras.Model) -> np.ndarray:
     if len(row) == len(target) and all(t is None or t == r for t, r in zip(target, row)):
         return x
     known = tuple(int(t) for t in target if t is not None)
-    same_size = int(np.prod(row, dtype=np.int64)) == int(np.prod(known, dtype=np.int64))
-    if len(known) == len(target) and x.ndim >= 1 and same_size:
+    if len(known) == len(target) and x.ndim >= 1 and keras_arch.reshapes_to(row, known):
         return x.reshape((x.shape[0],) + known)
     raise CerebroError(
         f"independent variable has shape {_fmt_shape(row)} per row but the model expects "
         f"{_fmt_shape(target)}",
         DATATYPE_MISMATCH,
-        hint="the number of features per row must equal the number of elements of the model's "
-        "input shape",
+        hint="Rows are taken as the model's input when they have the same number of values "
+        "and are flat or have the same dimensions (besides dimensions of size 1).",
     )
 
 
@@ -1721,8 +1720,7 @@ def _multi_xy(model: keras.Model, data: MultiData) -> tuple[list[np.ndarray], li
     for i, (x, target) in enumerate(zip(data.xs, shapes)):
         x = np.asarray(x, dtype=np.float32)
         known = tuple(int(t) for t in target if t is not None)
-        if len(known) != len(target) or \
-                int(np.prod(x.shape[1:], dtype=np.int64)) != int(np.prod(known, dtype=np.int64)):
+        if len(known) != len(target) or not keras_arch.reshapes_to(x.shape[1:], known):
             raise CerebroError(
                 f"independent variable {i + 1} has shape {_fmt_shape(x.shape[1:])} per row but "
                 f"model input {i + 1} expects {_fmt_shape(target)}", DATATYPE_MISMATCH)

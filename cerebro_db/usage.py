@@ -35,7 +35,9 @@ SELECT validation_preprocessor_dl(
                                   --   normalizing constant and partitions come from it
     buffer_size,                  -- rows per buffer (NULL: MADlib's rule)
     distribution_rules,           -- 'all_segments' (default)
-    num_partitions                -- NULL: as the training table
+    num_partitions                -- NULL: as the training table (a fit validates only
+                                  --   with that; another count is for appending the
+                                  --   rows to the training table, as scheduled jobs do)
 );""",
     "load_keras_model": """\
 load_keras_model: add a Keras architecture to an architecture table

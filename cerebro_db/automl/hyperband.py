@@ -138,6 +138,9 @@ class Hyperband(Tuner):
                  num_workers: int, random_state: int | None, R: int = 6, eta: int = 3,
                  skip_last: int = 0) -> None:
         self.s_max = _check(R, eta, skip_last)
+        if R < eta:  # one configuration trained R epochs: nothing to compare (MADlib refuses)
+            raise invalid(f"automl_params: R must be at least eta ({eta}), got {R}",
+                          hint="Hyperband with R < eta runs a single configuration.")
         self.space = SearchSpace(model_ids, compile_grid, fit_grid)
         self.num_workers = num_workers_option(num_workers)
         self.random_state = random_state_option(random_state)

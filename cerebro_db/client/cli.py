@@ -35,6 +35,9 @@ FIT_COLUMNS = ["fit_id", "kind", "status", "model_output_table", "units_done", "
                "percent", "best_loss", "started_at", "elapsed"]
 
 
+FIT_STATUSES = ("running", "done", "failed", "interrupted", "cancelled")
+"""The statuses a fit can have (the catalog's CHECK constraint, migration 020)."""
+
 def _parser() -> argparse.ArgumentParser:
     fmt = argparse.RawDescriptionHelpFormatter
     p = argparse.ArgumentParser(
@@ -53,8 +56,7 @@ def _parser() -> argparse.ArgumentParser:
                               formatter_class=fmt)
 
     f = verb("fits", "list fits with their progress, newest first")
-    f.add_argument("--status", help="only fits with this status (running, done, failed, "
-                   "interrupted, ...)")
+    f.add_argument("--status", choices=FIT_STATUSES, help="only fits with this status")
     f.add_argument("--limit", type=int, help="at most this many fits")
     f.add_argument("--format", choices=("table", "csv", "json"), default="table")
     f.add_argument("--all-columns", action="store_true", help="every column of the listing")

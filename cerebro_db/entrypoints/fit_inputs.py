@@ -62,6 +62,7 @@ def packed_table(cat: Catalog, name: str, what: str,
         "xs": xcols, "ys": ycols, "x_sizes": sizes[:len(xcols)],
         "y_widths": sizes[len(xcols):], "kinds": list(s["dependent_kind"])}
     x_size, y_width = int(np.prod(shapes[0][1:])), int(np.prod(shapes[len(xcols)][1:]))
+    x_shapes = [[int(d) for d in sh[1:]] for sh in shapes[:len(xcols)]]
     oid = cat.relation_oid(t)
     assert oid is not None  # the caller found the table
     qualified = sql.qualified_name(cat, oid)
@@ -69,14 +70,14 @@ def packed_table(cat: Catalog, name: str, what: str,
         p = int(partitions or s["num_partitions"])
         s = {**s, "num_partitions": p}
         return PackedTable(t, qualified, s, x, y, x_size, y_width, p, s["dependent_kind"][0],
-                           p, multi)
+                           p, multi, x_shapes)
     lo, hi = sql.partition_range(cat, t)
     p = int(s["num_partitions"])
     if lo < 0 or hi > p - 1:  # a partition may hold no buffer
         raise CerebroError(f'{what} "{t}" does not hold the {p} partitions its summary '
                            "records", DATA_EXCEPTION, hint="Preprocess the data again.")
     return PackedTable(t, qualified, s, x, y, x_size, y_width, p, s["dependent_kind"][0], None,
-                       multi)
+                       multi, x_shapes)
 
 
 def validation_table(cat: Catalog, name: str | None, src: PackedTable) -> PackedTable | None:
@@ -89,7 +90,8 @@ def validation_table(cat: Catalog, name: str | None, src: PackedTable) -> Packed
         raise invalid(f'validation_table "{v.table}" has {v.partitions} partitions, the '
                       f"training data {src.partitions}",
                       hint="Preprocess the validation data with validation_preprocessor_dl "
-                      "from this training table.")
+                      "from this training table, leaving num_partitions NULL (the training "
+                      "table's).")
     if v.columns()[2:4] != src.columns()[2:4]:
         _, _, vx, vy, _ = v.columns()
         _, _, sx, sy, _ = src.columns()

@@ -90,6 +90,10 @@ def _model_row(cat: Catalog, model_table: str, mst_key: int | None
         if not rows:
             raise CerebroError(f'mst_key {mst_key} does not exist in "{t}"', UNDEFINED_OBJECT)
     else:
+        if mst_key is not None:  # MADlib refuses it too
+            raise invalid(f'mst_key is given ({mst_key}), but model_table "{t}" holds one '
+                          "model (it has no mst_key column)",
+                          hint="Pass mst_key => NULL for the output of madlib_keras_fit.")
         rows = stmts.model_of(cat, t, None)
         if len(rows) != 1:
             raise invalid(f'model_table "{t}" must hold exactly one model')
@@ -157,8 +161,9 @@ def _predict_into(cat: Catalog, *, arch: str, weights: bytes, test: TableName, i
         ids = [r["id"] for r in rows]
         if any(i is None for i in ids):
             raise CerebroError(f'id_col "{id_name}" is NULL in some rows', NULL_VALUE_NOT_ALLOWED)
-        x, _ = decode_arrays([r["x0"] for r in rows], "float4", f'"{x_name}"')
+        x, dims = decode_arrays([r["x0"] for r in rows], "float4", f'"{x_name}"')
         check_finite(x, f'independent variable "{x_name}"', total)
+        x = x.reshape((len(rows),) + tuple(dims))  # the rows' own shape, checked by predict
         out = predict(cache, arch, weights, x / scale if scale != 1 else x)
         out = out.reshape(len(ids), -1)
         if regression:
@@ -250,8 +255,9 @@ def _predict_multi_into(cat: Catalog, *, arch: str, weights: bytes, test: TableN
             raise CerebroError(f'id_col "{id_name}" is NULL in some rows', NULL_VALUE_NOT_ALLOWED)
         xs = []
         for i, x_name in enumerate(x_names):
-            x, _ = decode_arrays([r[f"x{i}"] for r in rows], "float4", f'"{x_name}"')
+            x, dims = decode_arrays([r[f"x{i}"] for r in rows], "float4", f'"{x_name}"')
             check_finite(x, f'independent variable "{x_name}"', total)
+            x = x.reshape((len(rows),) + tuple(dims))
             xs.append(x / scale if scale != 1 else x)
         outs = predict_multi(cache, arch, weights, xs)
         if len(outs) != len(class_names):

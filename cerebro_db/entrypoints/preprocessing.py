@@ -106,22 +106,23 @@ def _check_partitions(p: int) -> int:
     return p
 
 
-def _check_distribution_rules(rules: str | None) -> str:
+def _check_distribution_rules(cat: Catalog, rules: str | None) -> str:
+    """MADlib's ``distribution_rules``: on Greenplum, the segments that hold the packed data
+    ('all_segments', 'gpu_segments' or a table of segment ids). A single PostgreSQL server
+    has no segments, so MADlib's PostgreSQL path ignores the argument; so does this (with a
+    notice), after checking that a table it names exists. Returns what is recorded in the
+    summary: 'all_segments'."""
     if rules is None or rules.strip().lower() == "all_segments":
         return "all_segments"
     if rules.strip().lower() == "gpu_segments":
-        raise CerebroError(
-            "distribution_rules 'gpu_segments' needs GPU segments, which a single PostgreSQL "
-            "server does not have",
-            FEATURE_NOT_SUPPORTED,
-            hint="Use 'all_segments' (the default); choose the parallelism with num_partitions.",
-        )
-    raise CerebroError(
-        f"distribution_rules {rules!r} is not supported on PostgreSQL",
-        FEATURE_NOT_SUPPORTED,
-        hint="On PostgreSQL the partitions are 0..num_partitions-1; use 'all_segments' and "
-        "the num_partitions argument.",
-    )
+        what = "'gpu_segments'"
+    else:
+        t = cat.table(rules, "distribution_rules")
+        cat.require_table(t, "distribution_rules")
+        what = f'table "{t}"'
+    cat.notice(f"distribution_rules {what} chooses Greenplum segments; on PostgreSQL it is "
+               "ignored (as MADlib does): the partitions are 0..num_partitions-1")
+    return "all_segments"
 
 
 @dataclass
@@ -415,7 +416,7 @@ def training_preprocessor_dl(cat: Catalog, *, source_table: str, output_table: s
         normalizing_const = 1.0
     if not math.isfinite(normalizing_const) or normalizing_const <= 0:
         raise invalid(f"normalizing_const must be a positive number, got {normalizing_const}")
-    rules = _check_distribution_rules(distribution_rules)
+    rules = _check_distribution_rules(cat, distribution_rules)
     seed = resolve_seed(random_state)
     for k in num_classes or ():
         if k is not None and not 1 <= k <= MAX_CLASSES:
@@ -560,7 +561,7 @@ def validation_preprocessor_dl(cat: Catalog, *, source_table: str, output_table:
     """Pack validation rows with the training table's classes and normalizing constant."""
     t0 = time.monotonic()
     _check_packing(buffer_size, num_partitions)
-    rules = _check_distribution_rules(distribution_rules)
+    rules = _check_distribution_rules(cat, distribution_rules)
     if training_preprocessor_table is None:
         raise CerebroError("training_preprocessor_table must not be NULL", NULL_VALUE_NOT_ALLOWED)
     tt, ts = read_training_summary(cat, training_preprocessor_table)

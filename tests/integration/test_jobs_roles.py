@@ -15,9 +15,9 @@ psycopg2 = pytest.importorskip("psycopg2")
 pytestmark = pytest.mark.db
 
 
-@pytest.fixture
-def role(session_conn, dbname):
-    name = f"jobrole_{uuid.uuid4().hex[:8]}"
+def _login_role(session_conn, dbname, prefix: str):
+    """A role that may log in, use the extension and create in public; its connection."""
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
     q(session_conn, f'CREATE ROLE "{name}" LOGIN')
     q(session_conn, f'GRANT USAGE ON SCHEMA cerebro_db TO "{name}"')
     q(session_conn, f'GRANT CREATE ON SCHEMA public TO "{name}"')
@@ -28,6 +28,11 @@ def role(session_conn, dbname):
                     "WHERE usename = %s", (name,))
     q(session_conn, f'DROP OWNED BY "{name}" CASCADE')
     q(session_conn, f'DROP ROLE "{name}"')
+
+
+@pytest.fixture
+def role(session_conn, dbname):
+    yield from _login_role(session_conn, dbname, "jobrole")
 
 
 def test_a_roles_job_runs_with_worker_sessions_of_that_role(role, session_conn):
@@ -89,17 +94,7 @@ def test_job_names_are_unique_per_role(role, session_conn):
 @pytest.fixture
 def mallory(session_conn, dbname):
     """A second role that, like the first, may create tables in schema jshared."""
-    name = f"jobmal_{uuid.uuid4().hex[:8]}"
-    q(session_conn, f'CREATE ROLE "{name}" LOGIN')
-    q(session_conn, f'GRANT USAGE ON SCHEMA cerebro_db TO "{name}"')
-    q(session_conn, f'GRANT CREATE ON SCHEMA public TO "{name}"')
-    c = connect(dbname, name, autocommit=True)
-    yield name, c
-    c.close()
-    q(session_conn, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                    "WHERE usename = %s", (name,))
-    q(session_conn, f'DROP OWNED BY "{name}" CASCADE')
-    q(session_conn, f'DROP ROLE "{name}"')
+    yield from _login_role(session_conn, dbname, "jobmal")
 
 
 def _job_in_shared_schema(session_conn, c, alice: str, mallory: str) -> None:

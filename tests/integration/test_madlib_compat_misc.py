@@ -161,8 +161,10 @@ def test_automl_summary_has_madlibs_columns(madlib_conn):
     q(c, "SELECT madlib.madlib_keras_automl('iris_packed', 'am_out', 'model_arch_library', "
          "'am_out_mst', ARRAY[1], $${'loss': ['categorical_crossentropy'], "
          "'optimizer_params_list': [{'optimizer': ['Adam'], 'lr': [0.01]}], "
-         "'metrics': ['accuracy']}$$, $${'batch_size': [8]}$$, 'grid', 'num_iterations=1', 4)")
+         "'metrics': ['accuracy']}$$, $${'batch_size': [8]}$$, 'grid', 'num_iterations=2', 4)")
     assert columns(c, "am_out_summary") == MADLIB_AUTOML_SUMMARY
+    # left out, the frequency is the most epochs a trial trained (MADlib's: R, num_iterations)
+    assert q(c, "SELECT metrics_compute_frequency FROM am_out_summary") == [(2,)]
     fit_id, rs = q(c, "SELECT i.fit_id, s.random_state FROM am_out_info i, am_out_summary s")[0]
     assert rs == "4"
     opts = q(c, "SELECT options->>'best_mst_key', options->>'num_trials' FROM madlib.fits "
@@ -229,3 +231,44 @@ def test_tensorboard_confined_to_the_dba_directory(madlib_conn):
     finally:
         _reload(c, None)
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_rows_of_another_shape_and_mst_key_of_one_model_are_refused(madlib_conn):
+    """As MADlib (madlib_keras_predict.sql_in, madlib_keras_evaluate.sql_in): rows of 2 x 3
+    values are not taken for a model of 3 x 2 inputs (a reshape would scramble them), at
+    prediction and before a fit writes anything; flat rows and a size-1 dimension still
+    are. An mst_key for the output of madlib_keras_fit (one model) is an error."""
+    import keras
+
+    c = madlib_conn
+    arch = keras.Sequential([keras.Input((3, 2)), keras.layers.Flatten(),
+                             keras.layers.Dense(2, activation="softmax")]).to_json()
+    q(c, "DROP TABLE IF EXISTS sh, sh_t, sh_p, sh_p_summary, sh_t_p, sh_t_p_summary, sh_arch, "
+         "sh_m, sh_m_summary, sh_pred, sh_eval")
+    q(c, "CREATE TABLE sh AS SELECT i AS id, ARRAY[[i, i], [i, i], [i, i]]::real[] AS x, "
+         "(i % 2)::text AS y FROM generate_series(1, 20) i")
+    q(c, "CREATE TABLE sh_t AS SELECT i AS id, ARRAY[[i, i, i], [i, i, i]]::real[] AS x, "
+         "(i % 2)::text AS y FROM generate_series(1, 20) i")
+    q(c, "SELECT madlib.load_keras_model('sh_arch', %s)", (arch,))
+    q(c, "SELECT madlib.training_preprocessor_dl('sh', 'sh_p', 'y', 'x')")
+    q(c, "SELECT madlib.training_preprocessor_dl('sh_t', 'sh_t_p', 'y', 'x')")
+    fit = ("SELECT madlib.madlib_keras_fit(%s, 'sh_m', 'sh_arch', 1, "
+           "$$loss='categorical_crossentropy', optimizer='adam'$$, 'batch_size=5', 1)")
+    n0 = q(c, "SELECT count(*) FROM madlib.fits")[0][0]
+    e = error_of(c, fit, ("sh_t_p",))
+    assert e.pgcode == "42804" and "packed data has rows of shape [2, 3]" in e.pgerror, e.pgerror
+    assert q(c, "SELECT count(*) FROM madlib.fits")[0][0] == n0
+    q(c, fit, ("sh_p",))
+    e = error_of(c, "SELECT madlib.madlib_keras_predict('sh_m', 'sh_t', 'id', 'x', 'sh_pred', "
+                    "'response')")
+    assert e.pgcode == "42804" and "shape (2, 3) per row" in e.pgerror, e.pgerror
+    assert q(c, "SELECT to_regclass('sh_pred')") == [(None,)]
+    q(c, "CREATE TABLE sh_flat AS SELECT id, ARRAY[id, id, id, id, id, id]::real[] AS x "
+         "FROM sh")
+    q(c, "SELECT madlib.madlib_keras_predict('sh_m', 'sh_flat', 'id', 'x', 'sh_pred', "
+         "'response')")
+    assert q(c, "SELECT count(*) FROM sh_pred") == [(20,)]
+    e = error_of(c, "SELECT madlib.madlib_keras_evaluate('sh_m', 'sh_p', 'sh_eval', NULL, 42)")
+    assert e.pgcode == "22023" and "mst_key is given (42)" in e.pgerror, e.pgerror
+    q(c, "DROP TABLE sh, sh_t, sh_flat, sh_p, sh_p_summary, sh_t_p, sh_t_p_summary, sh_arch, "
+         "sh_m, sh_m_summary, sh_pred")

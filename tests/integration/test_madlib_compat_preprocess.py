@@ -42,6 +42,25 @@ def test_buffer_layout_as_madlib(rows17):
     assert [n for _, n in shapes(conn, "mc17_p3", "x")] == [3, 3, 3, 3, 3, 2]
 
 
+def test_distribution_rules_are_ignored_as_madlib_does_on_postgresql(rows17, tables):
+    """MADlib's iris setup passes a table of segment ids (distribution_rules =>
+    'segments_to_use'); MADlib's PostgreSQL path ignores it, and so does this (a notice),
+    recording all_segments."""
+    conn = rows17
+    tables += ["mc_segs", "mc17_ps", "mc17_pg"]
+    q(conn, "DROP TABLE IF EXISTS mc_segs")
+    q(conn, "CREATE TABLE mc_segs (dbid integer, notes text)")
+    conn.notices.clear()
+    q(conn, "SELECT training_preprocessor_dl('mc17', 'mc17_ps', 'y', 'x', NULL, 1.0, NULL, "
+            "'mc_segs', 2, 1)")
+    assert any('distribution_rules table "mc_segs"' in n and "ignored" in n
+               for n in conn.notices), conn.notices
+    q(conn, "SELECT training_preprocessor_dl('mc17', 'mc17_pg', 'y', 'x', NULL, 1.0, NULL, "
+            "'gpu_segments', 2, 1)")
+    assert q(conn, "SELECT distribution_rules FROM mc17_ps_summary UNION "
+                   "SELECT distribution_rules FROM mc17_pg_summary") == [("all_segments",)]
+
+
 def test_null_class_first_and_double_labels_one_hot(rows17, tables):
     conn = rows17
     tables += ["mc17_n", "mc17_d", "mc17_r"]

@@ -120,3 +120,25 @@ def test_another_session_watches_a_running_fit(watched, dsn):
     cfg = q(watcher, "SELECT epochs_done, units_done, current_epoch FROM "
                      "cerebro_db.fit_config_progress WHERE fit_id = %s", (fit_id,))
     assert cfg == [(ITERATIONS, ITERATIONS * PARTITIONS, ITERATIONS)] * CONFIGS
+
+
+def test_without_validation_the_best_loss_is_an_evaluated_training_loss(watched):
+    """Without validation data best_loss is the best training loss of a whole evaluated
+    epoch (what the _info table and the fit's notice report), not the smallest loss of one
+    training unit on one partition."""
+    conn = watched
+    q(conn, "DROP TABLE IF EXISTS w_nv, w_nv_info, w_nv_summary")
+    q(conn, "SELECT madlib_keras_fit_multiple_model('w_p', 'w_nv', 'w_mst', 2, FALSE, NULL, 1, "
+            "FALSE, NULL, NULL, TRUE, 'mop', NULL, 7)")
+    fit_id = q(conn, "SELECT fit_id FROM w_nv_info LIMIT 1")[0][0]
+    best, key, evaluated = q(conn, "SELECT best_loss, best_mst_key, best_eval_train_loss "
+                                   "FROM cerebro_db.fit_progress WHERE fit_id = %s",
+                             (fit_id,))[0]
+    info = q(conn, "SELECT mst_key, training_loss FROM w_nv_info")
+    best_info = min((loss, k) for k, losses in info for loss in losses)
+    assert best == evaluated == pytest.approx(best_info[0], rel=1e-6)
+    assert key == best_info[1]
+    per_config = dict(q(conn, "SELECT mst_key, best_eval_train_loss FROM "
+                              "cerebro_db.fit_config_progress WHERE fit_id = %s", (fit_id,)))
+    assert per_config == pytest.approx({k: min(losses) for k, losses in info}, rel=1e-6)
+    q(conn, "DROP TABLE w_nv, w_nv_info, w_nv_summary")

@@ -226,7 +226,9 @@ CASES = [
     case("tp-num-classes-negative", TP, tp(ncls=[-1]), "22023", "num_classes"),
     case("tp-num-partitions-max", TP, tp(parts=MAXINT), "22023", "num_partitions"),
     case("tp-num-partitions-zero", TP, tp(parts=0), "22023", "num_partitions"),
-    case("tp-distribution-rules-drop", TP, tp(rules=f"x'{SQLI}"), "0A000", "distribution_rules"),
+    case("tp-distribution-rules-drop", TP, tp(rules=f"x'{SQLI}"), "42602", "distribution_rules"),
+    case("tp-distribution-rules-missing", TP, tp(rules="no_such_segments"), "42P01",
+         "distribution_rules"),
     # ---------------------------------------------------------------- validation_preprocessor_dl
     case("vp-training-table-missing", VP, vp(train="no_such"), "42P01", "no_such"),
     case("vp-training-table-raw", VP, vp(train="raw"), "42P01", "raw_summary"),

@@ -278,6 +278,8 @@ def test_hyperband_params() -> None:
     assert "must be an integer" in _error("R=6.0").message
     assert "unknown key 'foo' for hyperband" in _error("foo=1").message
     assert _error("R=6, r=7").sqlstate == "42601"
+    # madlib_keras_automl.sql_in: "Should error out for invalid automl params: R"
+    assert _error("R=2, eta=3").message == "automl_params: R must be at least eta (3), got 2"
 
 
 def test_hyperband_limits_are_its_own() -> None:

@@ -823,6 +823,22 @@ def test_tensorboard_callback_and_log_dir_confinement(tmp_path):
     assert e.sqlstate == "42501" and "cerebro_db.tensorboard_log_dir" in e.hint
 
 
+def test_callbacks_as_a_string_holding_the_list_as_madlibs_grids_write_them():
+    """madlib_keras_automl.sql_in: {'callbacks': ['[TensorBoard(log_dir="/tmp/x/")]']} makes
+    callbacks='[TensorBoard(...)]', which MADlib splices into its fit call: the string is the
+    list."""
+    from cerebro_db.configs import generate_model_configs
+
+    fp = parse_fit_params("""batch_size=4, callbacks='[TensorBoard(log_dir="/tmp/x/")]'""")
+    assert fp == parse_fit_params("batch_size=4, callbacks=[TensorBoard(log_dir='/tmp/x/')]")
+    assert dict(fp.tensorboard) == {"log_dir": "/tmp/x/"}
+    (_, fit), = generate_model_configs(
+        "{'loss': ['mse'], 'optimizer_params_list': [{'optimizer': ['SGD']}]}",
+        """{'batch_size': [50], 'callbacks': ['[TensorBoard(log_dir="/tmp/x/")]']}""")
+    assert parse_fit_params(fit).callbacks == ("TensorBoard",)
+    assert "is not allowed" in err(parse_fit_params, "callbacks='[EarlyStopping()]'").message
+
+
 def test_static_float_arguments_equal_keras():
     """The coordinator converts integer float arguments without Keras: its static list is
     Keras' own (every optimizer argument whose default is a float)."""
