@@ -372,6 +372,20 @@ def relation_owner(cat: Any, table: TableName) -> dict[str, Any] | None:
     return rows[0] if rows else None
 
 
+def job_leftovers(cat: Any, schema: str, prefix: str) -> list[TableName]:
+    """Tables of the calling role in ``schema`` whose names start with ``prefix`` (a job's
+    replaced tables that could not be dropped when it published)."""
+    rows = cat.query(
+        "SELECT c.relname::text AS n FROM pg_catalog.pg_class c "
+        "JOIN pg_catalog.pg_namespace s ON s.oid OPERATOR(pg_catalog.=) c.relnamespace "
+        "WHERE s.nspname OPERATOR(pg_catalog.=) $1 AND c.relkind OPERATOR(pg_catalog.=) 'r' "
+        "AND pg_catalog.starts_with(c.relname::text, $2) "
+        "AND c.relowner OPERATOR(pg_catalog.=) (SELECT r.oid FROM pg_catalog.pg_roles r "
+        "WHERE r.rolname OPERATOR(pg_catalog.=) current_user)", [schema, prefix],
+        ["text", "text"])
+    return [TableName(schema, r["n"], TableName(schema, r["n"], "").sql) for r in rows]
+
+
 def lock_table(cat: Any, table: TableName) -> None:
     """Hold ``table`` until the transaction ends (ACCESS SHARE: nobody drops or replaces it
     meanwhile; reads and writes go on)."""

@@ -39,6 +39,7 @@ from ..errors import (
     OBJECT_NOT_IN_PREREQUISITE_STATE,
     QUERY_CANCELED,
     UNDEFINED_OBJECT,
+    UNDEFINED_TABLE,
     CerebroError,
     invalid,
 )
@@ -62,12 +63,14 @@ def _stage(t: TableName, job: dict[str, Any], what: str) -> TableName:
     return TableName(t.schema, name, TableName(t.schema, name, "").sql)
 
 
-def _own_tables(cat: Catalog, job: dict[str, Any]) -> None:
+def _own_tables(cat: Catalog, job: dict[str, Any], step: str) -> None:
     """The job's tables that exist (the packed table and the outputs, with their summaries)
-    must be plain tables of the job's owner: a run reads, appends to and drops them by name,
-    and another role that may create in their schema could have put a view or a table of
-    its own there (a view's functions would run as the job's owner). Each is locked (ACCESS
-    SHARE) until the step ends, so it is not replaced after the check. 42501 otherwise."""
+    must be plain tables of the job's owner: a run reads, appends to and replaces them by
+    name, and another role that may create in their schema could have put a view or a
+    table of its own there (a view's functions would run as the job's owner). Each is
+    locked (ACCESS SHARE) until the step ends, so it is not replaced after the check; the
+    steps then name them schema-qualified, as resolved here. 42501 otherwise. In the train
+    step the packed table must exist (42P01 otherwise): an absent name cannot be held."""
     names = [(job["packed_table"], "packed_table", ("", "_summary")),
              (job["model_output_table"], "model_output_table", ("", "_summary", "_info"))]
     if job["method"] == "automl":
@@ -78,6 +81,11 @@ def _own_tables(cat: Catalog, job: dict[str, Any]) -> None:
             t = base.with_suffix(sfx, what) if sfx else base
             rel = stmts.relation_owner(cat, t)
             if rel is None:
+                if step == "train" and what == "packed_table":
+                    # the pack step committed it: gone means another role dropped it (a
+                    # schema's owner may), and a name that is absent cannot be held
+                    raise CerebroError(f'packed_table "{t}" is gone since the pack step',
+                                       UNDEFINED_TABLE, hint="The next attempt packs again.")
                 continue
             if rel["mine"] and rel["kind"] == "r":
                 stmts.lock_table(cat, t)
@@ -385,7 +393,7 @@ def job_step(plpy: Any, schema: str, *, job_name: str, run_id: int | None, step:
     fit_id = None
     try:
         with plpy.subtransaction():
-            _own_tables(cat, job)
+            _own_tables(cat, job, step)
             if step == "pack":
                 new, total = _pack(cat, job)
                 stmts.record_rows(cat, run_id, new, total)
@@ -500,15 +508,11 @@ def _pack(cat: Catalog, job: dict[str, Any]) -> tuple[int, int]:
            ("independent_varname", job["independent_varname"], "text")], popts, ptypes)
     if source is not src:
         stmts.drop_view(cat, source)
-    for t in (packed, psumm):
-        if cat.relation_oid(t) is not None:
-            cat.drop_table(t)
     ssumm = stage.with_suffix("_summary", "packed_table")
     stmts.set_summary_column(cat, ssumm, "source_table", str(src))
     stmts.set_summary_column(cat, ssumm, "output_table", str(packed))
-    stmts.rename_table(cat, stage, packed.name)
-    _rename_indexes(cat, packed, stage.name)
-    stmts.rename_table(cat, ssumm, psumm.name)
+    _drop_leftovers(cat, job, [packed])
+    _publish(cat, job, [(stage, packed), (ssumm, psumm)])
     total = stmts.summary_num_rows(cat, psumm)
     stmts.set_packed_through(cat, jid, hwm, total)
     return total, total
@@ -538,6 +542,46 @@ def _append(cat: Catalog, job: dict[str, Any], view: TableName, packed: TableNam
     return n_new
 
 
+def _publish(cat: Catalog, job: dict[str, Any], pairs: list[tuple[TableName, TableName]]
+             ) -> None:
+    """Put each staging table in its final table's place, in this transaction: a final
+    table that exists is first renamed out of the way (not dropped: another role's view on
+    it would make DROP fail, 2BP01, and every run with it), then dropped if nothing depends
+    on it; one that cannot be dropped stays under its staging name until a later run can
+    (:func:`_drop_leftovers`)."""
+    old: list[TableName] = []
+    for i, (new, final) in enumerate(pairs):
+        if cat.relation_oid(new) is None:
+            continue
+        if cat.relation_oid(final) is not None:
+            gone = _stage(final, job, f"old{i}")
+            stmts.rename_table(cat, final, gone.name)
+            _rename_indexes(cat, gone, final.name)
+            old.append(gone)
+        stmts.rename_table(cat, new, final.name)
+        _rename_indexes(cat, final, new.name)
+    for t in old:
+        _try_drop(cat, job, t)
+
+
+def _try_drop(cat: Catalog, job: dict[str, Any], t: TableName) -> None:
+    try:
+        with cat.db.subtransaction():
+            cat.drop_table(t)
+    except Exception as e:  # noqa: BLE001 - another role's object depends on it
+        cat.notice(f'run_model_selection_job: job "{job["job_name"]}": kept the replaced '
+                   f"table {t.sql} ({_error_text(e)}); a later run drops it")
+
+
+def _drop_leftovers(cat: Catalog, job: dict[str, Any], tables: list[TableName]) -> None:
+    """Drop what earlier runs replaced but could not drop (see :func:`_publish`)."""
+    prefix = f"__cerebro_job_{int(job['job_id'])}_"
+    for schema in sorted({t.schema for t in tables if t.schema}):
+        for t in stmts.job_leftovers(cat, schema, prefix):
+            if "_old" in t.name[len(prefix):]:
+                _try_drop(cat, job, t)
+
+
 def _rename_indexes(cat: Catalog, table: TableName, old_prefix: str) -> None:
     """Indexes named after a staging table (``<stage>_pkey``) take the table's new name."""
     for r in stmts.indexes(cat, table):
@@ -554,7 +598,8 @@ def _train_and_publish(cat: Catalog, job: dict[str, Any], run_id: int) -> None:
     stage = _stage(out, job, "out")
     fopts = job["fit_options"]
     fopts = json.loads(fopts) if isinstance(fopts, str) else dict(fopts or {})
-    fixed: list[tuple[str, Any, str]] = [("source_table", job["packed_table"], "text"),
+    packed = cat.table(job["packed_table"], "packed_table")  # as _own_tables held it
+    fixed: list[tuple[str, Any, str]] = [("source_table", packed.sql, "text"),
                                          ("model_output_table", stage.sql, "text")]
     if m == "fit":
         fixed.append(("model_selection_table", job["model_selection_table"], "text"))
@@ -568,25 +613,21 @@ def _train_and_publish(cat: Catalog, job: dict[str, Any], run_id: int) -> None:
         fixed.append(("model_selection_table", smst.sql, "text"))
     _call(cat, fn, fixed, fopts, types)
     fit_id = _last_fit(cat, job, run_id)
-    # publish: the previous outputs are dropped and the new renamed in this transaction
+    # publish: the new outputs take the previous ones' names in this transaction
     renames = [(stage, out), (stage.with_suffix("_summary", ""), out.with_suffix("_summary", "")),
                (stage.with_suffix("_info", ""), out.with_suffix("_info", ""))]
     if m == "automl":
         renames += [(smst, mst), (smst.with_suffix("_summary", ""), mst.with_suffix("_summary", ""))]
     summ = renames[1][0]
     scols = cat.columns(cat.require_table(summ, "staging summary"))
-    for col, val in (("model", str(out)), ("model_info", str(out.with_suffix("_info", ""))),
+    for col, val in (("source_table", job["packed_table"]), ("model", str(out)),
+                     ("model_info", str(out.with_suffix("_info", ""))),
                      ("model_selection_table", job["model_selection_table"] if m == "automl"
                       else None)):
         if col in scols and val is not None:
             stmts.set_summary_column(cat, summ, col, val)
-    for new, final in renames:
-        if cat.relation_oid(new) is None:
-            continue
-        if cat.relation_oid(final) is not None:
-            cat.drop_table(final)
-        stmts.rename_table(cat, new, final.name)
-        _rename_indexes(cat, final, new.name)
+    _drop_leftovers(cat, job, [final for _, final in renames])
+    _publish(cat, job, renames)
     stmts.publish_fit(cat, fit_id, str(out),
                       job["model_selection_table"] if m == "automl" else None)
     b = stmts.best_model(cat, out.with_suffix("_info", ""))

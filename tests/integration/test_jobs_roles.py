@@ -176,3 +176,46 @@ def test_a_run_waits_its_own_jobs_retry_delay(role, session_conn):
         q(session_conn, "RESET statement_timeout")
         q(session_conn, "SELECT unschedule_model_selection('twin_delay')")
         q(c, "SELECT unschedule_model_selection('twin_delay')")
+
+
+def test_another_roles_view_on_a_published_table_does_not_stop_the_job(role, mallory,
+                                                                       session_conn):
+    """A view (or a temporary view of an open session) of another role on the job's
+    published tables made every later run fail (DROP TABLE: other objects depend on it,
+    2BP01). A run now renames the old table away, publishes, and keeps the old one while
+    something depends on it; a later run drops it. In the train step the packed table must
+    exist: an absent name cannot be held against a view put there between the check and
+    the fit."""
+    alice, c = role
+    mal, m = mallory
+    _job_in_shared_schema(session_conn, c, alice, mal)
+    q(c, "CALL run_model_selection_job('shared')")
+    assert runs(c, "shared")[-1]["status"] == "succeeded"
+    q(m, "CREATE VIEW jshared.pin AS SELECT 1 AS one FROM jshared.jout_summary")
+    q(m, "CREATE TEMP VIEW pin_info AS SELECT 1 AS one FROM jshared.jout_info")
+    q(m, "CREATE VIEW jshared.pin_packed AS SELECT 1 AS one FROM jshared.jpacked_summary")
+    c.notices.clear()
+    q(c, "CALL run_model_selection_job('shared')")
+    last = runs(c, "shared")[-1]
+    assert last["status"] == "succeeded", last["message"]
+    assert any("kept the replaced table" in n for n in c.notices), c.notices
+    kept = q(session_conn, "SELECT relname FROM pg_class WHERE relkind = 'r' AND relname LIKE "
+                           "'\\_\\_cerebro\\_job\\_%%\\_old%%'")
+    assert len(kept) == 3, kept
+    # mallory's views now stand on the old tables (which she still may not read)
+    assert q(m, "SELECT count(*) FROM pg_views WHERE viewname = 'pin'") == [(1,)]
+    q(m, "DROP VIEW jshared.pin, jshared.pin_packed")
+    q(m, "DROP VIEW pin_info")
+    q(c, "CALL run_model_selection_job('shared')")
+    assert runs(c, "shared")[-1]["status"] == "succeeded"
+    assert q(session_conn, "SELECT count(*) FROM pg_class WHERE relname LIKE "
+                           "'\\_\\_cerebro\\_job\\_%%\\_old%%'")[0][0] == 0
+    # the train step finds its packed table gone (a schema's owner dropped it after pack)
+    run = q(c, "SELECT cerebro_db.__job_step('shared', NULL, 'begin')")[0][0]
+    q(c, "DROP TABLE jshared.jpacked, jshared.jpacked_summary")
+    step = q(c, "SELECT cerebro_db.__job_step('shared', %s, 'train')", (int(run),))
+    assert step in ([("retry",)], [("failed",)]), step
+    q(c, "SELECT cerebro_db.__job_step('shared', %s, 'end')", (int(run),))
+    assert "is gone since the pack step" in runs(c, "shared")[-1]["message"]
+    q(c, "SELECT unschedule_model_selection('shared')")
+    q(session_conn, "DROP SCHEMA jshared CASCADE")
