@@ -651,8 +651,11 @@ def unbuilt_sizes(keras3_text: str) -> tuple[int, int] | None:
     try:
         with StatelessScope(initialize_variables=False), warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
-            model = keras.saving.deserialize_keras_object(json.loads(keras3_text),
-                                                          safe_mode=True)
+            # a compiled model's JSON (its own or a nested model's) would compile at the end
+            # of the build, which makes the optimizer's variables and fails in this scope:
+            # the count would be lost
+            config = _without_compile(json.loads(keras3_text))
+            model = keras.saving.deserialize_keras_object(config, safe_mode=True)
             values = graph_values(model)
     except Exception:  # noqa: BLE001, S110 - the real build reports it; count what was made
         pass
@@ -667,16 +670,25 @@ def unbuilt_sizes(keras3_text: str) -> tuple[int, int] | None:
 
 def reshapes_to(row: Sequence[int], target: Sequence[int]) -> bool:
     """Whether rows of shape ``row`` are taken as rows of ``target``: the same number of
-    values, and either side flat (``[784]`` for ``(28, 28, 1)``, as MADlib packs images) or
-    the same dimensions once those of size 1 are left out (``[28, 28]`` for ``(28, 28, 1)``).
+    values, and, once dimensions of size 1 are left out, either side flat (``[784]`` or
+    ``[1, 784]`` for ``(28, 28, 1)``, as MADlib packs images) or the same dimensions
+    (``[28, 28]`` for ``(28, 28, 1)``).
     Other shapes of the same size (``[3, 32, 32]`` for ``(32, 32, 3)``) would scramble the
     values: refused, as MADlib does."""
     row, target = tuple(int(d) for d in row), tuple(int(d) for d in target)
     if math.prod(row) != math.prod(target):
         return False
-    if len(row) <= 1 or len(target) <= 1:
-        return True
-    return tuple(d for d in row if d != 1) == tuple(d for d in target if d != 1)
+    row, target = tuple(d for d in row if d != 1), tuple(d for d in target if d != 1)
+    return len(row) <= 1 or len(target) <= 1 or row == target
+
+
+def _without_compile(config: Any) -> Any:
+    """``config`` with every ``compile_config`` left out (nested models' too)."""
+    if isinstance(config, dict):
+        return {k: _without_compile(v) for k, v in config.items() if k != "compile_config"}
+    if isinstance(config, list):
+        return [_without_compile(v) for v in config]
+    return config
 
 
 def graph_values(model: Any) -> int:
@@ -701,8 +713,55 @@ def graph_values(model: Any) -> int:
             total += math.prod(int(d) for d in t.shape if d is not None)
         if op is not model and isinstance(op, keras.Model):
             total += graph_values(op)
+        total += _inner_values(op, node)
         stack.extend(t._keras_history for t in keras.tree.flatten(node.input_tensors))
     return total
+
+
+def _dims(t: Any) -> list[int]:
+    """A tensor's dimensions after the batch (an unknown one counts as 1)."""
+    return [int(d) if d is not None else 1 for d in tuple(t.shape)[1:]]
+
+
+def _inner_values(op: Any, node: Any) -> int:
+    """Values one row makes inside a layer call beyond its outputs, for the layers where
+    they dwarf them (a red-team pass found these 90-260 times above the guard): attention
+    scores and their softmax (``MultiHeadAttention``: heads x Tq x Tk; ``Attention``:
+    Tq x Tk; ``AdditiveAttention``: Tq x Tk x dim), a recurrent layer's states kept for
+    every step (steps x state values x (gates + 2); ``Bidirectional`` both directions), and
+    a ``TimeDistributed`` model's graph once per step."""
+    import keras
+
+    ins = [t for t in keras.tree.flatten(node.input_tensors) if hasattr(t, "shape")]
+    outs = [t for t in keras.tree.flatten(node.output_tensors) if hasattr(t, "shape")]
+    if not ins or not outs:
+        return 0
+    name = type(op).__name__
+    q = _dims(ins[0])
+    if isinstance(op, keras.layers.MultiHeadAttention):
+        kv = _dims(ins[1]) if len(ins) > 1 else q
+        return 2 * int(op.num_heads) * math.prod(q[:-1]) * math.prod(kv[:-1])
+    if isinstance(op, (keras.layers.Attention, keras.layers.AdditiveAttention)):
+        kv = _dims(ins[1]) if len(ins) > 1 else q
+        dim = q[-1] if isinstance(op, keras.layers.AdditiveAttention) else 1
+        return 2 * math.prod(q[:-1]) * math.prod(kv[:-1]) * dim
+    if isinstance(op, keras.layers.Bidirectional):
+        return sum(_rnn_values(layer, q, _dims(outs[0]))
+                   for layer in (op.forward_layer, op.backward_layer))
+    if isinstance(op, keras.layers.RNN) or "ConvLSTM" in name:
+        return _rnn_values(op, q, _dims(outs[0]))
+    if isinstance(op, keras.layers.TimeDistributed) and isinstance(op.layer, keras.Model):
+        return q[0] * graph_values(op.layer)
+    return 0
+
+
+def _rnn_values(op: Any, q: list[int], out: list[int]) -> int:
+    """A recurrent layer's per-step states, kept for the backward pass."""
+    steps = q[0] if q else 1
+    per_step = math.prod(out[1:] if getattr(op, "return_sequences", False) else out)
+    name = type(op).__name__
+    gates = 4 if "LSTM" in name else 3 if "GRU" in name else 1
+    return steps * per_step * (gates + 2)
 
 
 @functools.lru_cache(maxsize=32)

@@ -1651,6 +1651,7 @@ def predict(
     Raises :class:`CerebroError`.
     """
     entry = cache.get_for_predict(arch_json)
+    _predict_guard(arch_json, entry.model, batch_size, len(x))
     try:
         xs = fit_input_shape(np.asarray(x, dtype=np.float32), entry.model)
         _load_any(entry, state_or_weights)
@@ -1664,6 +1665,20 @@ def predict(
         cache.discard(entry)
         raise _keras_failure("prediction", exc) from None
     return np.asarray(out, dtype=np.float32)
+
+
+def _predict_guard(arch_json: Any, model: keras.Model, batch_size: int, rows: int) -> None:
+    """Prediction's memory guard: the model's inputs must have every dimension (the fit
+    refuses others too: a value count needs them, and an undefined one would take any row
+    size), and a batch must fit (:func:`keras_arch.check_batch`)."""
+    for shape in keras_arch.input_shapes(model):
+        if None in tuple(shape):
+            raise CerebroError(
+                f"the model's input shape {_fmt_shape(shape)} has undefined dimensions",
+                FEATURE_NOT_SUPPORTED,
+                hint="Give the model's Input a fixed shape (a batch's memory is checked "
+                "before it runs, which needs every dimension).")
+    keras_arch.check_batch(arch_json, min(int(batch_size), int(rows)))
 
 
 # --------------------------------------------------------------------------- several inputs/outputs
@@ -1797,6 +1812,7 @@ def predict_multi(cache: ModelCache, arch_json: Any, state_or_weights: BytesLike
     """The outputs of a model with several inputs or outputs for the rows of ``xs`` (one
     array per input, in the model's input order): one float32 array per output."""
     entry = cache.get_for_predict(arch_json)
+    _predict_guard(arch_json, entry.model, batch_size, len(xs[0]) if len(xs) else 0)
     try:
         data = MultiData([np.asarray(x, dtype=np.float32) for x in xs], [])
         shapes = keras_arch.input_shapes(entry.model)

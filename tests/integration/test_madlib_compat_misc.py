@@ -272,3 +272,37 @@ def test_rows_of_another_shape_and_mst_key_of_one_model_are_refused(madlib_conn)
     assert e.pgcode == "22023" and "mst_key is given (42)" in e.pgerror, e.pgerror
     q(c, "DROP TABLE sh, sh_t, sh_flat, sh_p, sh_p_summary, sh_t_p, sh_t_p_summary, sh_arch, "
          "sh_m, sh_m_summary, sh_pred")
+
+
+def test_prediction_is_refused_when_a_batch_would_not_fit(madlib_conn):
+    """Prediction had no memory guard (a red-team pass): an UpSampling2D(64) model makes
+    4.2 million values a row, so a batch of 200 rows (of the 256 predict runs at once) is
+    over memory / 32 bytes here: refused (54000) before it runs. A model whose input has
+    undefined dimensions cannot be checked and is refused (0A000)."""
+    import keras
+    import numpy as np
+
+    from cerebro_db import keras_arch
+
+    c = madlib_conn
+    per_row = 32 * 32 + 2048 * 2048 + 1 + 2
+    rows = keras_arch.physical_memory() // keras_arch.BYTES_PER_BATCH_VALUE // per_row + 1
+    assert rows <= 256, "this machine has too much memory for the test's model"
+    up = keras.Sequential([keras.Input((32, 32, 1)), keras.layers.UpSampling2D(64),
+                           keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(2)])
+    flexible = keras.Sequential([keras.Input((None, None, 1)),
+                                 keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(2)])
+    weights = np.zeros(4, np.float32).tobytes()
+    q(c, "DROP TABLE IF EXISTS pg_arch, pg_rows, pg_out")
+    q(c, "SELECT madlib.load_keras_model('pg_arch', %s, %s)", (up.to_json(), weights))
+    q(c, "SELECT madlib.load_keras_model('pg_arch', %s, %s)", (flexible.to_json(), weights))
+    q(c, "CREATE TABLE pg_rows AS SELECT i AS id, array_fill(0.5::real, ARRAY[32, 32, 1]) "
+         "AS x FROM generate_series(1, %s) i", (rows,))
+    e = error_of(c, "SELECT madlib.madlib_keras_predict_byom('pg_arch', 1, 'pg_rows', 'id', "
+                    "'x', 'pg_out')")
+    assert e.pgcode == "54000" and f"a batch of {rows:,} rows" in e.pgerror, e.pgerror
+    assert q(c, "SELECT to_regclass('pg_out')") == [(None,)]
+    e = error_of(c, "SELECT madlib.madlib_keras_predict_byom('pg_arch', 2, 'pg_rows', 'id', "
+                    "'x', 'pg_out')")
+    assert e.pgcode == "0A000" and "undefined dimensions" in e.pgerror, e.pgerror
+    q(c, "DROP TABLE pg_arch, pg_rows")

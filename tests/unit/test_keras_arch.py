@@ -530,3 +530,46 @@ def test_a_count_that_wraps_int64_is_still_refused() -> None:
     params, _ = ka.unbuilt_sizes(ka.to_keras3_json(arch))
     assert params == 2**64
     raises(arch, "54000")
+
+
+def test_a_compiled_models_json_is_counted_too() -> None:
+    """Keras 3 puts compile_config in the JSON of a compiled model; building it in the
+    counting scope would compile, fail on the optimizer's variables and lose the count
+    (a red-team pass got a 275 GB batch through that way)."""
+    m = keras.Sequential([keras.Input((32, 32, 1)), keras.layers.UpSampling2D(64),
+                          keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(2)])
+    plain = ka.unbuilt_sizes(ka.to_keras3_json(m.to_json()))
+    m.compile(optimizer="sgd", loss="mse")
+    text = m.to_json()
+    assert "compile_config" in text
+    assert ka.unbuilt_sizes(ka.to_keras3_json(text)) == plain
+    assert plain[1] > 4_000_000
+
+
+def test_attention_recurrent_and_time_distributed_insides_are_counted() -> None:
+    """Values a layer makes beside its outputs: attention scores and their softmax, the
+    states a recurrent layer keeps for every step, a TimeDistributed model per step."""
+    def per_row(*layers: Any, inputs: Any = None) -> int:
+        m = keras.Sequential([keras.Input(inputs), *layers])
+        return ka.unbuilt_sizes(ka.to_keras3_json(m.to_json()))[1]
+
+    inp = keras.Input((64, 8))
+    mha = keras.Model(inp, keras.layers.MultiHeadAttention(4, 8)(inp, inp))
+    counted = ka.unbuilt_sizes(ka.to_keras3_json(mha.to_json()))[1]
+    assert counted >= 2 * 4 * 64 * 64  # heads x Tq x Tk, scores and softmax
+    lstm = per_row(keras.layers.LSTM(16), inputs=(100, 3))
+    assert lstm >= 100 * 16 * 6  # steps x units x (4 gates + 2 states)
+    both = per_row(keras.layers.Bidirectional(keras.layers.GRU(16)), inputs=(100, 3))
+    assert both >= 2 * 100 * 16 * 5
+    inner = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1000),
+                              keras.layers.Dense(2)])
+    td = per_row(keras.layers.TimeDistributed(inner), inputs=(50, 8))
+    assert td >= 50 * 1000
+
+
+def test_rows_reshape_only_without_scrambling() -> None:
+    assert ka.reshapes_to([784], [28, 28, 1]) and ka.reshapes_to([1, 784], [28, 28, 1])
+    assert ka.reshapes_to([784, 1], [28, 28, 1]) and ka.reshapes_to([28, 28], [28, 28, 1])
+    assert ka.reshapes_to([32, 32, 3], [32, 32, 3])
+    assert not ka.reshapes_to([3, 32, 32], [32, 32, 3])
+    assert not ka.reshapes_to([2, 3], [3, 2]) and not ka.reshapes_to([785], [28, 28, 1])
