@@ -35,14 +35,19 @@ def role(session_conn, dbname):
     yield from _login_role(session_conn, dbname, "jobrole")
 
 
-def test_a_roles_job_runs_with_worker_sessions_of_that_role(role, session_conn):
-    name, c = role
+def _job_inputs(c, rows: int) -> None:
+    """A job's source (``rows`` rows), architecture and model selection table."""
     q(c, "CREATE TABLE jsrc (id integer PRIMARY KEY, x real[], y integer)")
-    add_rows(c, 0, 120)
+    add_rows(c, 0, rows)
     q(c, "SELECT load_keras_model('jarch', %s)", (mlp_json(inputs=4, outputs=3),))
     q(c, "SELECT load_model_selection_table('jarch', 'jmst', ARRAY[1], ARRAY["
          "$$loss='categorical_crossentropy', optimizer='Adam(learning_rate=0.01)', "
          "metrics=['accuracy']$$], ARRAY['batch_size=16'])")
+
+
+def test_a_roles_job_runs_with_worker_sessions_of_that_role(role, session_conn):
+    name, c = role
+    _job_inputs(c, 120)
     args = ("'jsrc', 'jpacked', 'y', 'x', 'jout', 'jmst', "
             "fit_options => '{\"num_iterations\": 1}', "
             "preprocess_options => '{\"num_partitions\": 2}'")
@@ -101,13 +106,8 @@ def _job_in_shared_schema(session_conn, c, alice: str, mallory: str) -> None:
     q(session_conn, "DROP SCHEMA IF EXISTS jshared CASCADE")
     q(session_conn, "CREATE SCHEMA jshared")
     q(session_conn, f'GRANT USAGE, CREATE ON SCHEMA jshared TO "{alice}", "{mallory}"')
-    q(c, "CREATE TABLE jsrc (id integer PRIMARY KEY, x real[], y integer)")
-    add_rows(c, 0, 60)
-    q(c, "SELECT load_keras_model('jarch', %s)", (mlp_json(inputs=4, outputs=3),))
-    q(c, "SELECT load_model_selection_table('jarch', 'jmst', ARRAY[1], ARRAY["
-         "$$loss='categorical_crossentropy', optimizer='Adam(learning_rate=0.01)', "
-         "metrics=['accuracy']$$], ARRAY['batch_size=16'])")
-    q(c, "SELECT schedule_model_selection('shared', NULL, 'jsrc', 'jshared.jpacked', 'y', 'x', "
+    _job_inputs(c, 60)
+    q(c, "SELECT schedule_model_selection('team', NULL, 'jsrc', 'jshared.jpacked', 'y', 'x', "
          "'jshared.jout', 'jmst', warm_start => TRUE, "
          "fit_options => '{\"num_iterations\": 1}', "
          "preprocess_options => '{\"num_partitions\": 2}')")
@@ -123,7 +123,7 @@ def test_a_job_reads_no_relation_another_role_put_at_its_names(role, mallory, se
     alice, c = role
     mal, m = mallory
     _job_in_shared_schema(session_conn, c, alice, mal)
-    jid = q(c, "SELECT job_id FROM cerebro_db.jobs WHERE job_name = 'shared'")[0][0]
+    jid = q(c, "SELECT job_id FROM cerebro_db.jobs WHERE job_name = 'team'")[0][0]
     q(m, "CREATE TABLE jshared.loot (who text)")
     q(m, "GRANT INSERT ON jshared.loot TO PUBLIC")
     q(m, "CREATE FUNCTION jshared.evil() RETURNS int LANGUAGE sql AS "
@@ -132,8 +132,8 @@ def test_a_job_reads_no_relation_another_role_put_at_its_names(role, mallory, se
     q(m, "GRANT SELECT ON jshared.jout TO PUBLIC")
     for what in ("packed", "out", "new", "mst"):
         q(m, f"CREATE TABLE jshared.__cerebro_job_{jid}_{what} (x int)")
-    q(c, "CALL run_model_selection_job('shared')")
-    (r,) = runs(c, "shared")
+    q(c, "CALL run_model_selection_job('team')")
+    (r,) = runs(c, "team")
     assert r["status"] == "failed"
     assert f'"jshared.jout" is a relation that is not a plain table of role "{mal}"' \
         in r["message"], r["message"]
@@ -142,17 +142,17 @@ def test_a_job_reads_no_relation_another_role_put_at_its_names(role, mallory, se
     # gone: the next run packs and trains despite the taken staging names, then the
     # schema's owner-like role replaces the published table with a table of its own
     q(m, "DROP VIEW jshared.jout")
-    q(c, "CALL run_model_selection_job('shared')")
-    assert runs(c, "shared")[-1]["status"] == "succeeded", runs(c, "shared")[-1]["message"]
+    q(c, "CALL run_model_selection_job('team')")
+    assert runs(c, "team")[-1]["status"] == "succeeded", runs(c, "team")[-1]["message"]
     q(session_conn, "DROP TABLE jshared.jout")
     q(m, "CREATE TABLE jshared.jout AS SELECT 1 AS mst_key, NULL::bytea AS model_weights")
-    q(c, "CALL run_model_selection_job('shared')")
-    last = runs(c, "shared")[-1]
+    q(c, "CALL run_model_selection_job('team')")
+    last = runs(c, "team")[-1]
     assert last["status"] == "failed"
     assert f'"jshared.jout" is a table of role "{mal}", not a table this job made' \
         in last["message"], last["message"]
     assert q(m, "SELECT count(*) FROM jshared.loot")[0][0] == 0
-    q(c, "SELECT unschedule_model_selection('shared')")
+    q(c, "SELECT unschedule_model_selection('team')")
     q(session_conn, "DROP SCHEMA jshared CASCADE")
 
 
@@ -189,14 +189,14 @@ def test_another_roles_view_on_a_published_table_does_not_stop_the_job(role, mal
     alice, c = role
     mal, m = mallory
     _job_in_shared_schema(session_conn, c, alice, mal)
-    q(c, "CALL run_model_selection_job('shared')")
-    assert runs(c, "shared")[-1]["status"] == "succeeded"
+    q(c, "CALL run_model_selection_job('team')")
+    assert runs(c, "team")[-1]["status"] == "succeeded"
     q(m, "CREATE VIEW jshared.pin AS SELECT 1 AS one FROM jshared.jout_summary")
     q(m, "CREATE TEMP VIEW pin_info AS SELECT 1 AS one FROM jshared.jout_info")
     q(m, "CREATE VIEW jshared.pin_packed AS SELECT 1 AS one FROM jshared.jpacked_summary")
     c.notices.clear()
-    q(c, "CALL run_model_selection_job('shared')")
-    last = runs(c, "shared")[-1]
+    q(c, "CALL run_model_selection_job('team')")
+    last = runs(c, "team")[-1]
     assert last["status"] == "succeeded", last["message"]
     assert any("kept the replaced table" in n for n in c.notices), c.notices
     kept = q(session_conn, "SELECT relname FROM pg_class WHERE relkind = 'r' AND relname LIKE "
@@ -206,16 +206,16 @@ def test_another_roles_view_on_a_published_table_does_not_stop_the_job(role, mal
     assert q(m, "SELECT count(*) FROM pg_views WHERE viewname = 'pin'") == [(1,)]
     q(m, "DROP VIEW jshared.pin, jshared.pin_packed")
     q(m, "DROP VIEW pin_info")
-    q(c, "CALL run_model_selection_job('shared')")
-    assert runs(c, "shared")[-1]["status"] == "succeeded"
+    q(c, "CALL run_model_selection_job('team')")
+    assert runs(c, "team")[-1]["status"] == "succeeded"
     assert q(session_conn, "SELECT count(*) FROM pg_class WHERE relname LIKE "
                            "'\\_\\_cerebro\\_job\\_%%\\_old%%'")[0][0] == 0
     # the train step finds its packed table gone (a schema's owner dropped it after pack)
-    run = q(c, "SELECT cerebro_db.__job_step('shared', NULL, 'begin')")[0][0]
+    run = q(c, "SELECT cerebro_db.__job_step('team', NULL, 'begin')")[0][0]
     q(c, "DROP TABLE jshared.jpacked, jshared.jpacked_summary")
-    step = q(c, "SELECT cerebro_db.__job_step('shared', %s, 'train')", (int(run),))
+    step = q(c, "SELECT cerebro_db.__job_step('team', %s, 'train')", (int(run),))
     assert step in ([("retry",)], [("failed",)]), step
-    q(c, "SELECT cerebro_db.__job_step('shared', %s, 'end')", (int(run),))
-    assert "is gone since the pack step" in runs(c, "shared")[-1]["message"]
-    q(c, "SELECT unschedule_model_selection('shared')")
+    q(c, "SELECT cerebro_db.__job_step('team', %s, 'end')", (int(run),))
+    assert "is gone since the pack step" in runs(c, "team")[-1]["message"]
+    q(c, "SELECT unschedule_model_selection('team')")
     q(session_conn, "DROP SCHEMA jshared CASCADE")
