@@ -244,6 +244,7 @@ def run(cat: Catalog, *, request: FitRequest, outputs: Callable[[FitRun], Any],
     and continue from its unit log. The fit is marked done only after ``outputs`` wrote
     the outputs in the caller's transaction, failed (with the message) on any error."""
     hooks = hooks or FitHooks()
+    cat.warn_unknown_settings()
     total = hooks.check(request)
     workers = hooks.workers(request)
     retries, _, forward = fault_settings(cat)

@@ -28,6 +28,8 @@ from ..errors import (
     CerebroError,
 )
 from ..names import TableName, quote_ident
+from ..settings import PREFIX as SETTINGS_PREFIX
+from ..settings import unknown_settings
 
 
 @dataclass(frozen=True)
@@ -172,6 +174,9 @@ class Catalog(DblinkMixin):
 
     def notice(self, message: str) -> None:
         self.db.notice(message)
+
+    def warning(self, message: str) -> None:
+        self.db.warning(message)
 
     def set_local(self, setting: str, value: str) -> None:
         """``SET LOCAL`` for this transaction, through ``set_config`` (bound values)."""
@@ -342,6 +347,36 @@ class Catalog(DblinkMixin):
         database, is ignored (any role can SET a custom setting)."""
         v = self.query(f"SELECT {self.ext('__dba_setting')}($1) AS v", [name], ["text"])[0]["v"]
         return v if v not in (None, "") else None
+
+    def stored_setting_names(self, prefix: str) -> list[str]:
+        """The names starting with ``prefix`` of the settings stored for this session's
+        database and login role (ALTER DATABASE / ROLE ... SET, in ``pg_db_role_setting``)
+        and, where the role may read ``pg_file_settings``, in the server's configuration
+        files. A name only SET in a session cannot be listed: PostgreSQL hides custom
+        placeholders from ``pg_settings``."""
+        rows = self.query(
+            "SELECT DISTINCT pg_catalog.split_part(c, '=', 1) AS name "
+            "FROM pg_catalog.pg_db_role_setting s, pg_catalog.unnest(s.setconfig) c "
+            "WHERE s.setdatabase IN (0, (SELECT oid FROM pg_catalog.pg_database "
+            "WHERE datname = pg_catalog.current_database())) "
+            "AND s.setrole IN (0, (SELECT oid FROM pg_catalog.pg_roles "
+            "WHERE rolname = session_user)) "
+            "AND pg_catalog.starts_with(pg_catalog.lower(c), $1)", [prefix.lower()], ["text"])
+        names = {r["name"] for r in rows}
+        if self.query("SELECT pg_catalog.has_table_privilege('pg_catalog.pg_file_settings', "
+                      "'SELECT') AS ok")[0]["ok"]:
+            names.update(r["name"] for r in self.query(
+                "SELECT name FROM pg_catalog.pg_file_settings "
+                "WHERE pg_catalog.starts_with(pg_catalog.lower(name), $1)",
+                [prefix.lower()], ["text"]))
+        return sorted(names)
+
+    def warn_unknown_settings(self) -> None:
+        """A WARNING for each ``cerebro_db.*`` setting stored for this session (see
+        :meth:`stored_setting_names`) that cerebro_db does not read (a misspelt name would
+        otherwise do nothing, silently)."""
+        for message in unknown_settings(self.stored_setting_names(SETTINGS_PREFIX)):
+            self.warning(message)
 
     def setting(self, name: str) -> str | None:
         """A (possibly custom) configuration setting, or None when unset or empty."""

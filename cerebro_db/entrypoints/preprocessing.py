@@ -411,6 +411,7 @@ def training_preprocessor_dl(cat: Catalog, *, source_table: str, output_table: s
     the dependent variables listed in ``regression_targets`` are kept as float targets,
     the others one-hot encoded (MADlib's behaviour)."""
     t0 = time.monotonic()
+    cat.warn_unknown_settings()
     _check_packing(buffer_size, num_partitions)
     if normalizing_const is None:
         normalizing_const = 1.0
@@ -560,6 +561,7 @@ def validation_preprocessor_dl(cat: Catalog, *, source_table: str, output_table:
                                num_partitions: int | None = None) -> None:
     """Pack validation rows with the training table's classes and normalizing constant."""
     t0 = time.monotonic()
+    cat.warn_unknown_settings()
     _check_packing(buffer_size, num_partitions)
     rules = _check_distribution_rules(cat, distribution_rules)
     if training_preprocessor_table is None:

@@ -155,6 +155,9 @@ class PgDB:
     def notice(self, message: str) -> None:
         log.info("%s", message)
 
+    def warning(self, message: str) -> None:
+        log.warning("%s", message)
+
     def commit(self) -> None:
         with _errors():
             self.conn.commit()

@@ -247,3 +247,21 @@ def test_real_fashion_mnist_subset_round_trips(conn, tables):
     ref = np.lexsort(flat.T[::-1])
     assert np.array_equal(px[order], flat[ref])
     assert np.array_equal(py[order].argmax(1), y[ref])
+
+
+def test_misspelt_setting_is_warned_about(conn, small):
+    """PostgreSQL accepts any cerebro_db.* name; a misspelt one stored for the database
+    would do nothing silently."""
+    db = q(conn, "SELECT quote_ident(current_database())")[0][0]
+    q(conn, f"ALTER DATABASE {db} SET cerebro_db.num_partition = '3'")
+    q(conn, f"ALTER DATABASE {db} SET cerebro_db.eval_bundle = '2'")
+    try:
+        conn.notices.clear()
+        q(conn, "SELECT training_preprocessor_dl('small', 'small_packed', 'lbl', 'x')")
+    finally:
+        q(conn, f"ALTER DATABASE {db} RESET cerebro_db.num_partition")
+        q(conn, f"ALTER DATABASE {db} RESET cerebro_db.eval_bundle")
+    warned = [n for n in conn.notices if n.startswith("WARNING:")]
+    assert len(warned) == 1, conn.notices
+    assert 'unrecognized configuration parameter "cerebro_db.num_partition"' in warned[0]
+    assert 'did you mean "cerebro_db.num_partitions"?' in warned[0]
