@@ -117,10 +117,16 @@ def check_fit_args(cat: Catalog, num_iterations: int | None,
             1 <= metrics_compute_frequency <= num_iterations):
         raise invalid(f"metrics_compute_frequency must be between 1 and num_iterations "
                       f"({num_iterations}), got {metrics_compute_frequency}")
+    check_use_gpus(use_gpus)
+    cache_memory(cat, 1)
+
+
+def check_use_gpus(use_gpus: bool | None) -> None:
+    """``use_gpus => TRUE`` on a server without a GPU is refused, by the fits as by
+    evaluation and prediction (MADlib's rule)."""
     if use_gpus and not os.path.exists("/dev/nvidiactl"):
         raise CerebroError("use_gpus is TRUE but this server has no GPU", FEATURE_NOT_SUPPORTED,
                            hint="Call with use_gpus => FALSE.")
-    cache_memory(cat, 1)
 
 
 def outputs_absent(cat: Catalog, out: TableName, suffixes: Sequence[str], warm: bool) -> None:

@@ -28,6 +28,7 @@ from ..errors import (
 from ..names import TableName, split_column_list
 from ..preprocess import check_finite, decode_arrays
 from . import entrypoint, require_output_schema
+from .fit_inputs import check_use_gpus
 from .models import require_arch_table
 from .preprocessing import FEATURE_TYPES
 
@@ -191,6 +192,7 @@ def madlib_keras_predict(cat: Catalog, *, model_table: str, test_table: str, id_
     """Predict every row of ``test_table`` with a trained model, in batches."""
     t0 = time.monotonic()
     pt = parse_pred_type(pred_type)
+    check_use_gpus(use_gpus)
     out = cat.table(output_table, "output_table")
     _, row, summ = _model_row(cat, model_table, mst_key)
     test, idn, idt, xn = _test_source(cat, test_table, id_col, independent_varname)
@@ -316,6 +318,7 @@ def madlib_keras_predict_byom(cat: Catalog, *, model_arch_table: str, model_id: 
     model"): no training summary, so class values and the normalizing constant are given."""
     t0 = time.monotonic()
     pt = parse_pred_type(pred_type)
+    check_use_gpus(use_gpus)
     arch_t = cat.table(model_arch_table, "model_arch_table")
     out = cat.table(output_table, "output_table")
     if model_id is None:
@@ -361,6 +364,7 @@ def madlib_keras_evaluate(cat: Catalog, *, model_table: str, test_table: str, ou
     from ..worker import labels_for, partition_data
     from .fit_inputs import packed_table
 
+    check_use_gpus(use_gpus)
     out = cat.table(output_table, "output_table")
     t, row, summ = _model_row(cat, model_table, mst_key)
     test = packed_table(cat, test_table, "test_table")
