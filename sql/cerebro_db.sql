@@ -162,6 +162,15 @@ $python$;
 COMMENT ON FUNCTION @extschema@.cerebro_db_version() IS
 'The version of the cerebro_db Python package the server imports';
 
+-- MADlib's version(): its notebooks start with SELECT madlib.version(). An unqualified
+-- version() still finds pg_catalog.version() first.
+CREATE OR REPLACE FUNCTION @extschema@.version()
+RETURNS TEXT LANGUAGE plpython3u STABLE AS $python$
+@plpython version@
+$python$;
+COMMENT ON FUNCTION @extschema@.version() IS
+'MADlib''s version(): the cerebro_db version and the server''s';
+
 ------------------------------------------------------------------------------------------
 -- Training (since 0.2.0)
 ------------------------------------------------------------------------------------------

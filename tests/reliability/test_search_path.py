@@ -244,6 +244,7 @@ def test_hostile_overloads_never_run_as_the_superuser(sp):
         ("SELECT hyperband_schedule('sp_hb', 9, 3, 0)", None),
         ("SELECT delete_keras_model('sp_arch', 2)", None),
         ("SELECT cerebro_db_version()", None),
+        ("SELECT cerebro_db.version()", None),
         ("SELECT madlib_keras_fit_multiple_model('help')", None),
     ]
     for sql, args in more:
