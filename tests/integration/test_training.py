@@ -340,8 +340,8 @@ def test_fit_single_config_predict_and_evaluate(mnist, tables):
         ("SELECT madlib_keras_evaluate('mn_m', 'mn_v', 'bad_o', TRUE)", "0A000"),
         ("SELECT madlib_keras_predict('mn_m', 'mn_test', 'id', 'x', 'bad_o', 'prob', TRUE)",
          "0A000"),
-        ("SELECT madlib_keras_predict_byom('mn_byom_arch', 1, 'mn_test', 'id', 'x', 'bad_o', "
-         "'prob', TRUE)", "0A000"),
+        (("SELECT madlib_keras_predict_byom('mn_byom_arch', 1, 'mn_test', 'id', 'x', 'bad_o', "
+          "'prob', TRUE)"), "0A000"),
         ("SELECT madlib_keras_fit('mn_p', 'mn_m', 'mn_arch', 1, 'loss=1', '', 1)", "22023"),
     ):
         with pytest.raises(psycopg2.Error) as e:
