@@ -23,3 +23,8 @@ __version__ = "0.2.0"
 #: server's (and remote workers') environment keeps TensorFlow's default kernels.
 ONEDNN_ENV = "TF_ENABLE_ONEDNN_OPTS"
 _os.environ.setdefault(ONEDNN_ENV, "1")
+
+if "plpy" in __import__("sys").modules:  # inside a PostgreSQL backend: see cerebro_db.native
+    from . import native as _native
+
+    _native.install()

@@ -18,6 +18,12 @@ BEGIN
         SELECT c.relname FROM pg_catalog.pg_class c
          WHERE c.relnamespace = '@extschema@'::regnamespace AND c.relkind = 'r'
            AND c.relname <> 'fits'
+           AND EXISTS (SELECT 1 FROM pg_catalog.pg_depend d   -- the extension's own, never
+                        WHERE d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass  -- a user's
+                          AND d.objid = c.oid AND d.deptype = 'e'    -- table in the schema
+                          AND d.refclassid = 'pg_catalog.pg_extension'::pg_catalog.regclass
+                          AND d.refobjid = (SELECT e.oid FROM pg_catalog.pg_extension e
+                                             WHERE e.extname = 'cerebro_db'))
            AND EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a WHERE a.attrelid = c.oid
                         AND a.attname = 'fit_id' AND NOT a.attisdropped)
          ORDER BY c.relname
@@ -81,6 +87,12 @@ BEGIN
     FOR v IN
         SELECT c.relname FROM pg_catalog.pg_class c
          WHERE c.relnamespace = '@extschema@'::regnamespace AND c.relkind = 'v'
+           AND EXISTS (SELECT 1 FROM pg_catalog.pg_depend d   -- the extension's own, never
+                        WHERE d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass  -- a user's
+                          AND d.objid = c.oid AND d.deptype = 'e'    -- table in the schema
+                          AND d.refclassid = 'pg_catalog.pg_extension'::pg_catalog.regclass
+                          AND d.refobjid = (SELECT e.oid FROM pg_catalog.pg_extension e
+                                             WHERE e.extname = 'cerebro_db'))
          ORDER BY c.relname
     LOOP
         EXECUTE pg_catalog.format('ALTER VIEW @extschema@.%I SET (security_barrier = true, '
