@@ -343,16 +343,7 @@ class DblinkExecutor:
         if name not in self.opened:
             self.opened.append(name)
         self.cat.dblink_exec(name, sql.set_application_name(self.cat, self.application_name(w)))
-        # the caller's statement_timeout bounds the whole fit (the coordinator's statement);
-        # a unit is never cancelled by a timeout of its own session (see is_cancel)
-        self.cat.dblink_exec(name, sql.STATEMENT_TIMEOUT_OFF)
-        # every statement sent to the session names its tables and the extension's
-        # functions qualified; pinning search_path keeps out any function or operator a
-        # role could create in a schema of the database's default search_path
-        self.cat.dblink_exec(name, sql.PINNED_SEARCH_PATH)
-        # a unit reported committed must survive a crash of the server (a resume trusts the
-        # catalog), whatever the server's default
-        self.cat.dblink_exec(name, sql.SYNCHRONOUS_COMMIT_ON)
+        self.cat.dblink_exec(name, sql.SESSION_PINS)
         for k, v in self.settings.items():
             self.cat.dblink_query(name, sql.set_config(self.cat, k, v))
         self.pids[w] = int(self.cat.dblink_query(name, sql.BACKEND_PID)[0][0])

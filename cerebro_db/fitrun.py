@@ -31,6 +31,7 @@ from .errors import (
     INTERNAL_ERROR,
     OBJECT_IN_USE,
     OBJECT_NOT_IN_PREREQUISITE_STATE,
+    READ_ONLY_SQL_TRANSACTION,
     CerebroError,
     invalid,
 )
@@ -245,6 +246,7 @@ def run(cat: Catalog, *, request: FitRequest, outputs: Callable[[FitRun], Any],
     the outputs in the caller's transaction, failed (with the message) on any error."""
     hooks = hooks or FitHooks()
     cat.warn_unknown_settings()
+    check_caller_transaction(cat)
     total = hooks.check(request)
     workers = hooks.workers(request)
     retries, _, forward = fault_settings(cat)
@@ -287,6 +289,29 @@ def run(cat: Catalog, *, request: FitRequest, outputs: Callable[[FitRun], Any],
 
 
 # -- the steps ------------------------------------------------------------------------------
+def check_caller_transaction(cat: Catalog) -> None:
+    """The caller's transaction can run a fit: READ COMMITTED (the coordinator reads what its
+    worker sessions commit as they go; a REPEATABLE READ or SERIALIZABLE snapshot never sees
+    it, and such a fit failed only after all its training) and not read-only (the fit writes
+    its outputs there at the end)."""
+    iso = cat.setting("transaction_isolation") or "read committed"
+    if iso != "read committed":
+        raise CerebroError(
+            f"a fit must run in a READ COMMITTED transaction; this one is {iso.upper()}",
+            FEATURE_NOT_SUPPORTED,
+            detail="The fit's worker sessions commit each unit as it ends and the calling "
+                   "transaction must see those commits; a snapshot taken for the whole "
+                   "transaction never does.",
+            hint="SET default_transaction_isolation = 'read committed' before the "
+                 "transaction, or BEGIN ISOLATION LEVEL READ COMMITTED.")
+    if cat.setting("transaction_read_only") == "on":
+        raise CerebroError(
+            "a fit writes its outputs and catalog rows, and this transaction is read-only",
+            READ_ONLY_SQL_TRANSACTION,
+            hint="SET default_transaction_read_only = off before the transaction, or BEGIN "
+                 "READ WRITE.")
+
+
 def state_chunk_size(cat: Catalog) -> int | None:
     """``cerebro_db.state_chunk_size`` (bytes of model state per catalog row), checked."""
     raw = cat.setting(CHUNK_SETTING)

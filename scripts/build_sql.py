@@ -95,7 +95,12 @@ def functions() -> str:
     return text
 
 
-PIN = "SET search_path = pg_catalog, pg_temp"
+# Every PL/Python function runs its statements with a pinned search_path and standard
+# quoting (a role's standard_conforming_strings = off would read backslashes in the
+# statements' literals as escapes).
+PIN = (
+    "SET search_path = pg_catalog, pg_temp\nSET standard_conforming_strings = on\n"
+    "SET row_security = on")
 
 _FN = re.compile(
     r"CREATE OR REPLACE FUNCTION @extschema@\.(\w+)\((.*?)\)\s*RETURNS (\w+)(.*?) AS \$python\$",

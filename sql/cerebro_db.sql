@@ -5,7 +5,8 @@
 
 -- Re-raise an error caught by an entry point's wrapper, without PL/Python's type prefix.
 CREATE OR REPLACE FUNCTION @extschema@.__reraise(m TEXT, d TEXT, h TEXT, s TEXT)
-RETURNS VOID LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $reraise$
+RETURNS VOID LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+SET standard_conforming_strings = on AS $reraise$
 BEGIN
     m := pg_catalog.regexp_replace(m, '^(plpy\.[A-Za-z]+|spiexceptions\.[A-Za-z]+): ', '');
     IF coalesce(d, '') <> '' AND coalesce(h, '') <> '' THEN
@@ -234,7 +235,7 @@ $python$;
 -- No caller text reaches the connection string.
 CREATE OR REPLACE FUNCTION @extschema@.__worker_connect(conn_name TEXT, ticket TEXT)
 RETURNS VOID LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp AS $worker_connect$
+SET search_path = pg_catalog, pg_temp SET standard_conforming_strings = on AS $worker_connect$
 DECLARE
     dl        text;
     info      text;

@@ -18,9 +18,39 @@ def ext(cat: Catalog, name: str) -> str:
 
 
 # -- sent to a session (dblink) -----------------------------------------------------------
-STATEMENT_TIMEOUT_OFF = "SET statement_timeout = 0"
-PINNED_SEARCH_PATH = "SET search_path = pg_catalog, pg_temp"
-SYNCHRONOUS_COMMIT_ON = "SET synchronous_commit = on"
+SESSION_PINS = (
+    # the caller's statement_timeout bounds the whole fit (the coordinator's statement); a
+    # unit is never cancelled by a timeout of its own session (see executors.is_cancel)
+    "SET statement_timeout = 0; "
+    # every statement sent to the session names its tables and the extension's functions
+    # qualified; pinning search_path keeps out any function or operator a role could create
+    # in a schema of the database's default search_path
+    "SET search_path = pg_catalog, pg_temp; "
+    # a unit reported committed must survive a crash of the server (a resume trusts the
+    # catalog), whatever the server's default
+    "SET synchronous_commit = on; "
+    # what a DBA may set for the role or database must not break the sessions (an outside
+    # pass): statements travel as text with standard quoting; each unit commits and the
+    # coordinator (READ COMMITTED, checked by fitrun) reads it; the caller's transaction is
+    # writable (checked too); a session waits idle between units for as long as the fit
+    # needs; row-level security filters the catalog rather than failing every query; the
+    # catalog's triggers fire (they draw the generated ids)
+    "SET standard_conforming_strings = on; "
+    "SET default_transaction_isolation = 'read committed'; "
+    "SET default_transaction_read_only = off; "
+    "SET idle_session_timeout = 0; "
+    "SET idle_in_transaction_session_timeout = 0; "
+    "SET row_security = on; "
+    "DO $pins$ BEGIN IF pg_catalog.current_setting('session_replication_role') <> 'origin' "
+    "THEN PERFORM pg_catalog.set_config('session_replication_role', 'origin', false); "
+    "END IF; END $pins$"
+)
+"""Settings every worker and control session runs with, in one round trip."""
+REMOTE_SESSION_PINS = ("SET standard_conforming_strings = on; SET row_security = on; "
+                       "SET idle_session_timeout = 0; "
+                       "SET idle_in_transaction_session_timeout = 0")
+"""What a remote worker's own connection pins (``remote/pgdb.py``; its isolation level and
+read-write mode are set through the driver)."""
 RESET_ALL = "RESET ALL"
 BACKEND_PID = "SELECT pg_catalog.pg_backend_pid()::text"
 ROLES = "SELECT concat_ws(',', current_user, session_user)"

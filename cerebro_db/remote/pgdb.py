@@ -19,6 +19,7 @@ import re
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from ..catalog.sessions import REMOTE_SESSION_PINS
 from ..errors import (
     CONNECTION_FAILURE,
     INVALID_AUTHORIZATION_SPECIFICATION,
@@ -194,5 +195,10 @@ def connect(db: dict[str, Any], application_name: str) -> Any:
     # json and jsonb as text, as PL/Python gives them
     psycopg2.extras.register_default_json(conn, loads=lambda s: s)
     psycopg2.extras.register_default_jsonb(conn, loads=lambda s: s)
-    conn.set_session(autocommit=False)
+    # as the database's own worker sessions (catalog/sessions.py SESSION_PINS): whatever the
+    # role's or database's defaults, each unit commits where the coordinator reads it
+    conn.set_session(isolation_level="READ COMMITTED", readonly=False, autocommit=False)
+    with conn.cursor() as cur:
+        cur.execute(REMOTE_SESSION_PINS)
+    conn.commit()
     return conn

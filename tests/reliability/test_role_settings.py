@@ -1,0 +1,97 @@
+"""Settings a DBA may give a role or a database, which every new session of the role (the
+fit's worker and control sessions included) starts with: fits work under them or are
+refused before any work with a clear error (an outside pass found fits that trained fully
+and then failed, and fits that could not start)."""
+from __future__ import annotations
+
+import pytest
+
+from ..helpers import mlp_json, q, worker_sessions_gone
+from .conftest import Roles, catalog_counts, load_mnist, relations
+
+psycopg2 = pytest.importorskip("psycopg2")
+
+pytestmark = pytest.mark.db
+
+COMPILE = "loss='categorical_crossentropy', optimizer='Adam(learning_rate=0.01)', " \
+          "metrics=['accuracy']"
+FIT = ("SELECT madlib_keras_fit_multiple_model('p', %s, 'mst', 1, FALSE, NULL, NULL, FALSE, "
+       "NULL, NULL, NULL, 'mop', NULL, 3)")
+
+
+@pytest.fixture(scope="module")
+def rs(admin, rel_db):
+    """A role with packed data, an architecture and a model selection table in its schema."""
+    roles = Roles(admin, rel_db)
+    try:
+        role = roles.create("rs_role")
+        c = roles.connect(role)
+        q(c, f'SET search_path = "{role}", cerebro_db')
+        load_mnist(c, "raw", 0, 120)
+        q(c, "SELECT training_preprocessor_dl('raw', 'p', 'y', 'x', NULL, 255.0, NULL, NULL, "
+             "2, 1)")
+        q(c, "SELECT load_keras_model('arch', %s)", (mlp_json(),))
+        q(c, "SELECT load_model_selection_table('arch', 'mst', ARRAY[1], ARRAY[%s], "
+             "ARRAY['batch_size=32'])", (COMPILE,))
+        c.close()
+        yield {"roles": roles, "role": role}
+    finally:
+        roles.drop()
+
+
+def session(rs):
+    c = rs["roles"].connect(rs["role"])
+    q(c, f'SET search_path = "{rs["role"]}", cerebro_db')
+    return c
+
+
+def test_fit_runs_under_a_dbas_role_settings(rs, admin):
+    """The worker and control sessions start with the role's settings: non-standard
+    quoting, SERIALIZABLE, read-only, an idle timeout shorter than a unit, row security off.
+    The caller sets its own session right (as a user would), the sessions pin theirs."""
+    role = rs["role"]
+    settings = {"standard_conforming_strings": "off",
+                "default_transaction_isolation": "serializable",
+                "default_transaction_read_only": "on",
+                "idle_session_timeout": "100",
+                "row_security": "off"}
+    for k, v in settings.items():
+        q(admin, f'ALTER ROLE "{role}" SET {k} = %s', (v,))
+    try:
+        c = session(rs)
+        assert q(c, "SHOW standard_conforming_strings") == [("off",)]
+        q(c, "SET default_transaction_isolation = 'read committed'")
+        q(c, "SET default_transaction_read_only = off")
+        q(c, "SET idle_session_timeout = 0")
+        q(c, FIT, ("rs_out",))
+        assert q(c, "SELECT count(*) FROM rs_out_info WHERE training_loss_final > 0") == [(1,)]
+        assert q(admin, "SELECT status FROM cerebro_db.fits WHERE owner = %s "
+                        "ORDER BY fit_id DESC LIMIT 1", (role,)) == [("done",)]
+        assert q(admin, "SELECT count(*) FROM cerebro_db.unit_failures f JOIN cerebro_db.fits "
+                        "USING (fit_id) WHERE fits.owner = %s", (role,)) == [(0,)]
+        assert worker_sessions_gone(admin)
+        c.close()
+    finally:
+        for k in settings:
+            q(admin, f'ALTER ROLE "{role}" RESET {k}')
+
+
+@pytest.mark.parametrize(("begin", "sqlstate", "fragment"), [
+    ("BEGIN ISOLATION LEVEL REPEATABLE READ", "0A000", "READ COMMITTED transaction"),
+    ("BEGIN ISOLATION LEVEL SERIALIZABLE", "0A000", "this one is SERIALIZABLE"),
+    ("BEGIN READ ONLY", "25006", "this transaction is read-only"),
+])
+def test_a_transaction_that_cannot_see_or_keep_the_work_is_refused_first(rs, admin, begin,
+                                                                          sqlstate, fragment):
+    c = session(rs)
+    before_rel, before_cat = relations(admin), catalog_counts(admin)
+    q(c, begin)
+    with pytest.raises(psycopg2.Error) as e:
+        q(c, FIT, ("rs_refused",))
+    q(c, "ROLLBACK")
+    assert e.value.pgcode == sqlstate, e.value.pgerror
+    assert fragment in e.value.pgerror and e.value.diag.message_hint
+    assert relations(admin) == before_rel
+    assert catalog_counts(admin) == before_cat
+    assert worker_sessions_gone(admin)
+    c.close()
