@@ -7,7 +7,8 @@
 -- 2. The generated keys (fits.fit_id, units.unit_id, automl_decisions.decision_id) are
 --    always drawn from their sequences and never change: a role cannot take the next id in
 --    advance (an INSERT with an explicit id, or an UPDATE of its own row's id) and make
---    another role's next fit fail on the primary key.
+--    another role's next fit fail on the primary key. A superuser's INSERT with an explicit
+--    id keeps it: that is pg_restore bringing the catalog back (097_backup.sql).
 -- 3. The views run with the rights of the role that queries them (security_invoker, so the
 --    tables' row-level security applies underneath) and are security barriers: a function in
 --    the caller's WHERE clause never sees a row the view filters out.
@@ -54,6 +55,11 @@ BEGIN
         ELSIF TG_TABLE_NAME = 'job_runs' THEN
             NEW.run_id := OLD.run_id;
         END IF;
+    ELSIF (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = current_user)
+          AND pg_catalog.to_jsonb(NEW) ->> (CASE TG_TABLE_NAME WHEN 'fits' THEN 'fit_id'
+              WHEN 'units' THEN 'unit_id' WHEN 'automl_decisions' THEN 'decision_id'
+              WHEN 'jobs' THEN 'job_id' ELSE 'run_id' END) IS NOT NULL THEN
+        NULL;  -- a superuser's explicit id is kept: pg_restore of the catalog (097_backup.sql)
     ELSIF TG_TABLE_NAME = 'fits' THEN
         NEW.fit_id := pg_catalog.nextval('@extschema@.fits_fit_id_seq'::regclass);
     ELSIF TG_TABLE_NAME = 'units' THEN
