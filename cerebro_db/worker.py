@@ -69,6 +69,7 @@ from .errors import (
     OUT_OF_MEMORY,
     UNDEFINED_OBJECT,
     UNDEFINED_TABLE,
+    UNIQUE_VIOLATION,
     CerebroError,
     out_of_memory,
 )
@@ -674,6 +675,11 @@ def run_unit(cat: Catalog, fit_id: int, mst_key: int, epoch: int, partition: int
     t0 = time.time()
     sub = getattr(cat.db, "subtransaction", None)
     try:
+        if options.get("attempt"):  # a retry: the lost session may have committed the unit
+            logged = _logged_result(cat, fit_id, mst_key, epoch, partition, worker, kind,
+                                    options)
+            if logged is not None:
+                return logged
         with sub() if sub else contextlib.nullcontext():
             return _run_unit(cat, fit_id, mst_key, epoch, partition, worker, kind,
                              {**options, "worker": worker}, t0)
@@ -683,8 +689,48 @@ def run_unit(cat: Catalog, fit_id: int, mst_key: int, epoch: int, partition: int
     except Exception as e:  # noqa: BLE001 - reported to the coordinator with the traceback
         sqlstate = getattr(e, "sqlstate", None) or (OUT_OF_MEMORY if out_of_memory(e)
                                                      else INTERNAL_ERROR)
+        if sqlstate == UNIQUE_VIOLATION and "units_once_idx" in str(e):
+            # another session committed this unit while it ran here (a session the
+            # coordinator gave up on, whose commit landed late): that result stands, this
+            # run's state and row were rolled back with the subtransaction
+            with contextlib.suppress(Exception):
+                logged = _logged_result(cat, fit_id, mst_key, epoch, partition, worker,
+                                        kind, options)
+                if logged is not None:
+                    return logged
         return {"ok": False, "message": f"{type(e).__name__}: {e}", "sqlstate": sqlstate,
                 "detail": traceback.format_exc(), "worker": worker}
+
+
+def _logged_result(cat: Catalog, fit_id: int, mst_key: int, epoch: int, partition: int,
+                   worker: int, kind: str, options: dict[str, Any]) -> dict[str, Any] | None:
+    """The result of a unit another session already committed, as :func:`run_unit` returns
+    it (metrics keyed by position, as a resume reads them), or None when it is not in the
+    log. Two outside passes saw a fit fail on ``units_once_idx``: a worker killed (or a
+    stalled session terminated) right after its unit committed, and the retry ran it again."""
+    kinds = ["train"] if kind == "train" else list(options.get("eval_kinds", ["eval_train"]))
+    rows = {r["kind"]: r for r in units.logged_unit(cat, fit_id, mst_key, epoch, partition,
+                                                     kinds)}
+    if set(rows) != set(kinds):
+        return None
+
+    def metrics(r: dict[str, Any]) -> dict[str, float]:
+        return {str(i): v for i, v in enumerate(r["metrics"] or [])}
+
+    def secs(r: dict[str, Any], k: str) -> float:
+        return float(r[k] or 0.0)
+
+    if kind == "train":
+        r = rows["train"]
+        return {"ok": True, "loss": r["loss"], "rows": r["rows"], "metrics": metrics(r),
+                "seconds": secs(r, "seconds_load") + secs(r, "seconds_run")
+                + secs(r, "seconds_save"), "train_seconds": secs(r, "seconds_run"),
+                "read_seconds": secs(r, "seconds_load"), "worker": worker, "from_log": True}
+    return {"ok": True, "evals": {k: {"loss": rows[k]["loss"], "rows": rows[k]["rows"],
+                                      "metrics": metrics(rows[k])} for k in kinds},
+            "seconds": sum(secs(r, "seconds_load") + secs(r, "seconds_run")
+                           for r in rows.values()),
+            "read_seconds": 0.0, "worker": worker, "from_log": True}
 
 
 def _run_unit(cat: Catalog, fit_id: int, mst_key: int, epoch: int, partition: int, worker: int,

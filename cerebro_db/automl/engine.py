@@ -82,7 +82,12 @@ def combined(parts: list[dict[str, Any]]) -> tuple[float, dict[str, float]]:
     """Row-weighted loss and named metrics of an epoch's evaluation units (a partition with
     no rows reports no metric names)."""
     loss, metrics = combine(parts)
-    names = next((list(p["metrics"]) for p in parts if p.get("rows")), [])
+    # names from a part the worker measured: one read back from the unit log (a resume, or
+    # a retried unit found committed) keys its metrics by position
+    named = [p for p in parts if p.get("rows") and not all(str(k).isdigit()
+                                                            for k in p["metrics"])]
+    names = next((list(p["metrics"]) for p in named or [p for p in parts if p.get("rows")]),
+                 [])
     return loss, dict(zip(names, metrics))
 
 

@@ -161,6 +161,18 @@ def log_unit(cat: Any, *, fit_id: int, mst_key: int, epoch: int, partition: int,
          "float8[]", "float8", "float8", "float8", "int8"])
 
 
+def logged_unit(cat: Any, fit_id: int, mst_key: int, epoch: int, partition: int,
+                kinds: Sequence[str]) -> list[dict[str, Any]]:
+    """The committed ``units`` rows of one unit, one per kind logged (a training unit's
+    kind is 'train'; an evaluation unit's, each of its eval kinds)."""
+    return cat.query(
+        f"SELECT kind, rows, loss, metrics, seconds_load, seconds_run, seconds_save "
+        f"FROM {cat.ext('units')} WHERE fit_id = $1 AND mst_key = $2 AND epoch = $3 "
+        "AND partition = $4 AND kind = ANY($5)", [fit_id, mst_key, epoch, partition,
+                                                  list(kinds)],
+        ["int8", "int4", "int4", "int4", "text[]"])
+
+
 # -- pipelined dispatch: a worker session's slots (see migration 080_unit_postings) ------------
 def posting(cat: Any, tag: str, fit_id: int, worker: int, seq: int
             ) -> tuple[str, str | None] | None:

@@ -340,3 +340,32 @@ def test_resume_refuses_unknown_fits(fl):
         q(fl, "SELECT madlib_keras_fit_resume(NULL::bigint)")
     assert e.value.pgcode == "22004"
     assert "madlib_keras_fit_resume(fit_id)" in q(fl, "SELECT madlib_keras_fit_resume()")[0][0]
+
+
+def test_a_retried_unit_that_its_lost_session_committed_is_taken_from_the_log(fl, baseline):
+    """A worker killed (or a stalled session terminated) just after its unit committed: the
+    retry finds the unit in the log and answers with the logged result instead of running
+    it again (two outside passes saw such fits fail on units_once_idx). Without the retry
+    mark, the second run's row hits the unique index; its state is rolled back and the
+    logged result stands as well."""
+    fit_id = last_fit(fl, "fl_base")
+    states = "SELECT version, chunk, md5(data) FROM cerebro_db.model_states WHERE fit_id = %s " \
+             "ORDER BY 1, 2"
+    before = q(fl, states, (fit_id,))
+    logged = q(fl, "SELECT loss, rows FROM cerebro_db.units WHERE fit_id = %s AND mst_key = 1 "
+                   "AND epoch = 1 AND partition = 0 AND kind = 'train'", (fit_id,))[0]
+    n_units = q(fl, "SELECT count(*) FROM cerebro_db.units WHERE fit_id = %s", (fit_id,))
+    for opts in ('{"attempt": 1}', "{}"):
+        res = json.loads(q(fl, "SELECT cerebro_db.__run_unit(%s, 1, 1, 0, 0, 'train', %s)",
+                           (fit_id, opts))[0][0])
+        assert res["ok"] and res["from_log"], res
+        assert (res["loss"], res["rows"]) == logged
+    res = json.loads(q(fl, "SELECT cerebro_db.__run_unit(%s, 2, 2, 1, 0, 'eval', %s)",
+                       (fit_id, '{"attempt": 2, "eval_kinds": ["eval_train", "eval_valid"]}'))
+                     [0][0])
+    assert res["ok"] and res["from_log"] and sorted(res["evals"]) == ["eval_train",
+                                                                      "eval_valid"], res
+    assert res["evals"]["eval_valid"]["rows"] == 100  # 200 validation rows, half here
+    assert q(fl, states, (fit_id,)) == before
+    assert q(fl, "SELECT count(*) FROM cerebro_db.units WHERE fit_id = %s", (fit_id,)) \
+        == n_units
