@@ -186,6 +186,14 @@ def run_fit(policy: Policy, progress: Progress, executor: Executor, *,
         if not progress.running:
             if hooks is not None:
                 hooks.stalled()
+            if not progress.workers:  # every worker left (lost, could not reconnect)
+                raise WorkerFailed(
+                    "every worker of the fit is gone (their sessions were lost and could not "
+                    "be opened again), so the fit cannot go on",
+                    CONNECTION_FAILURE,
+                    hint="Its committed units are kept: once the workers can connect again "
+                    "(a remote cluster running, the server accepting connections), resume "
+                    "the fit with madlib_keras_fit_resume.")
             raise CerebroError("the scheduling policy has nothing to run but the fit is not "
                                "done", INTERNAL_ERROR)
         finished = executor.wait(pool.poll_interval) if pool is not None else executor.wait()

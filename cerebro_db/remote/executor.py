@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import re
 import time
+import traceback
 from collections.abc import Sequence
 from typing import Any
 
@@ -281,7 +282,13 @@ class RemoteExecutor(DblinkExecutor):
             return self._lost(worker, f"remote worker {worker} was lost: {e}")
         except Exception as e:  # noqa: BLE001 - the engine could not say: lost
             reraise_cancel(e)
-            return self._lost(worker, f"remote worker {worker} failed: {type(e).__name__}: {e}")
+            why = str(e).strip()
+            if not why:  # e.g. Ray Client's bare AssertionError on a dead channel
+                tb = traceback.extract_tb(e.__traceback__)
+                why = (f"no message, raised in {tb[-1].filename}:{tb[-1].lineno}" if tb
+                       else "no message")
+            return self._lost(worker, f"remote worker {worker} failed: {type(e).__name__}: "
+                                      f"{why}")
         if not isinstance(data, dict):
             return self._lost(worker, f"remote worker {worker} gave no result")
         seconds = time.monotonic() - self.busy.pop(worker)

@@ -78,6 +78,22 @@ def _lost_errors(ray: Any) -> tuple[type[BaseException], ...]:
     return (*found, ConnectionError)
 
 
+def import_ray() -> Any:
+    """``ray``, with its "auto-init" off: a Ray call that finds no connection starts a local
+    cluster, and one made after the cluster went away (``ray stop`` mid-fit) started it
+    inside the database backend, as the server's OS user, with an auth token written to its
+    home (an outside pass). The flag is read at Ray's import; it is set on the module too,
+    in case something in this process imported Ray before."""
+    os.environ["RAY_ENABLE_AUTO_CONNECT"] = "0"
+    import ray
+
+    with contextlib.suppress(ImportError, AttributeError):
+        from ray._private import auto_init_hook
+
+        auto_init_hook.enable_auto_connect = False  # type: ignore[attr-defined]
+    return ray
+
+
 class RayEngine:
     """The :class:`~cerebro_db.remote.engine.Engine` on a Ray cluster (see the module).
 
@@ -92,7 +108,7 @@ class RayEngine:
                  actor_options: dict[str, Any] | None = None,
                  place_wait: float = 10.0, start_timeout: float = 120.0) -> None:
         try:
-            import ray
+            ray = import_ray()
         except ImportError as e:
             raise CerebroError(
                 f'the Ray executor needs the Python package "ray" on the database server '

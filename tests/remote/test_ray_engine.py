@@ -124,3 +124,13 @@ def test_unreachable_cluster_is_a_clear_error():
     assert e.value.sqlstate == "08001"
     assert f"could not connect to the Ray cluster at ray://127.0.0.1:{port}" in e.value.message
     assert e.value.hint
+    # and no Ray call in this process starts a local cluster (Ray's auto-init: a backend
+    # started one, as the server's OS user, after the cluster was stopped mid-fit)
+    import ray
+    try:
+        with pytest.raises(Exception, match="ray.init"):
+            ray.available_resources()
+        assert not ray.is_initialized()
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()

@@ -93,6 +93,17 @@ def test_worker_that_cannot_reconnect_leaves_and_replicas_take_over():
     assert (1, 1, 0, "train", 1) in ex.log  # run again, by the worker left
 
 
+def test_every_worker_gone_is_a_connection_failure_not_an_internal_error():
+    # both workers lose their sessions in the first round and cannot reconnect (a remote
+    # cluster stopped mid-fit)
+    ex = FakeExecutor(lose={(1, 1, 0, "train", 0), (2, 1, 1, "train", 0),
+                            (1, 1, 1, "train", 0), (2, 1, 0, "train", 0)}, recover_ok=False)
+    with pytest.raises(WorkerFailed, match="every worker of the fit is gone") as e:
+        go(ex)
+    assert e.value.sqlstate == "08006" and "madlib_keras_fit_resume" in e.value.hint
+    assert sorted(ex.recovered) == [0, 1]
+
+
 def test_resumed_results_and_counts_carry_on():
     """A resumed fit passes what its log holds; run_fit only runs the rest."""
     from cerebro_db.coordinator import ConfigResult
