@@ -90,9 +90,9 @@ def madlib_keras_automl(
     if metrics_compute_frequency is not None and metrics_compute_frequency < 1:
         raise invalid(f"metrics_compute_frequency must be at least 1, got "
                       f"{metrics_compute_frequency}")
-    out = cat.table(model_output_table, "model_output_table")
+    out = cat.output_table(model_output_table, "model_output_table")
     arch = cat.table(model_arch_table, "model_arch_table")
-    mst = cat.table(model_selection_table, "model_selection_table")
+    mst = cat.output_table(model_selection_table, "model_selection_table")
     ids = _check_model_ids(model_id_list)
     for label, v in (("compile_params_grid", compile_params_grid),
                      ("fit_params_grid", fit_params_grid)):
@@ -200,7 +200,7 @@ def hyperband_schedule(cat: Catalog, *, schedule_table: str, r: int | None, eta:
     """The Hyperband brackets for (R, eta, skip_last) as a table (s, i, n_i, r_i)."""
     from ..automl.hyperband import hyperband_schedule as schedule
 
-    table = cat.table(schedule_table, "schedule_table")
+    table = cat.output_table(schedule_table, "schedule_table")
     for label, v in (("r", r), ("eta", eta), ("skip_last", skip_last)):
         if v is None:
             raise CerebroError(f"{label} must not be NULL", NULL_VALUE_NOT_ALLOWED)

@@ -59,7 +59,7 @@ def gpus_from_nvidia() -> list[str]:
 @entrypoint
 def gpu_configuration(cat: Catalog, *, output_table: str, source: str | None = None) -> None:
     """Write the GPUs the server sees to ``output_table`` (hostname, gpu_descr)."""
-    out = cat.table(output_table, "output_table")
+    out = cat.output_table(output_table, "output_table")
     src = (source or "tensorflow").strip().lower()
     if src not in GPU_SOURCES:
         raise invalid(f"source must be 'tensorflow' or 'nvidia', got {source!r}",

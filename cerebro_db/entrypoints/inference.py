@@ -193,7 +193,7 @@ def madlib_keras_predict(cat: Catalog, *, model_table: str, test_table: str, id_
     t0 = time.monotonic()
     pt = parse_pred_type(pred_type)
     check_use_gpus(use_gpus)
-    out = cat.table(output_table, "output_table")
+    out = cat.output_table(output_table, "output_table")
     _, row, summ = _model_row(cat, model_table, mst_key)
     test, idn, idt, xn = _test_source(cat, test_table, id_col, independent_varname)
     cat.require_absent(out, "output_table")
@@ -320,7 +320,7 @@ def madlib_keras_predict_byom(cat: Catalog, *, model_arch_table: str, model_id: 
     pt = parse_pred_type(pred_type)
     check_use_gpus(use_gpus)
     arch_t = cat.table(model_arch_table, "model_arch_table")
-    out = cat.table(output_table, "output_table")
+    out = cat.output_table(output_table, "output_table")
     if model_id is None:
         raise CerebroError("model_id must not be NULL", NULL_VALUE_NOT_ALLOWED)
     if normalizing_const is not None and (not math.isfinite(normalizing_const)
@@ -365,7 +365,7 @@ def madlib_keras_evaluate(cat: Catalog, *, model_table: str, test_table: str, ou
     from .fit_inputs import packed_table
 
     check_use_gpus(use_gpus)
-    out = cat.table(output_table, "output_table")
+    out = cat.output_table(output_table, "output_table")
     t, row, summ = _model_row(cat, model_table, mst_key)
     test = packed_table(cat, test_table, "test_table")
     cat.require_absent(out, "output_table")

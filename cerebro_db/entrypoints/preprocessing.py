@@ -139,7 +139,7 @@ def _resolve(cat: Catalog, source_table: str, output_table: str, dependent_varna
              independent_varname: str, regression: set[str] | frozenset[str] = frozenset(),
              ) -> _Inputs:
     source = cat.table(source_table, "source_table")
-    output = cat.table(output_table, "output_table")
+    output = cat.output_table(output_table, "output_table")
     if output.schema is not None and (output.schema == "pg_temp"
                                       or output.schema.startswith("pg_temp_")):
         raise CerebroError(f'output_table "{output}" cannot be a temporary table: the worker '

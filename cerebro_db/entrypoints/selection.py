@@ -110,7 +110,7 @@ def load_model_selection_table(cat: Catalog, *, model_arch_table: str, model_sel
                                object_table: str | None = None) -> None:
     """model ids x compile strings x fit strings, deduplicated by content, into a new table."""
     arch = cat.table(model_arch_table, "model_arch_table")
-    mst = cat.table(model_selection_table, "model_selection_table")
+    mst = cat.output_table(model_selection_table, "model_selection_table")
     summary = mst.with_suffix("_summary", "model_selection_table")
     require_arch_table(cat, arch, "model_arch_table")
     cat.require_absent(mst, "model_selection_table",

@@ -173,9 +173,10 @@ def madlib_keras_fit_multiple_model(
         policy_params: str | None = None, random_state: int | None = None) -> None:
     """Train every configuration of the model selection table by model hopper parallelism."""
     check_fit_args(cat, num_iterations, metrics_compute_frequency, use_gpus)
-    out = cat.table(model_output_table, "model_output_table")
-    mst = cat.table(model_selection_table, "model_selection_table")
     warm = _bool(warm_start, False)
+    # a warm start reads the output table wherever the path finds it; else it is created
+    out = (cat.table if warm else cat.output_table)(model_output_table, "model_output_table")
+    mst = cat.table(model_selection_table, "model_selection_table")
     pname, popts = _policy(scheduling_policy, policy_params, random_state)
     seed = resolve_seed(random_state)
     src = packed_table(cat, source_table, "source_table")
@@ -216,7 +217,7 @@ def madlib_keras_fit(
     """Train one configuration: sequential SGD over the partitions, one worker session that
     holds them all (MADlib averages models across segments instead)."""
     check_fit_args(cat, num_iterations, metrics_compute_frequency, use_gpus)
-    out = cat.table(model, "model")
+    out = (cat.table if _bool(warm_start, False) else cat.output_table)(model, "model")
     arch_t = cat.table(model_arch_table, "model_arch_table")
     if model_id is None:
         raise CerebroError("model_id must not be NULL", NULL_VALUE_NOT_ALLOWED)

@@ -95,3 +95,26 @@ def test_a_transaction_that_cannot_see_or_keep_the_work_is_refused_first(rs, adm
     assert catalog_counts(admin) == before_cat
     assert worker_sessions_gone(admin)
     c.close()
+
+
+def test_an_unqualified_output_goes_where_create_table_would(rs, admin):
+    """A role whose path is "$user", public writes an unqualified output into its own schema
+    even when public holds another role's table of that name (it got "already exists")."""
+    roles, role = rs["roles"], rs["role"]
+    other = roles.create("rs_other")
+    q(admin, f'GRANT CREATE ON SCHEMA public TO "{other}"')
+    try:
+        co = roles.connect(other)
+        q(co, "CREATE TABLE public.rs_shared (note text)")
+        c = roles.connect(role)
+        q(c, "SET search_path = \"$user\", public, cerebro_db")
+        q(c, "SELECT training_preprocessor_dl('raw', 'rs_shared', 'y', 'x', NULL, 255.0, NULL, "
+             "NULL, 2, 1)")
+        assert q(admin, "SELECT to_regclass(%s) IS NOT NULL, to_regclass(%s) IS NOT NULL",
+                 (f'"{role}".rs_shared', f'"{role}".rs_shared_summary')) == [(True, True)]
+        assert q(admin, "SELECT count(*) FROM public.rs_shared") == [(0,)]
+        c.close()
+        co.close()
+    finally:
+        q(admin, "DROP TABLE IF EXISTS public.rs_shared")
+        q(admin, f'REVOKE CREATE ON SCHEMA public FROM "{other}"')
