@@ -6,6 +6,7 @@ from the usual libpq variables (PGHOST, PGPORT, PGUSER, PGDATABASE, PGPASSWORD, 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -116,13 +117,26 @@ def _exists(client: Any, fit_id: int) -> bool:
 def _run(args: argparse.Namespace) -> int:
     from .core import Client, ClientError, url_from_env
 
-    client = Client(args.url or url_from_env(), schema=args.schema)
+    try:
+        client = Client(args.url or url_from_env(), schema=args.schema)
+    except ClientError as e:  # a malformed URL or schema name
+        print(f"cerebro-db: {e}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         with client.connection():
             pass
     except ClientError as e:
         print(f"cerebro-db: cannot connect: {e}", file=sys.stderr)
         return EXIT_CONNECT
+    if getattr(args, "limit", None) is not None and args.limit < 0:
+        print(f"cerebro-db: --limit must be 0 or more, got {args.limit}", file=sys.stderr)
+        return EXIT_USAGE
+    if getattr(args, "output", None):
+        parent = os.path.dirname(os.path.abspath(args.output))
+        if not os.path.isdir(parent):
+            print(f"cerebro-db: cannot write {args.output}: {parent} is not a directory",
+                  file=sys.stderr)
+            return EXIT_USAGE
     if hasattr(args, "fit_id") and not _exists(client, args.fit_id):
         print(f"cerebro-db: fit {args.fit_id} does not exist (or is not yours)", file=sys.stderr)
         return EXIT_NOT_FOUND

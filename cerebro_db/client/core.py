@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from ..catalog import client as stmts
-from ..errors import UNDEFINED_OBJECT
+from ..errors import INVALID_PARAMETER_VALUE, UNDEFINED_OBJECT, CerebroError
 from ..names import TableName, quote_ident
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -72,10 +72,51 @@ def _read(c: Connection, sql: str, params: dict[str, Any]) -> pd.DataFrame:
         raise
 
 
+def _int_keys(d: pd.DataFrame) -> pd.DataFrame:
+    """``best_mst_key`` as integers (pandas reads an integer column with NULLs as floats)."""
+    if "best_mst_key" in d.columns:
+        d["best_mst_key"] = d["best_mst_key"].astype("Int64")
+    return d
+
+
+def _table(text: str, what: str) -> TableName:
+    """A table name as SQL takes it, or :class:`ClientError` (22023, 42602)."""
+    try:
+        return TableName.parse(text, what)
+    except CerebroError as e:
+        raise ClientError(e.message, e.sqlstate) from None
+
+
 def _ident(name: str, what: str) -> str:
     if not isinstance(name, str) or not _IDENT.match(name):
         raise ClientError(f"{what} must be a plain SQL name, got {name!r}")
     return quote_ident(name)
+
+
+@contextlib.contextmanager
+def interruptible() -> Iterator[None]:
+    """Ctrl-C (SIGINT) during a statement cancels it on the server. psycopg2 waits for a
+    query's answer inside libpq, where Python's signal handler does not run until the answer
+    comes: Ctrl-C did nothing during a fit (an outside pass; the fit ran to its end). With
+    psycopg2's ``wait_select`` as its wait callback, a ``KeyboardInterrupt`` sends the
+    server a cancel request and the statement then fails with 57014 (the fit is
+    ``cancelled``, its units kept for a resume). The callback is process-wide in psycopg2,
+    so it is set only while the client's statement runs, and never over one the program set
+    itself (gevent's, for instance)."""
+    try:
+        import psycopg2.extensions
+        import psycopg2.extras
+    except ImportError:  # another driver: as it is
+        yield
+        return
+    if psycopg2.extensions.get_wait_callback() is not None:
+        yield
+        return
+    psycopg2.extensions.set_wait_callback(psycopg2.extras.wait_select)
+    try:
+        yield
+    finally:
+        psycopg2.extensions.set_wait_callback(None)
 
 
 class Client:
@@ -91,7 +132,10 @@ class Client:
         if bind is None:
             bind = url_from_env()
         if isinstance(bind, str):
-            bind = sa.create_engine(_driver_url(bind), poolclass=sa.pool.NullPool)
+            try:
+                bind = sa.create_engine(_driver_url(bind), poolclass=sa.pool.NullPool)
+            except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError, ImportError) as e:
+                raise ClientError(f"not a PostgreSQL URL: {bind!r} ({e})") from None
         if not isinstance(bind, (Engine, Connection)):
             raise ClientError(f"bind must be a URL, an Engine or a Connection, got {type(bind)}")
         self.bind = bind
@@ -132,7 +176,7 @@ class Client:
         scalar result (None for VOID)."""
         params = {f"p{i}": v for i, v in enumerate(args.values())}
         names = [_ident(k, "argument name") for k in args]
-        with self.connection() as c:
+        with interruptible(), self.connection() as c:
             try:
                 r = c.execute(sa.text(stmts.call(self._sql(function), names)), params)
                 return r.scalar()
@@ -143,7 +187,7 @@ class Client:
         """``CALL schema.procedure(name => value, ...)`` (autocommit: it commits itself)."""
         params = {f"p{i}": v for i, v in enumerate(args.values())}
         names = [_ident(k, "argument name") for k in args]
-        with self.connection() as c:
+        with interruptible(), self.connection() as c:
             try:
                 c.execute(sa.text(stmts.call_procedure(self._sql(procedure), names)), params)
             except sa.exc.DBAPIError as e:
@@ -153,8 +197,9 @@ class Client:
     def fits(self, status: str | None = None, limit: int | None = None) -> pd.DataFrame:
         """Every fit with its progress (``fit_progress`` plus the fit's kind, tables and
         times), newest first; ``status`` filters (as fit_progress shows it)."""
-        return self.df(stmts.fits(self._sql("fit_progress"), self._sql("fits")),
-                       status=status, limit=limit)
+        d = self.df(stmts.fits(self._sql("fit_progress"), self._sql("fits")),
+                    status=status, limit=limit)
+        return _int_keys(d)
 
     def progress(self, fit_id: int) -> dict[str, Any]:
         """One fit's row of ``fit_progress``."""
@@ -162,7 +207,7 @@ class Client:
         if d.empty:
             raise ClientError(f"fit {fit_id} does not exist (or is not yours)",
                               UNDEFINED_OBJECT)
-        return d.iloc[0].to_dict()
+        return _int_keys(d).iloc[0].to_dict()
 
     def units(self, fit_id: int) -> pd.DataFrame:
         """Every unit of a fit (training and evaluation), in the order they started."""
@@ -174,11 +219,11 @@ class Client:
 
     def info(self, model_output_table: str) -> pd.DataFrame:
         """The ``<model_output_table>_info`` table."""
-        t = TableName.parse(model_output_table, "model_output_table")
+        t = _table(model_output_table, "model_output_table")
         return self.df(stmts.info(t.with_suffix("_info", "model_output_table").sql))
 
     def summary(self, model_output_table: str) -> dict[str, Any]:
-        t = TableName.parse(model_output_table, "model_output_table")
+        t = _table(model_output_table, "model_output_table")
         d = self.df(stmts.summary(t.with_suffix("_summary", "model_output_table").sql))
         return d.iloc[0].to_dict() if not d.empty else {}
 
@@ -212,6 +257,9 @@ class Client:
 
     def resize(self, fit_id: int, num_workers: int) -> None:
         """Ask a running fit for ``num_workers`` worker sessions (``cerebro_db_fit_workers``)."""
+        if not isinstance(num_workers, int) or isinstance(num_workers, bool):
+            raise ClientError(f"num_workers must be an integer, got {num_workers!r}",
+                              INVALID_PARAMETER_VALUE)
         self.call("cerebro_db_fit_workers", fit_id=int(fit_id), num_workers=int(num_workers))
 
     def schedule_model_selection(self, job_name: str, schedule: str | None,
@@ -280,6 +328,7 @@ class Client:
     def plot_gantt(self, fit_id: int, path: str | None = None) -> Any:
         from . import plots
 
+        self.progress(fit_id)  # ClientError (42704) for a fit that does not exist
         return plots.save(plots.gantt(self.units(fit_id), title=f"fit {fit_id}"), path)
 
     def plot_curves(self, fit_id: int, path: str | None = None) -> Any:
@@ -292,6 +341,12 @@ class Client:
     def plot_automl(self, fit_id: int, path: str | None = None) -> Any:
         from . import plots
 
+        self.progress(fit_id)
+        kind = self.df(stmts.fit_rows(self._sql("fits")), f=fit_id)["kind"].iloc[0]
+        if kind != "automl":
+            raise ClientError(f"fit {fit_id} is not an AutoML run (it is a {kind!r} fit); "
+                              "plot its units with plot_gantt or plot_curves",
+                              INVALID_PARAMETER_VALUE)
         return plots.save(plots.automl_timeline(self.units(fit_id), self.automl_trials(fit_id),
                                                 self.automl_decisions(fit_id),
                                                 title=f"AutoML fit {fit_id}"), path)

@@ -305,3 +305,31 @@ def test_a_fit_id_the_server_cannot_read_is_a_client_error(client):
     with pytest.raises(ClientError) as e:
         client.watch(-1)
     assert e.value.sqlstate == "42704"
+
+
+def test_bad_use_is_a_client_error_and_a_usage_exit(fit, client, url, tmp_path):
+    """An outside pass got tracebacks, exit 1 and empty figures for these."""
+    from cerebro_db.client import Client, ClientError
+
+    fid = fit["fit_id"]
+    for bind in ("garbage", "mysql://u@h/d"):
+        with pytest.raises(ClientError, match="not a PostgreSQL URL"):
+            Client(bind)
+    with pytest.raises(ClientError) as e:
+        client.info("x; DROP TABLE cp")
+    assert e.value.sqlstate in ("22023", "42602")
+    with pytest.raises(ClientError, match="num_workers must be an integer"):
+        client.resize(fid, "x")
+    with pytest.raises(ClientError) as e:
+        client.plot_gantt(987654, str(tmp_path / "none.png"))
+    assert e.value.sqlstate == "42704" and not (tmp_path / "none.png").exists()
+    with pytest.raises(ClientError, match="is not an AutoML run"):
+        client.plot_automl(fid, str(tmp_path / "a.png"))
+    assert client.progress(fid)["best_mst_key"] in (1, 2)
+    for args in (["--url", "not-a-url", "fits"], ["--url", url, "--schema", "x;y", "fits"],
+                 ["--url", url, "fits", "--limit", "-1"],
+                 ["--url", url, "plot", "gantt", str(fid), "-o", "/no/such/dir/g.png"]):
+        r = subprocess.run([CLI, *args], capture_output=True, text=True, check=False)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, (args, r.stderr)
+    r = cli(url, "plot", "automl", str(fid), "-o", str(tmp_path / "a.png"))
+    assert r.returncode == 1 and "not an AutoML run" in r.stderr

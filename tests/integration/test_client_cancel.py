@@ -107,3 +107,39 @@ def test_a_cancelled_job_fit_fails_the_run_without_retry(data, url):  # noqa: F8
     assert q(conn, "SELECT to_regclass('jcout')")[0][0] is None
     r = cli(url, "jobs", "cancelme", "--runs", "--format", "json")
     assert r.returncode == 0 and '"status":"failed"' in r.stdout
+
+
+def test_ctrl_c_in_the_client_cancels_the_fit(data, url):  # noqa: F811
+    """SIGINT to a program waiting in Client.call cancels the fit on the server (it ran to
+    its end before: psycopg2 waited inside libpq)."""
+    import signal
+    import subprocess
+    import sys
+
+    conn = data
+    before = q(conn, "SELECT coalesce(max(fit_id), 0) FROM cerebro_db.fits")[0][0]
+    code = (
+        "import sys\n"
+        "from cerebro_db.client import Client, ClientError\n"
+        "try:\n"
+        "    Client(sys.argv[1]).call('madlib_keras_fit_multiple_model', source_table='kp',\n"
+        "        model_output_table='kout_int', model_selection_table='jmst',\n"
+        "        num_iterations=30, random_state=3)\n"
+        "except ClientError as e:\n"
+        "    print('error', e.sqlstate)\n"
+        "    sys.exit(7)\n"
+        "print('returned')\n")
+    p = subprocess.Popen([sys.executable, "-c", code, url], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        fid = first_units(conn, before)
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 7 and out.strip() == "error 57014", (out, err[-2000:])
+    assert q(conn, "SELECT status FROM cerebro_db.fits WHERE fit_id = %s", (fid,)) == \
+        [("cancelled",)]
+    assert q(conn, "SELECT to_regclass('kout_int')")[0][0] is None
+    assert worker_sessions_gone(conn, 15.0)
