@@ -455,24 +455,38 @@ class DblinkExecutor:
         """Run a statement in the control session (committed at once); a control session
         that was lost is opened again and the statement retried once (control statements
         are updates of the fit's rows and failure records)."""
-        try:
-            self.cat.dblink_exec(self.name("ctl"), sql)
-        except Exception as e:  # noqa: BLE001 - a lost session: reconnect and retry once
-            reraise_cancel(e)
-            self._drop("ctl")
-            self._connect("ctl")
-            self.cat.dblink_exec(self.name("ctl"), sql)
+        self.control_query(sql)
 
     def control_query(self, sql: str) -> list[tuple]:
-        """A query in the control session (committed at once); like :meth:`control`, a
-        lost control session is opened again and the query retried once."""
+        """A statement in the control session (committed at once): its rows (one text
+        column) or command status; a lost control session is opened again and the
+        statement retried once. It is sent and polled, not waited for inside dblink, so
+        that a lock wait of the control session behind a session that waits for this
+        backend is found (:meth:`check_lock_waits`) instead of hanging the fit: a DBA's
+        ``VACUUM FULL`` of a catalog table during a fit queued behind the fit's
+        transaction, the control session and the workers behind it, for 12 minutes until
+        it was cancelled (an outside pass)."""
         try:
-            return self.cat.dblink_query(self.name("ctl"), sql)
-        except Exception as e:  # noqa: BLE001 - a lost session: reconnect and retry once
+            return self._control_rows(sql)
+        except Exception as e:  # a lost session: reconnect and retry once
             reraise_cancel(e)
+            if isinstance(e, CerebroError) and e.sqlstate == DEADLOCK_DETECTED:
+                raise
             self._drop("ctl")
             self._connect("ctl")
-            return self.cat.dblink_query(self.name("ctl"), sql)
+            return self._control_rows(sql)
+
+    def _control_rows(self, sql: str) -> list[tuple]:
+        name = self.name("ctl")
+        self.cat.dblink_send(name, sql)
+        start = last = time.monotonic()
+        while self.cat.dblink_is_busy(name):
+            now = time.monotonic()
+            if now - last >= self.check_interval and "ctl" in self.pids:
+                last = now
+                self.check_lock_waits({"ctl": self.pids["ctl"]})
+            time.sleep(_commit_nap(now - start))
+        return self.cat.dblink_rows(name)
 
     def idle(self) -> list[int]:
         return [w for w in self.workers if w not in self.busy]
@@ -671,8 +685,8 @@ class DblinkExecutor:
                 return [self._timed_out(w) for w in late]
             if now - self._last_check >= self.check_interval:
                 self._last_check = now
-                self.check_cancel()
                 self.check_lock_waits()
+                self.check_cancel()
             waited = now - start
             if timeout is not None and waited > timeout:
                 return []
@@ -728,13 +742,14 @@ class DblinkExecutor:
                                QUERY_CANCELED,
                                hint=f"Resume it with madlib_keras_fit_resume({self.fit_id}).")
 
-    def check_lock_waits(self) -> None:
-        """Fail with 40P01 when a busy worker waits for a lock that this backend (the
-        coordinator) holds, or behind a session that waits for this backend: a deadlock
-        through dblink that the server's deadlock detector cannot see (e.g. DROP TABLE,
-        TRUNCATE or ALTER TABLE of the source table while the fit's transaction holds its
-        lock, or a table the workers read locked by the calling transaction itself)."""
-        backends = self.backend_pids()
+    def check_lock_waits(self, backends: dict[Any, int] | None = None) -> None:
+        """Fail with 40P01 when a busy worker (or the sessions in ``backends``: label ->
+        pid) waits for a lock that this backend (the coordinator) holds, or behind a session
+        that waits for this backend: a deadlock through dblink that the server's deadlock
+        detector cannot see (e.g. DROP TABLE, TRUNCATE or ALTER TABLE of the source table,
+        or VACUUM FULL of a catalog table, while the fit's transaction holds its lock, or a
+        table the workers read locked by the calling transaction itself)."""
+        backends = self.backend_pids() if backends is None else backends
         pids = list(backends.values())
         if not pids:
             return
@@ -743,11 +758,12 @@ class DblinkExecutor:
             return
         wpid, bpid = row["worker_pid"], row["blocker"]
         worker = next((w for w, p in backends.items() if p == wpid), "?")
+        who = "its control session" if worker == "ctl" else f"worker {worker}"
         fit = f"fit {self.fit_id}" if self.fit_id is not None else "the fit"
         resume = f"madlib_keras_fit_resume({self.fit_id})" if self.fit_id else "a resume"
         if bpid == sql.backend_pid(self.cat):
             raise CerebroError(
-                f"{fit} cannot go on: worker {worker} (pid {wpid}) waits for a lock that the "
+                f"{fit} cannot go on: {who} (pid {wpid}) waits for a lock that the "
                 "transaction calling the fit holds", DEADLOCK_DETECTED,
                 detail="Worker sessions read the fit's tables in their own transactions; a "
                 "table the calling transaction locked (LOCK TABLE, DDL, TRUNCATE) blocks them.",
@@ -758,7 +774,7 @@ class DblinkExecutor:
         who = (f'user "{act["u"]}": {" ".join((act["query"] or "").split())[:200]}'
                if act else "gone")
         raise CerebroError(
-            f"{fit} cannot go on: worker {worker} (pid {wpid}) waits for a lock behind "
+            f"{fit} cannot go on: {who} (pid {wpid}) waits for a lock behind "
             f"session {bpid} ({who}), which waits for a lock this fit's transaction holds",
             DEADLOCK_DETECTED,
             detail="The fit's coordinator waits for its worker sessions through dblink, "

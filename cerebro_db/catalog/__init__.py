@@ -111,6 +111,17 @@ class DblinkMixin:
             return False, None, self.dblink_error(name)
         return True, rows[0]["r"], None
 
+    def dblink_rows(self: Any, name: str) -> list[tuple]:
+        """The rows (one text column) of the first statement of the string sent on
+        ``name``, or its command status; the later statements' results are read (and
+        dropped) until the connection is clear. A remote error is raised as the server's
+        (with its SQLSTATE)."""
+        get = f"SELECT r FROM {self._dl('dblink_get_result')}($1, true) AS t(r text)"
+        rows = self.query(get, [name], ["text"])
+        while self.query(get, [name], ["text"]):  # each later statement's status, then none
+            pass
+        return [(r["r"],) for r in rows]
+
     def dblink_next(self: Any, name: str) -> str | None:
         """The next result of a statement string sent on ``name`` (one per statement: a
         row's first column, or a command's status), None at the end or on an error."""

@@ -346,11 +346,14 @@ def test_cerebro_db_cancel_fit(it, rel_db, admin):
 
 
 @pytest.mark.parametrize("ddl", ["DROP TABLE {t}", "TRUNCATE {t}",
-                                 "ALTER TABLE {t} RENAME TO {t}_renamed"])
+                                 "ALTER TABLE {t} RENAME TO {t}_renamed",
+                                 "VACUUM FULL cerebro_db.fits"])
 def test_ddl_on_the_source_during_a_fit_fails_it_not_hangs(it, rel_db, ddl):
-    """DDL on the source table while a fit runs queues behind the fit's lock and the
-    workers queue behind the DDL: the fit fails within seconds (40P01, naming the DDL's
-    session) and the DDL then completes."""
+    """DDL on the source table (or a DBA's VACUUM FULL of a catalog table) while a fit runs
+    queues behind the fit's lock and the workers and the control session queue behind the
+    DDL: the fit fails within seconds (40P01, naming the DDL's session) and the DDL then
+    completes (the VACUUM FULL hung the fit for good before: its control session waited
+    inside dblink)."""
     src = "it_ddl"
     out = "it_ddl_out"
     pack(it, src)
