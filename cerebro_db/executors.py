@@ -92,6 +92,7 @@ from .errors import (
     OBJECT_IN_USE,
     QUERY_CANCELED,
     SERIALIZATION_FAILURE,
+    SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION,
     CerebroError,
 )
 from .wakeup import Waker
@@ -126,6 +127,34 @@ worker whose session ends without a poke (it was terminated) is still noticed th
 WAKER_TRUSTED_AFTER = 3
 """Units collected in a row without a poke before them (workers on another host, which
 cannot reach the socket) after which the coordinator polls with its back-off again."""
+
+
+def _open_error(e: BaseException, w: int | str, sessions: int) -> BaseException:
+    """A session that could not be opened, with a hint where the cause is the server's
+    configuration (an outside pass found these without one): the login's authentication, or
+    too many connections. Other errors are returned as they are."""
+    msg = (getattr(e, "message", None) or str(e)).strip()
+    spidata = getattr(e, "spidata", None)  # PL/Python's SPIError: (code, detail, hint, ...)
+    detail = getattr(e, "detail", None) or (
+        spidata[1] if isinstance(spidata, tuple) and len(spidata) > 1 and spidata[1] else "")
+    text = f"{msg} {detail}".lower()
+    what = "its control session" if w == "ctl" else f"worker session {w}"
+    if any(k in text for k in ("authentication failed", "no password supplied",
+                               "password is required", "password was not supplied")):
+        hint = ("Worker sessions log in to this server as the calling role. Let that login "
+                "connect without a password from the server itself (pg_hba.conf: trust on the "
+                "local socket, or peer for the server's OS user through a pg_ident map), or "
+                "give the role's password: SET cerebro_db.worker_conninfo = 'password=...' "
+                "(README, Security).")
+    elif "too many" in text and ("connection" in text or "client" in text):
+        hint = (f"A fit holds {sessions} sessions of its own (a control session and one per "
+                "worker) beside the caller's: raise max_connections or the role's CONNECTION "
+                "LIMIT, or pack the data into fewer partitions.")
+    else:
+        return e
+    sqlstate = getattr(e, "sqlstate", None) or SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION
+    return CerebroError(f"could not open {what}: {msg}", sqlstate, detail=detail or None,
+                        hint=hint)
 
 
 def _commit_nap(waited: float) -> float:
@@ -294,7 +323,11 @@ class DblinkExecutor:
                 self._waker = None
         names: list[int | str] = ["ctl", *self.workers]
         for w in names:
-            self._connect(w)
+            try:
+                self._connect(w)
+            except Exception as e:
+                reraise_cancel(e)
+                raise _open_error(e, w, len(names)) from e
 
     def _login(self, name: str) -> None:
         """Open the session ``name`` as the calling role: ``dblink_connect`` with

@@ -42,6 +42,18 @@ def schema_create_privilege(cat: Any, schema: str) -> dict[str, Any] | None:
     return rows[0] if rows else None
 
 
+def default_tablespace_denied(cat: Any) -> str | None:
+    """The tablespace ``default_tablespace`` names when the caller may not create tables in
+    it (its database's own default needs no privilege), else None."""
+    rows = cat.query(
+        "SELECT t.spcname::text AS t FROM pg_catalog.pg_tablespace t "
+        "WHERE t.spcname = pg_catalog.current_setting('default_tablespace') "
+        "AND t.oid <> (SELECT d.dattablespace FROM pg_catalog.pg_database d "
+        "WHERE d.datname = pg_catalog.current_database()) "
+        "AND NOT pg_catalog.has_tablespace_privilege(t.oid, 'CREATE')")
+    return rows[0]["t"] if rows else None
+
+
 def current_database(cat: Any) -> str:
     return str(cat.query("SELECT pg_catalog.current_database()::text AS d")[0]["d"])
 

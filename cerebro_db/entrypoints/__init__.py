@@ -88,6 +88,13 @@ def require_output_schema(cat: Catalog, table: TableName, what: str) -> None:
     if not row["ok"]:
         raise CerebroError(f'{what} "{table}": permission denied for schema {row["s"]}',
                            INSUFFICIENT_PRIVILEGE)
+    ts = session.default_tablespace_denied(cat)
+    if ts is not None:  # found only at CREATE TABLE, after a fit's training (an outside pass)
+        raise CerebroError(f'{what} "{table}": permission denied for tablespace {ts}',
+                           INSUFFICIENT_PRIVILEGE,
+                           hint=f"default_tablespace names {ts}, where the outputs would be "
+                           "created: ask for CREATE on it, or SET default_tablespace = '' "
+                           "(the database's default).")
 
 
 def usage(function: str, message: str | None = None) -> str:

@@ -118,3 +118,38 @@ def test_an_unqualified_output_goes_where_create_table_would(rs, admin):
     finally:
         q(admin, "DROP TABLE IF EXISTS public.rs_shared")
         q(admin, f'REVOKE CREATE ON SCHEMA public FROM "{other}"')
+
+
+def test_a_default_tablespace_without_create_is_refused_before_any_work(rs, admin):
+    """default_tablespace naming a tablespace the role may not create in: the fit trained
+    to its end and failed at CREATE TABLE before; now it is refused up front."""
+    import os
+
+    data_dir = q(admin, "SHOW data_directory")[0][0]
+    try:
+        owner = os.stat(data_dir)
+    except OSError:
+        pytest.skip("the server's data directory is not visible from here")
+    import shutil
+    import tempfile
+
+    loc = tempfile.mkdtemp(prefix="cerebro_ts_", dir="/tmp")  # the server's user must reach it
+    os.chmod(loc, 0o700)
+    os.chown(loc, owner.st_uid, owner.st_gid)
+    ts, role = f"rs_ts_{os.getpid()}", rs["role"]
+    try:
+        q(admin, f"CREATE TABLESPACE {ts} LOCATION %s", (loc,))
+        q(admin, f'ALTER ROLE "{role}" SET default_tablespace = {ts}')
+        c = session(rs)
+        before_rel, before_cat = relations(admin), catalog_counts(admin)
+        with pytest.raises(psycopg2.Error) as e:
+            q(c, FIT, ("rs_ts_out",))
+        assert e.value.pgcode == "42501", e.value.pgerror
+        assert f"permission denied for tablespace {ts}" in e.value.pgerror
+        assert "default_tablespace" in e.value.diag.message_hint
+        assert relations(admin) == before_rel and catalog_counts(admin) == before_cat
+        c.close()
+    finally:
+        q(admin, f'ALTER ROLE "{role}" RESET default_tablespace')
+        q(admin, f"DROP TABLESPACE IF EXISTS {ts}")
+        shutil.rmtree(loc, ignore_errors=True)

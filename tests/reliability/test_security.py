@@ -247,6 +247,7 @@ def test_worker_conninfo_cannot_redirect_workers(world, admin):
         e = err(ce, "SELECT madlib_keras_fit_multiple_model('packed', 'o2', 'mst', 1)")
         assert e.pgcode == "08001" and f'password authentication failed for user "{alice}"' \
             in e.pgerror, e.pgerror
+        assert "cerebro_db.worker_conninfo" in (e.diag.message_hint or ""), e.pgerror
         worker_sessions_gone(admin)
         assert relations(admin) == before_rel and catalog_counts(admin) == before_cat
         assert worker_sessions(admin) == 0
