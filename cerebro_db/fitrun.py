@@ -31,6 +31,7 @@ from .errors import (
     INTERNAL_ERROR,
     OBJECT_IN_USE,
     OBJECT_NOT_IN_PREREQUISITE_STATE,
+    QUERY_CANCELED,
     READ_ONLY_SQL_TRANSACTION,
     CerebroError,
     invalid,
@@ -283,6 +284,12 @@ def run(cat: Catalog, *, request: FitRequest, outputs: Callable[[FitRun], Any],
     except BaseException as e:
         if fit.fit_id:
             mark_failed(cat, ex, fit.fit_id, e)
+            if is_cancel(e) and not getattr(e, "hint", None):
+                # pg_cancel_backend, statement_timeout: the caller learns how to go on
+                raise CerebroError(
+                    (getattr(e, "message", None) or str(e)).strip(), QUERY_CANCELED,
+                    hint=f"The units committed so far are kept: resume the fit with "
+                    f"madlib_keras_fit_resume({fit.fit_id}).") from e
         raise
     finally:
         ex.close(keep=ended)

@@ -25,6 +25,15 @@ def quote_ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
+def display_name(text: str, what: str) -> str:
+    """A stored (always quoted) name as PostgreSQL shows names: each part quoted only where
+    it must be (``public.t``, ``s."Mixed Case"``); it parses back to the same parts. A resume
+    named its tables ``""public"."t""`` in its messages before."""
+    plain = re.compile(r"^[a-z_][a-z0-9_$]*$")
+    return ".".join(p if plain.match(p) else quote_ident(p)
+                    for p in split_identifier(text, what))
+
+
 def split_identifier(text: str, what: str) -> list[str]:
     """Split a possibly qualified name into its parts, applying SQL's case folding.
 

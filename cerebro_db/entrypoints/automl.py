@@ -167,7 +167,7 @@ def resume_automl(cat: Catalog, f: Mapping[str, Any], opts: Mapping[str, Any],
     mst = stored_table(cat, dict(opts), "mst", f["model_selection_table"],
                        "model_selection_table")
     assert mst is not None
-    outputs_absent(cat, out, ("", "_summary", "_info"), False)
+    outputs_absent(cat, out, ("", "_summary", "_info"), False, resume=True)
     _selection_absent(cat, mst)
     arch = stored_table(cat, dict(opts), "arch", opts["arch_table"], "model_arch_table")
     assert arch is not None

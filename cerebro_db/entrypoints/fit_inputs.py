@@ -129,7 +129,8 @@ def check_use_gpus(use_gpus: bool | None) -> None:
                            hint="Call with use_gpus => FALSE.")
 
 
-def outputs_absent(cat: Catalog, out: TableName, suffixes: Sequence[str], warm: bool) -> None:
+def outputs_absent(cat: Catalog, out: TableName, suffixes: Sequence[str], warm: bool,
+                   resume: bool = False) -> None:
     """The output tables (``out`` with each suffix) can be created: their schema allows it
     and, unless ``warm`` (they are replaced), none exists."""
     require_output_schema(cat, out, "model_output_table" if "_info" in suffixes else "model")
@@ -137,8 +138,11 @@ def outputs_absent(cat: Catalog, out: TableName, suffixes: Sequence[str], warm: 
         t = out.with_suffix(s, "model_output_table") if s else out
         if cat.relation_oid(t) is not None and not warm:
             raise CerebroError(f'output table "{t}" already exists', DUPLICATE_TABLE,
-                               hint="Drop it, choose another name, or pass warm_start => TRUE "
-                               "to continue from its weights.")
+                               hint=("The resumed fit writes its outputs under the name it "
+                                     "was started with: drop or rename that table first."
+                                     if resume else
+                                     "Drop it, choose another name, or pass warm_start => "
+                                     "TRUE to continue from its weights."))
 
 
 def check_item(c: Config, what: str = "compile_params") -> dict[str, Any]:

@@ -20,6 +20,7 @@ from ..errors import (
     UNDEFINED_OBJECT,
     CerebroError,
 )
+from ..names import display_name
 from . import entrypoint, fit_inputs
 from .automl import resume_automl
 from .training import resume_fit
@@ -47,8 +48,9 @@ def madlib_keras_fit_resume(cat: Catalog, *, fit_id: int) -> None:
     if "executor_tag" not in opts:
         raise CerebroError(f"fit {fit_id} was made by an older version and cannot be resumed",
                            FEATURE_NOT_SUPPORTED)
-    src = fit_inputs.packed_table(cat, f["source_table"], "source_table")
-    vname = f["validation_table"]
+    src = fit_inputs.packed_table(cat, display_name(f["source_table"], "source_table"),
+                                  "source_table")
+    vname = f["validation_table"] and display_name(f["validation_table"], "validation_table")
     val = fit_inputs.validation_table(cat, vname, src) if vname else None
     fit_inputs.same_data(cat, opts, fit_id, src, val)
     if src.partitions != f["num_partitions"]:

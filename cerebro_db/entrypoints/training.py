@@ -273,7 +273,7 @@ def resume_fit(cat: Catalog, f: dict[str, Any], opts: dict[str, Any], src: Packe
             if cat.relation_oid(t) is not None:
                 cat.drop_table(t)
     else:
-        outputs_absent(cat, out, suffixes, False)
+        outputs_absent(cat, out, suffixes, False, resume=True)
     arch = stored_table(cat, opts, "arch", opts["arch_table"], "model_arch_table")
     assert arch is not None
     req = FitRequest(

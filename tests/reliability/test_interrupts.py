@@ -221,6 +221,8 @@ def test_pg_cancel_backend_cancels_the_fit(it, rel_db):
     assert bg.error.pgcode == "57014", bg.error.pgerror
     assert bg.error.pgerror.startswith("ERROR:  canceling statement due to user request\n"), \
         bg.error.pgerror  # no PL/Python prefix (spiexceptions.QueryCanceled: ...)
+    assert bg.error.diag.message_hint.endswith(f"madlib_keras_fit_resume({fit_id})."), \
+        bg.error.pgerror
     cancelled_then_resumed(it, fit_id, out)
 
 

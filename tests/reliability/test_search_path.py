@@ -369,5 +369,5 @@ def test_resume_refuses_a_swapped_source_table(sp):
     with pytest.raises(psycopg2.Error) as e:
         q(v, "SELECT madlib_keras_fit_resume(%s)", (fit_id,))
     assert e.value.pgcode == "55000", e.value.pgerror
-    assert "is not the table fit" in e.value.pgerror
+    assert 'source_table "sp_swap.packed" is not the table fit' in e.value.pgerror, e.value.pgerror
     assert q(check, "SELECT to_regclass('sp_swap.o') IS NULL") == [(True,)]

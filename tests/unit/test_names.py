@@ -62,3 +62,14 @@ def test_any_text_either_parses_to_quoted_sql_or_is_rejected(text):
         q = quote_ident(p)
         assert q.startswith('"') and q.endswith('"')
         assert q[1:-1].replace('""', "") .count('"') == 0
+
+
+def test_display_name_quotes_only_where_needed_and_parses_back():
+    from cerebro_db.names import TableName, display_name
+
+    assert display_name('"public"."t_1"', "t") == "public.t_1"
+    assert display_name('"s"."Mixed Case"', "t") == 's."Mixed Case"'
+    assert display_name('"t"', "t") == "t"
+    for text in ('"public"."t_1"', '"S x"."a""b"', '"select"'):
+        a, b = TableName.parse(text, "t"), TableName.parse(display_name(text, "t"), "t")
+        assert (a.schema, a.name) == (b.schema, b.name)
