@@ -77,6 +77,14 @@ def _load_configs(cat: Catalog, mst: TableName
                       else ["model_arch_table"])[0]
     arch_name = srow["model_arch_table"]
     arch = cat.table(arch_name, "model_arch_table")
+    given = TableName.parse(arch_name, "model_arch_table")
+    if given.schema is None and mst.schema is not None and cat.relation_oid(arch) is None:
+        # an unqualified name (as MADlib stores it) that the caller's path does not find:
+        # the architecture table beside the selection table (a fully qualified call from a
+        # session whose search_path lacks that schema failed before, an outside pass)
+        beside = TableName(mst.schema, given.name, arch_name)
+        if cat.relation_oid(beside) is not None:
+            arch = beside
     require_arch_table(cat, arch, "model_arch_table")
     rows = inputs_sql.selection_rows(cat, mst, arch)
     if not rows:

@@ -153,3 +153,18 @@ def test_a_default_tablespace_without_create_is_refused_before_any_work(rs, admi
         q(admin, f'ALTER ROLE "{role}" RESET default_tablespace')
         q(admin, f"DROP TABLESPACE IF EXISTS {ts}")
         shutil.rmtree(loc, ignore_errors=True)
+
+
+def test_a_qualified_call_finds_the_architecture_beside_the_selection_table(rs, admin):
+    """The selection table's summary names its architecture table as given ('arch',
+    unqualified, as MADlib stores it): a fully qualified call from a session whose path
+    lacks that schema finds it beside the selection table."""
+    role = rs["role"]
+    c = rs["roles"].connect(role)
+    q(c, "SET search_path = cerebro_db")
+    assert q(c, f'SELECT model_arch_table FROM "{role}".mst_summary') == [("arch",)]
+    q(c, f"SELECT cerebro_db.madlib_keras_fit_multiple_model('\"{role}\".p', "
+         f"'\"{role}\".rs_q', '\"{role}\".mst', 1, FALSE, NULL, NULL, FALSE, NULL, NULL, "
+         "NULL, 'mop', NULL, 3)")
+    assert q(admin, f'SELECT count(*) FROM "{role}".rs_q_info') == [(1,)]
+    c.close()
