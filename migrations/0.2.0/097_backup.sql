@@ -21,3 +21,11 @@ BEGIN
     END LOOP;
 END
 $config_dump$;
+
+-- pg_dump reads a configuration sequence's value with SELECT: a role that is not a superuser
+-- can dump the database with the catalog left out (--exclude-table-data 'cerebro_db.*') or
+-- only its own catalog rows (--enable-row-security), as the README says. Every role may
+-- already draw from these sequences (USAGE), which tells it as much as their values do.
+GRANT SELECT ON SEQUENCE @extschema@.fits_fit_id_seq, @extschema@.units_unit_id_seq,
+    @extschema@.automl_decisions_decision_id_seq, @extschema@.jobs_job_id_seq,
+    @extschema@.job_runs_run_id_seq TO PUBLIC;
