@@ -22,6 +22,7 @@ from typing import Any, Callable
 from . import params
 from . import state as state_mod
 from .catalog import Catalog
+from .catalog import fit_inputs as inputs_sql
 from .catalog import fits as sql
 from .catalog import sessions as session_sql
 from .coordinator import ConfigResult, FitOutcome, run_fit
@@ -443,7 +444,22 @@ def _table_records(cat: Catalog, req: FitRequest) -> dict[str, Any]:
 
     return {"output": rec(req.output), "mst": rec(req.mst_table), "arch": rec(req.arch_table),
             "source_oid": cat.relation_oid(req.source.table),
-            "validation_oid": cat.relation_oid(req.validation.table) if req.validation else None}
+            "validation_oid": cat.relation_oid(req.validation.table) if req.validation else None,
+            "source_digest": data_digest(cat, req.source),
+            "validation_digest": data_digest(cat, req.validation) if req.validation else None}
+
+
+def data_digest(cat: Catalog, t: PackedTable) -> str:
+    """A packed table's summary and buffer statistics, hashed: a resume takes a table of
+    another oid (a dump restored into another database) when this matches, and refuses one
+    packed again with other rows or settings."""
+    import hashlib
+    import json
+
+    xs, ys, *_ = t.columns()
+    stats = inputs_sql.buffer_stats(cat, t.table, [*xs, *ys])
+    text = json.dumps([t.summary, stats], sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def register(cat: Catalog, ex: DblinkExecutor, req: FitRequest, total: int) -> int:

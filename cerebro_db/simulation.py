@@ -488,7 +488,7 @@ def simulate(
     Raises :class:`~cerebro_db.scheduling.SchedulingError` if the policy assigns something
     the invariants forbid, :class:`~cerebro_db.coordinator.WorkerFailed` past
     ``max_unit_retries``; returns with ``completed=False`` if the coordinator found nothing
-    left to run.
+    left to run (every worker gone, or none that holds what is left).
     """
     targets = normalise_targets(configs, epochs)
     if workers is None:
@@ -509,7 +509,7 @@ def simulate(
                 clock=cluster.clock, max_unit_retries=max_unit_retries, pool=cluster)
         completed = True
     except CerebroError as e:
-        if "nothing to run" not in str(e):
+        if "nothing to run" not in str(e) and "every worker of the fit is gone" not in str(e):
             raise
         completed = False
     log = sorted(cluster.log, key=lambda r: (r.start, r.worker))

@@ -17,8 +17,9 @@ Outputs (in --out):
 
 A function preceded by ``-- @entrypoint`` is split in two: the PL/Python body becomes
 ``@extschema@.__NAME(...)`` (same arguments, no defaults), and ``NAME`` itself is a small
-PL/pgSQL wrapper with the declared defaults that calls it and re-raises any error through
-``__reraise``: PL/Python prefixes every message with the Python exception's type
+PL/pgSQL wrapper with the declared defaults that calls it and re-raises any error itself
+(:data:`RERAISE`; the function ``__reraise`` did it before 0.2.0 and stays for 0.1.0's
+wrappers): PL/Python prefixes every message with the Python exception's type
 (``plpy.Error: ...``, ``spiexceptions.QueryCanceled: ...``); the wrapper gives users a clean
 PostgreSQL-style message with the same SQLSTATE, DETAIL and HINT (a cancel too: ``WHEN
 OTHERS`` alone does not catch ``query_canceled``).
@@ -122,6 +123,27 @@ def _split_args(args: str) -> list[str]:
     return out
 
 
+# The wrapper re-raises what it caught without PL/Python's type prefix, itself (not through
+# a function of the extension's schema: a role whose USAGE on it was revoked while its fit
+# ran got "permission denied for schema" instead of the fit's error). Every operator and
+# function is named in pg_catalog (the wrapper runs with the caller's search_path) and the
+# pattern is an E'' literal (it reads the same under standard_conforming_strings off).
+RERAISE = (
+    "    _m := pg_catalog.regexp_replace(_m,\n"
+    "        E'^(plpy\\\\.[A-Za-z]+|spiexceptions\\\\.[A-Za-z]+): ', '');\n"
+    "    IF pg_catalog.length(coalesce(_d, '')) OPERATOR(pg_catalog.>) 0\n"
+    "       AND pg_catalog.length(coalesce(_h, '')) OPERATOR(pg_catalog.>) 0 THEN\n"
+    "        RAISE EXCEPTION USING MESSAGE = _m, DETAIL = _d, HINT = _h, ERRCODE = _s;\n"
+    "    ELSIF pg_catalog.length(coalesce(_d, '')) OPERATOR(pg_catalog.>) 0 THEN\n"
+    "        RAISE EXCEPTION USING MESSAGE = _m, DETAIL = _d, ERRCODE = _s;\n"
+    "    ELSIF pg_catalog.length(coalesce(_h, '')) OPERATOR(pg_catalog.>) 0 THEN\n"
+    "        RAISE EXCEPTION USING MESSAGE = _m, HINT = _h, ERRCODE = _s;\n"
+    "    ELSE\n"
+    "        RAISE EXCEPTION USING MESSAGE = _m, ERRCODE = _s;\n"
+    "    END IF;\n"
+)
+
+
 def split_entrypoint(decl: str) -> str:
     """The PL/Python implementation plus its public PL/pgSQL wrapper (see module doc)."""
     m = _FN.match(decl)
@@ -144,7 +166,7 @@ def split_entrypoint(decl: str) -> str:
         f"    {stmt}\nEXCEPTION WHEN OTHERS OR query_canceled THEN\n"
         "    GET STACKED DIAGNOSTICS _m = MESSAGE_TEXT, _d = PG_EXCEPTION_DETAIL,\n"
         "        _h = PG_EXCEPTION_HINT, _s = RETURNED_SQLSTATE;\n"
-        "    PERFORM @extschema@.__reraise(_m, _d, _h, _s);\n"
+        + RERAISE
         + ("    RETURN NULL;\n" if ret.upper() != "VOID" else "")
         + "END\n$wrapper$;\n"
     )

@@ -31,6 +31,16 @@ def buffer_shapes(cat: Catalog, table: TableName, columns: Sequence[str]) -> lis
     return [rows[0][f"s{i}"] for i in range(len(columns))] if rows else None
 
 
+def buffer_stats(cat: Catalog, table: TableName, columns: Sequence[str]) -> list[Any]:
+    """What identifies a packed table's contents without reading them: its row count and
+    each buffer column's total stored size (``octet_length`` of a TOASTed value reads only
+    its header)."""
+    sums = ", ".join(f"sum(pg_catalog.octet_length({quote_ident(c)}))::text" for c in columns)
+    row = cat.query(f"SELECT pg_catalog.jsonb_build_array(count(*)::text, {sums})::text AS s "
+                    f"FROM {table.sql}")[0]
+    return [row["s"]]
+
+
 def partition_range(cat: Catalog, table: TableName) -> tuple[int, int]:
     """The lowest and highest ``__dist_key__`` of a packed table."""
     row = cat.query(f"SELECT min(__dist_key__) AS lo, max(__dist_key__) AS m "

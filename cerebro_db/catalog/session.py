@@ -54,6 +54,11 @@ def default_tablespace_denied(cat: Any) -> str | None:
     return rows[0]["t"] if rows else None
 
 
+def server_version(cat: Any) -> str:
+    """PostgreSQL's ``version()`` text."""
+    return str(cat.query("SELECT pg_catalog.version() AS v")[0]["v"])
+
+
 def current_database(cat: Any) -> str:
     return str(cat.query("SELECT pg_catalog.current_database()::text AS d")[0]["d"])
 

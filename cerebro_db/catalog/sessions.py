@@ -40,15 +40,23 @@ SESSION_PINS = (
     "SET default_transaction_read_only = off; "
     "SET idle_session_timeout = 0; "
     "SET idle_in_transaction_session_timeout = 0; "
+    # a lock wait of a session is the coordinator's to judge (its lock-wait check finds a
+    # wait on the fit's own transaction; a role's lock_timeout failed units, red-team pass)
+    "SET lock_timeout = 0; "
     "SET row_security = on; "
-    "DO $pins$ BEGIN IF pg_catalog.current_setting('session_replication_role') <> 'origin' "
-    "THEN PERFORM pg_catalog.set_config('session_replication_role', 'origin', false); "
-    "END IF; END $pins$"
+    "DO $pins$ BEGIN IF pg_catalog.current_setting('session_replication_role') "
+    "OPERATOR(pg_catalog.<>) 'origin' THEN "
+    "PERFORM pg_catalog.set_config('session_replication_role', 'origin', false); "
+    "END IF; EXCEPTION WHEN insufficient_privilege THEN RAISE EXCEPTION USING "
+    "ERRCODE = '42501', MESSAGE = pg_catalog.format('session_replication_role is %L for "
+    "this role, where the catalog''s triggers do not fire, and the role may not set it back', "
+    "pg_catalog.current_setting('session_replication_role')), "
+    "HINT = 'A superuser: ALTER ROLE ... RESET session_replication_role.'; END $pins$"
 )
 """Settings every worker and control session runs with, in one round trip."""
 REMOTE_SESSION_PINS = ("SET standard_conforming_strings = on; SET row_security = on; "
                        "SET idle_session_timeout = 0; "
-                       "SET idle_in_transaction_session_timeout = 0")
+                       "SET idle_in_transaction_session_timeout = 0; SET lock_timeout = 0")
 """What a remote worker's own connection pins (``remote/pgdb.py``; its isolation level and
 read-write mode are set through the driver)."""
 RESET_ALL = "RESET ALL"

@@ -5,8 +5,9 @@ from __future__ import annotations
 import contextlib
 import re
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import IO, Any
 
@@ -93,30 +94,45 @@ def _ident(name: str, what: str) -> str:
     return quote_ident(name)
 
 
-@contextlib.contextmanager
-def interruptible() -> Iterator[None]:
-    """Ctrl-C (SIGINT) during a statement cancels it on the server. psycopg2 waits for a
-    query's answer inside libpq, where Python's signal handler does not run until the answer
-    comes: Ctrl-C did nothing during a fit (an outside pass; the fit ran to its end). With
-    psycopg2's ``wait_select`` as its wait callback, a ``KeyboardInterrupt`` sends the
-    server a cancel request and the statement then fails with 57014 (the fit is
-    ``cancelled``, its units kept for a resume). The callback is process-wide in psycopg2,
-    so it is set only while the client's statement runs, and never over one the program set
-    itself (gevent's, for instance)."""
+def interruptible(c: Connection, fn: Callable[[], Any]) -> Any:
+    """``fn()`` (a statement on ``c``), where Ctrl-C (SIGINT) cancels the statement on the
+    server. psycopg2 waits for a query's answer inside libpq, where Python's signal handler
+    does not run until the answer comes: Ctrl-C did nothing during a fit (an outside pass;
+    the fit ran to its end). So in the main thread the statement runs in a helper thread
+    while the main thread waits in short, interruptible joins; a ``KeyboardInterrupt`` sends
+    the server a cancel request on the statement's own connection, and the statement then
+    fails with 57014 (the fit is ``cancelled``, its units kept for a resume). Nothing
+    process-wide changes (psycopg2's wait callback would switch every connection of the
+    process to its asynchronous mode, where COPY fails). Outside the main thread, which
+    gets no signals, ``fn()`` runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        return fn()
+    out: dict[str, Any] = {}
+    done = threading.Event()  # not Thread.join: an interrupted join can leave a thread
+                              # marked ended while it still runs (Python 3.11)
+
+    def run() -> None:
+        try:
+            out["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+            out["error"] = e
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="cerebro_db statement", daemon=True).start()
     try:
-        import psycopg2.extensions
-        import psycopg2.extras
-    except ImportError:  # another driver: as it is
-        yield
-        return
-    if psycopg2.extensions.get_wait_callback() is not None:
-        yield
-        return
-    psycopg2.extensions.set_wait_callback(psycopg2.extras.wait_select)
-    try:
-        yield
-    finally:
-        psycopg2.extensions.set_wait_callback(None)
+        while not done.wait(0.2):
+            pass
+    except KeyboardInterrupt:
+        raw = getattr(c.connection, "dbapi_connection", None)
+        cancel = getattr(raw, "cancel", None)
+        if cancel is None:
+            raise
+        cancel()
+        done.wait()
+    if "error" in out:
+        raise out["error"]
+    return out.get("value")
 
 
 class Client:
@@ -176,10 +192,10 @@ class Client:
         scalar result (None for VOID)."""
         params = {f"p{i}": v for i, v in enumerate(args.values())}
         names = [_ident(k, "argument name") for k in args]
-        with interruptible(), self.connection() as c:
+        with self.connection() as c:
             try:
-                r = c.execute(sa.text(stmts.call(self._sql(function), names)), params)
-                return r.scalar()
+                return interruptible(c, lambda: c.execute(
+                    sa.text(stmts.call(self._sql(function), names)), params).scalar())
             except sa.exc.DBAPIError as e:
                 raise _error(e) from None
 
@@ -187,9 +203,10 @@ class Client:
         """``CALL schema.procedure(name => value, ...)`` (autocommit: it commits itself)."""
         params = {f"p{i}": v for i, v in enumerate(args.values())}
         names = [_ident(k, "argument name") for k in args]
-        with interruptible(), self.connection() as c:
+        with self.connection() as c:
             try:
-                c.execute(sa.text(stmts.call_procedure(self._sql(procedure), names)), params)
+                interruptible(c, lambda: c.execute(
+                    sa.text(stmts.call_procedure(self._sql(procedure), names)), params))
             except sa.exc.DBAPIError as e:
                 raise _error(e) from None
 

@@ -57,6 +57,17 @@ def gpus_from_nvidia() -> list[str]:
 
 
 @entrypoint
+def version(cat: Catalog) -> str:
+    """MADlib's ``version()``: this package's version and the server's (MADlib's notebooks
+    call ``madlib.version()`` first)."""
+    from .. import __version__
+    from ..catalog import session
+
+    return (f"cerebro_db version: {__version__} (Apache MADlib's deep-learning interface), "
+            f"{session.server_version(cat)}")
+
+
+@entrypoint
 def gpu_configuration(cat: Catalog, *, output_table: str, source: str | None = None) -> None:
     """Write the GPUs the server sees to ``output_table`` (hostname, gpu_descr)."""
     out = cat.output_table(output_table, "output_table")

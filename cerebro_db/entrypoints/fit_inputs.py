@@ -22,7 +22,7 @@ from ..errors import (
     CerebroError,
     invalid,
 )
-from ..fitrun import Config, PackedTable, cache_memory
+from ..fitrun import Config, PackedTable, cache_memory, data_digest
 from ..names import TableName
 from . import require_output_schema
 from .preprocessing import read_training_summary
@@ -170,10 +170,13 @@ def same_data(cat: Catalog, opts: dict[str, Any], fit_id: int, src: PackedTable,
                          ("validation_oid", val, "validation_table")):
         if t is None or tables.get(key) is None:
             continue
-        if cat.relation_oid(t.table) != int(tables[key]):
+        digest = tables.get(key.replace("_oid", "_digest"))
+        if cat.relation_oid(t.table) != int(tables[key]) and (
+                digest is None or data_digest(cat, t) != digest):
             raise CerebroError(
                 f'{what} "{t.table}" is not the table fit {fit_id} was started on (it was '
-                "dropped and made again since)", OBJECT_NOT_IN_PREREQUISITE_STATE,
+                "dropped and made again since, with other contents)",
+                OBJECT_NOT_IN_PREREQUISITE_STATE,
                 hint="A resume continues on the fit's own data; start a new fit instead.")
     for t, key in ((src, "source_name"), (val, "validation_name")):
         if t is not None and opts.get(key):

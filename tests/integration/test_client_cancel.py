@@ -119,7 +119,8 @@ def test_ctrl_c_in_the_client_cancels_the_fit(data, url):  # noqa: F811
     conn = data
     before = q(conn, "SELECT coalesce(max(fit_id), 0) FROM cerebro_db.fits")[0][0]
     code = (
-        "import sys\n"
+        "import signal, sys\n"
+        "signal.signal(signal.SIGINT, signal.default_int_handler)  # a background job's\n"
         "from cerebro_db.client import Client, ClientError\n"
         "try:\n"
         "    Client(sys.argv[1]).call('madlib_keras_fit_multiple_model', source_table='kp',\n"
@@ -143,3 +144,44 @@ def test_ctrl_c_in_the_client_cancels_the_fit(data, url):  # noqa: F811
         [("cancelled",)]
     assert q(conn, "SELECT to_regclass('kout_int')")[0][0] is None
     assert worker_sessions_gone(conn, 15.0)
+
+
+def test_a_call_changes_nothing_process_wide(data, url, dbname):  # noqa: F811
+    """While Client.call waits, another thread's psycopg2 COPY works and the program's own
+    wait callback stays (psycopg2's process-wide wait callback broke both, a red-team pass)."""
+    import io
+
+    import psycopg2.extensions
+
+    from cerebro_db.client import Client
+
+    from ..helpers import connect
+
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def copy_loop() -> None:
+        c = connect(dbname, autocommit=True)
+        try:
+            with c.cursor() as cur:
+                cur.execute("CREATE TEMP TABLE cp (a int)")
+                while not stop.is_set():
+                    cur.copy_expert("COPY cp FROM STDIN", io.StringIO("1\n2\n"))
+                    time.sleep(0.05)
+        except BaseException as e:  # noqa: BLE001 - inspected by the test
+            errors.append(e)
+        finally:
+            c.close()
+
+    t = threading.Thread(target=copy_loop)
+    t.start()
+    try:
+        Client(url).call("madlib_keras_fit_multiple_model", source_table="kp",
+                         model_output_table="kout_thr", model_selection_table="jmst",
+                         num_iterations=2, random_state=3)
+    finally:
+        stop.set()
+        t.join(30)
+    assert not errors, errors
+    assert psycopg2.extensions.get_wait_callback() is None
+    q(data, "DROP TABLE IF EXISTS kout_thr, kout_thr_summary, kout_thr_info")

@@ -271,15 +271,20 @@ def test_a_run_that_finds_the_previous_still_going_records_that_and_leaves(job, 
 
 
 def test_explicit_ids_are_replaced_by_the_sequences(job):
-    """job_id and run_id come from their sequences whatever an INSERT gives, so no role can
-    hold the ids the sequences hand out next (a unique violation in another role's job)."""
+    """job_id and run_id come from their sequences whatever a role's INSERT gives, so no
+    role can hold the ids the sequences hand out next (a unique violation in another role's
+    job). A superuser's explicit ids are kept: that is pg_restore bringing the catalog back."""
     conn, job_id = job
-    nxt = q(conn, "SELECT last_value + 1 FROM cerebro_db.jobs_job_id_seq")[0][0]
-    got = q(conn, "INSERT INTO cerebro_db.jobs (job_id, job_name, method, source_table, "
-                  "packed_table, dependent_varname, independent_varname, model_output_table) "
-                  "VALUES (%s, 'squat', 'fit', 's', 'p', 'y', 'x', 'o') RETURNING job_id",
-            (nxt + 5,))[0][0]
+    q(conn, "DROP ROLE IF EXISTS squatter")
+    q(conn, "CREATE ROLE squatter")
+    q(conn, "GRANT USAGE ON SCHEMA cerebro_db TO squatter")
     try:
+        q(conn, "SET ROLE squatter")
+        nxt = q(conn, "SELECT last_value + 1 FROM cerebro_db.jobs_job_id_seq")[0][0]
+        got = q(conn, "INSERT INTO cerebro_db.jobs (job_id, job_name, method, source_table, "
+                      "packed_table, dependent_varname, independent_varname, model_output_table) "
+                      "VALUES (%s, 'squat', 'fit', 's', 'p', 'y', 'x', 'o') RETURNING job_id",
+                (nxt + 5,))[0][0]
         assert got != nxt + 5
         run_next = q(conn, "SELECT last_value + 1 FROM cerebro_db.job_runs_run_id_seq")[0][0]
         run_id = q(conn, "INSERT INTO cerebro_db.job_runs (run_id, job_id, job_name, run) "
@@ -288,9 +293,18 @@ def test_explicit_ids_are_replaced_by_the_sequences(job):
         assert run_id != run_next + 5
         q(conn, "UPDATE cerebro_db.jobs SET job_id = %s WHERE job_id = %s", (job_id, got))
         assert q(conn, "SELECT count(*) FROM cerebro_db.jobs WHERE job_id = %s", (got,)) == [(1,)]
+        q(conn, "RESET ROLE")
+        kept = q(conn, "INSERT INTO cerebro_db.jobs (job_id, job_name, method, source_table, "
+                       "packed_table, dependent_varname, independent_varname, "
+                       "model_output_table) VALUES (%s, 'squat_su', 'fit', 's', 'p', 'y', 'x', "
+                       "'o') RETURNING job_id", (10**9,))[0][0]
+        assert kept == 10**9
     finally:
+        q(conn, "RESET ROLE")
         q(conn, "DELETE FROM cerebro_db.job_runs WHERE job_name = 'squat'")
-        q(conn, "DELETE FROM cerebro_db.jobs WHERE job_name = 'squat'")
+        q(conn, "DELETE FROM cerebro_db.jobs WHERE job_name IN ('squat', 'squat_su')")
+        q(conn, "REVOKE USAGE ON SCHEMA cerebro_db FROM squatter")
+        q(conn, "DROP ROLE squatter")
 
 
 def test_unschedule_keeps_outputs_and_history(job):

@@ -54,6 +54,7 @@ def test_fit_runs_under_a_dbas_role_settings(rs, admin):
                 "default_transaction_isolation": "serializable",
                 "default_transaction_read_only": "on",
                 "idle_session_timeout": "100",
+                "lock_timeout": "1ms",
                 "row_security": "off"}
     for k, v in settings.items():
         q(admin, f'ALTER ROLE "{role}" SET {k} = %s', (v,))
@@ -168,3 +169,24 @@ def test_a_qualified_call_finds_the_architecture_beside_the_selection_table(rs, 
          "NULL, 'mop', NULL, 3)")
     assert q(admin, f'SELECT count(*) FROM "{role}".rs_q_info') == [(1,)]
     c.close()
+
+
+def test_a_replication_role_the_role_cannot_set_back_is_a_clear_error(rs, admin):
+    """session_replication_role = replica stored for a role (only a superuser can): the
+    catalog's id triggers would not fire in its sessions, and it may not set the value back;
+    the fit says so before any work."""
+    role = rs["role"]
+    q(admin, f'ALTER ROLE "{role}" SET session_replication_role = replica')
+    try:
+        c = session(rs)
+        before_rel, before_cat = relations(admin), catalog_counts(admin)
+        with pytest.raises(psycopg2.Error) as e:
+            q(c, FIT, ("rs_repl",))
+        assert e.value.pgcode == "42501", e.value.pgerror
+        assert "session_replication_role is 'replica' for this role" in e.value.pgerror
+        assert "RESET session_replication_role" in e.value.diag.message_hint
+        assert relations(admin) == before_rel and catalog_counts(admin) == before_cat
+        assert worker_sessions_gone(admin)
+        c.close()
+    finally:
+        q(admin, f'ALTER ROLE "{role}" RESET session_replication_role')

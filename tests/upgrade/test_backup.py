@@ -53,9 +53,16 @@ def test_dump_and_restore_keep_the_catalog(tmp_path):
              "FALSE, NULL, NULL, NULL, 'mop', NULL, 5)")
         q(c, "INSERT INTO cerebro_db.limits (setting, role_name, value) "
              "VALUES ('max_workers_per_fit', NULL, 4)")
+        # an interrupted fit (its transaction rolled back: every unit is logged, no output)
+        t = connect(src)
+        q(t, "SELECT madlib_keras_fit_multiple_model('p', 'out_int', 'mst', 1, FALSE, NULL, "
+             "NULL, FALSE, NULL, NULL, NULL, 'mop', NULL, 5)")
+        t.rollback()
+        t.close()
         before = _counts(c)
-        assert before["fits"] == 1 and before["units"] > 0 and before["model_states"] > 0
+        assert before["fits"] == 2 and before["units"] > 0 and before["model_states"] > 0
         fit_id = q(c, "SELECT fit_id FROM out_summary")[0][0]
+        interrupted = q(c, "SELECT max(fit_id) FROM cerebro_db.fits")[0][0]
         c.close()
 
         dump = str(tmp_path / "db.dump")
@@ -91,6 +98,11 @@ def test_dump_and_restore_keep_the_catalog(tmp_path):
         assert _counts(d) == before
         assert q(d, "SELECT status FROM cerebro_db.fits WHERE fit_id = %s", (fit_id,)) \
             == [("done",)]
+        # the interrupted fit resumes there (its source has another oid after the restore;
+        # its contents are the same)
+        q(d, "SELECT madlib_keras_fit_resume(%s)", (interrupted,))
+        assert q(d, "SELECT (SELECT model_weights FROM out) = "
+                    "(SELECT model_weights FROM out_int)") == [(True,)]
         # a new fit takes the next id, not one the restored outputs carry
         q(d, "SELECT madlib_keras_fit_multiple_model('p', 'out2', 'mst', 1, FALSE, NULL, NULL, "
              "FALSE, NULL, NULL, NULL, 'mop', NULL, 5)")
