@@ -450,14 +450,15 @@ def _table_records(cat: Catalog, req: FitRequest) -> dict[str, Any]:
 
 
 def data_digest(cat: Catalog, t: PackedTable) -> str:
-    """A packed table's summary and buffer statistics, hashed: a resume takes a table of
-    another oid (a dump restored into another database) when this matches, and refuses one
-    packed again with other rows or settings."""
+    """A packed table's summary and buffer statistics (``buffer_stats``: its labels whole,
+    samples of its features), hashed: a resume takes a table of another oid (a dump restored
+    into another database) when this matches, and refuses one packed again with other rows,
+    labels or settings (a change of some feature values alone can go unnoticed)."""
     import hashlib
     import json
 
     xs, ys, *_ = t.columns()
-    stats = inputs_sql.buffer_stats(cat, t.table, [*xs, *ys])
+    stats = inputs_sql.buffer_stats(cat, t.table, xs, ys)
     text = json.dumps([t.summary, stats], sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import uuid
 
+import psycopg2
 import pytest
 
 from ..helpers import (
@@ -111,6 +112,19 @@ def test_dump_and_restore_keep_the_catalog(tmp_path):
         same = q(d, "SELECT (SELECT model_weights FROM out) = (SELECT model_weights FROM out2)")
         assert same == [(True,)]  # same seed, same data: the same model
         d.close()
+
+        # in the source database, the same table packed again from changed labels (same
+        # rows, seed and sizes): the interrupted fit refuses it
+        c = connect(src, autocommit=True)
+        q(c, "SET client_min_messages = warning")
+        q(c, "DROP TABLE p, p_summary")
+        q(c, "UPDATE raw SET y = (y + 1) % 10 WHERE id % 7 = 0")
+        q(c, "SELECT training_preprocessor_dl('raw', 'p', 'y', 'x', NULL, 255.0, NULL, NULL, 2, 1)")
+        with pytest.raises(psycopg2.Error) as e:
+            q(c, "SELECT madlib_keras_fit_resume(%s)", (interrupted,))
+        assert e.value.pgcode == "55000" and "with other contents" in e.value.pgerror, \
+            e.value.pgerror
+        c.close()
     finally:
         drop_database(dst)
         drop_database(src)
