@@ -202,6 +202,19 @@ class Catalog(DblinkMixin):
         when the caller has none (:func:`entrypoints.require_output_schema` says so; never
         ``pg_catalog``, which a direct call of an implementation would otherwise get). Every
         later statement then names it qualified, whatever search_path it runs under."""
+        return self._qualified(text, what, existing=True)
+
+    def output_table(self, text: str, what: str) -> TableName:
+        """A table the call will create, schema-qualified where a CREATE TABLE of the caller
+        would put it (``current_schema()`` in the caller's search_path), whether or not a
+        table of that name exists further along the path: a role whose path is
+        ``"$user", public`` writes into its own schema even when ``public`` holds a table
+        of that name (another role's), as PostgreSQL would (an outside pass got "already
+        exists" for the other role's table). A name the caller qualified stays as given;
+        without a creation schema the name stays unqualified (see :meth:`table`)."""
+        return self._qualified(text, what, existing=False)
+
+    def _qualified(self, text: str, what: str, existing: bool) -> TableName:
         t = TableName.parse(text, what)
         if t.schema is not None:
             return t
@@ -218,35 +231,13 @@ class Catalog(DblinkMixin):
             if pinned is not None:
                 self.set_local("search_path", pinned)
         schema = None
-        if row["oid"] is not None:
+        if existing and row["oid"] is not None:
             schema = self.query("SELECT n.nspname::text AS s FROM pg_catalog.pg_class c JOIN "
                                 "pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
                                 "WHERE c.oid = $1", [row["oid"]], ["oid"])[0]["s"]
         elif row["creation"] != "pg_catalog":
             schema = row["creation"]
         return TableName(schema, t.name, t.given) if schema else t
-
-    def output_table(self, text: str, what: str) -> TableName:
-        """A table the call will create, schema-qualified where a CREATE TABLE of the caller
-        would put it (``current_schema()`` in the caller's search_path), whether or not a
-        table of that name exists further along the path: a role whose path is
-        ``"$user", public`` writes into its own schema even when ``public`` holds a table
-        of that name (another role's), as PostgreSQL would (an outside pass got "already
-        exists" for the other role's table). A name the caller qualified stays as given;
-        without a creation schema the name stays unqualified (see :meth:`table`)."""
-        t = TableName.parse(text, what)
-        if t.schema is not None:
-            return t
-        pinned = None
-        if self.caller_path is not None:
-            pinned = self.query("SELECT pg_catalog.current_setting('search_path') AS p")[0]["p"]
-            self.set_local("search_path", self.caller_path)
-        try:
-            schema = self.query("SELECT pg_catalog.current_schema()::text AS s")[0]["s"]
-        finally:
-            if pinned is not None:
-                self.set_local("search_path", pinned)
-        return TableName(schema, t.name, t.given) if schema and schema != "pg_catalog" else t
 
     def relation_oid(self, table: TableName) -> int | None:
         rows = self.query("SELECT pg_catalog.to_regclass($1)::oid AS oid", [table.sql], ["text"])

