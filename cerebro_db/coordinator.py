@@ -86,6 +86,10 @@ class WorkerFailed(CerebroError):
     """A unit failed in a worker; carries the worker's message and traceback."""
 
 
+class NoWorkerLeft(WorkerFailed):
+    """Every worker left the fit (lost, and could not be opened again)."""
+
+
 @dataclass
 class ConfigResult:
     """Per configuration: per-epoch training loss and evaluation results."""
@@ -187,7 +191,7 @@ def run_fit(policy: Policy, progress: Progress, executor: Executor, *,
             if hooks is not None:
                 hooks.stalled()
             if not progress.workers:  # every worker left (lost, could not reconnect)
-                raise WorkerFailed(
+                raise NoWorkerLeft(
                     "every worker of the fit is gone (their sessions were lost and could not "
                     "be opened again), so the fit cannot go on",
                     CONNECTION_FAILURE,

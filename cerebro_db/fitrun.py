@@ -13,6 +13,8 @@ callbacks are in :mod:`cerebro_db.outputs`.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import time
 from collections.abc import Sequence
@@ -454,9 +456,6 @@ def data_digest(cat: Catalog, t: PackedTable) -> str:
     samples of its features), hashed: a resume takes a table of another oid (a dump restored
     into another database) when this matches, and refuses one packed again with other rows,
     labels or settings (a change of some feature values alone can go unnoticed)."""
-    import hashlib
-    import json
-
     xs, ys, *_ = t.columns()
     stats = inputs_sql.buffer_stats(cat, t.table, xs, ys)
     text = json.dumps([t.summary, stats], sort_keys=True, default=str)

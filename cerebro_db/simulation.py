@@ -31,7 +31,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional, cast
 
-from .coordinator import run_fit
+from .coordinator import NoWorkerLeft, run_fit
 from .errors import CerebroError
 from .scheduling import (
     EVAL,
@@ -509,7 +509,7 @@ def simulate(
                 clock=cluster.clock, max_unit_retries=max_unit_retries, pool=cluster)
         completed = True
     except CerebroError as e:
-        if "nothing to run" not in str(e) and "every worker of the fit is gone" not in str(e):
+        if "nothing to run" not in str(e) and not isinstance(e, NoWorkerLeft):
             raise
         completed = False
     log = sorted(cluster.log, key=lambda r: (r.start, r.worker))
