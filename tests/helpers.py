@@ -140,6 +140,16 @@ def worker_sessions(conn) -> int:
                    "'cerebro_db %%' AND datname = current_database()")[0][0]
 
 
+def end_sessions_of(admin, conn) -> int:
+    """Terminate the other sessions of ``conn``'s role (worker sessions a test opened with
+    ``__worker_connect``: the role may not run ``dblink_disconnect``, migration 098); the
+    dead connection's name stays taken in ``conn``'s backend. Returns how many."""
+    return q(admin, "SELECT count(pg_catalog.pg_terminate_backend(pid, 5000)) FROM "
+                    "pg_stat_activity WHERE usename = (SELECT usename FROM pg_stat_activity "
+                    "WHERE pid = %s) AND pid <> %s AND backend_type = 'client backend'",
+             (conn.get_backend_pid(), conn.get_backend_pid()))[0][0]
+
+
 def worker_sessions_gone(conn, wait: float = 10.0) -> bool:
     """True once no fit's worker session is connected (a closed session's backend may take a
     moment to leave pg_stat_activity)."""

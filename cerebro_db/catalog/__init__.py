@@ -14,6 +14,7 @@ by the caller (PL/Python's ``plpy`` inside the server); it imports no driver its
 """
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,7 @@ from ..errors import (
     OBJECT_NOT_IN_PREREQUISITE_STATE,
     UNDEFINED_COLUMN,
     UNDEFINED_TABLE,
+    UNIQUE_VIOLATION,
     WRONG_OBJECT_TYPE,
     CerebroError,
 )
@@ -77,63 +79,61 @@ class DblinkMixin:
         self.query(f"SELECT {self._dl('dblink_connect')}($1, $2)", [name, conninfo],
                    ["text", "text"])
 
+    def _gate(self: Any, fn: str, name: str, arg: str | None = None) -> list[str | None]:
+        """dblink's function ``fn`` on the open connection ``name``, through the extension's
+        ``__dblink`` and this backend's key (:mod:`cerebro_db.catalog.dblink_gate`): PUBLIC
+        may not run dblink's functions that use a connection. Rows of one text column."""
+        from .dblink_gate import TOKEN
+
+        rows = self.query(f"SELECT r FROM {self.ext('__dblink')}($1, $2, $3, $4) AS r", [TOKEN, fn, name, arg], ["text", "text", "text", "text"])
+        return [r["r"] for r in rows]
+
     def dblink_exec(self: Any, name: str, sql: str) -> None:
-        self.query(f"SELECT {self._dl('dblink_exec')}($1, $2)", [name, sql], ["text", "text"])
+        self._gate("exec", name, sql)
 
     def dblink_query(self: Any, name: str, sql: str) -> list[tuple]:
-        rows = self.query(f"SELECT r FROM {self._dl('dblink')}($1, $2) AS t(r text)",
-                          [name, sql], ["text", "text"])
-        return [(r["r"],) for r in rows]
+        return [(r,) for r in self._gate("query", name, sql)]
 
     def dblink_send(self: Any, name: str, sql: str) -> None:
-        ok = self.query(f"SELECT {self._dl('dblink_send_query')}($1, $2) AS ok", [name, sql],
-                        ["text", "text"])[0]["ok"]
-        if ok != 1:
+        if self._gate("send", name, sql) != ["1"]:
             raise CerebroError(f"could not send a unit to {name}: "
                                f"{self.dblink_error(name)}", CONNECTION_EXCEPTION)
 
     def dblink_is_busy(self: Any, name: str) -> bool:
-        return self.query(f"SELECT {self._dl('dblink_is_busy')}($1) AS b", [name],
-                          ["text"])[0]["b"] == 1
+        return self._gate("busy", name) == ["1"]
 
     def dblink_error(self: Any, name: str) -> str:
-        return self.query(f"SELECT {self._dl('dblink_error_message')}($1) AS m", [name],
-                          ["text"])[0]["m"]
+        return self._gate("error", name)[0] or ""
 
     def dblink_result(self: Any, name: str) -> tuple[bool, str | None, str | None]:
         """The text result of the last query sent on ``name``: (ok, text, error message)."""
-        rows = self.query(f"SELECT r FROM {self._dl('dblink_get_result')}($1, false) AS t(r text)",
-                          [name], ["text"])
-        # the extra call that clears the connection for the next query
-        self.query(f"SELECT r FROM {self._dl('dblink_get_result')}($1, false) AS t(r text)",
-                   [name], ["text"])
+        rows = self._gate("result", name, "false")
+        self._gate("result", name, "false")  # the extra call that clears the connection
         if not rows:
             return False, None, self.dblink_error(name)
-        return True, rows[0]["r"], None
+        return True, rows[0], None
 
     def dblink_rows(self: Any, name: str) -> list[tuple]:
         """The rows (one text column) of the first statement of the string sent on
         ``name``, or its command status; the later statements' results are read (and
         dropped) until the connection is clear. A remote error is raised as the server's
         (with its SQLSTATE)."""
-        get = f"SELECT r FROM {self._dl('dblink_get_result')}($1, true) AS t(r text)"
-        rows = self.query(get, [name], ["text"])
-        while self.query(get, [name], ["text"]):  # each later statement's status, then none
+        rows = self._gate("result", name, "true")
+        while self._gate("result", name, "true"):  # each later statement's status, then none
             pass
-        return [(r["r"],) for r in rows]
+        return [(r,) for r in rows]
 
     def dblink_next(self: Any, name: str) -> str | None:
         """The next result of a statement string sent on ``name`` (one per statement: a
         row's first column, or a command's status), None at the end or on an error."""
-        rows = self.query(f"SELECT r FROM {self._dl('dblink_get_result')}($1, false) AS t(r text)",
-                          [name], ["text"])
-        return rows[0]["r"] if rows else None
+        rows = self._gate("result", name, "false")
+        return rows[0] if rows else None
 
     def dblink_cancel(self: Any, name: str) -> None:
-        self.query(f"SELECT {self._dl('dblink_cancel_query')}($1)", [name], ["text"])
+        self._gate("cancel", name)
 
     def dblink_disconnect(self: Any, name: str) -> None:
-        self.query(f"SELECT {self._dl('dblink_disconnect')}($1)", [name], ["text"])
+        self._gate("disconnect", name)
 
 
 class Catalog(DblinkMixin):
@@ -306,19 +306,37 @@ class Catalog(DblinkMixin):
 
     # -- DDL and writes -------------------------------------------------------------------
     def create_table(self, table: TableName, columns: Sequence[tuple[str, str]],
-                     *, external_storage: Iterable[str] = ()) -> None:
+                     *, external_storage: Iterable[str] = (), exists_ok: bool = False) -> bool:
         """CREATE TABLE with quoted column names; ``columns`` are (name, SQL type) pairs.
+        True when it made the table.
 
         Types come from the project's code, never from user text. Columns in
         ``external_storage`` skip compression (packed float buffers do not compress well
         and are read far more often than written).
+
+        Another session may create a table of the same name between the caller's check and
+        this statement (an outside pass ran three at once): PostgreSQL then says 42P07, or,
+        when both inserted the row type at once, 23505 on ``pg_type``. Both become 42P07
+        here; with ``exists_ok`` (callers that append to an existing table) the result is
+        False instead, once the other session committed, and the caller uses that table.
         """
         body = ", ".join(f"{quote_ident(n)} {t}" for n, t in columns)
-        self.db.execute(f"CREATE TABLE {table.sql} ({body})")
+        sub = getattr(self.db, "subtransaction", None)
+        try:
+            with (sub() if sub is not None else contextlib.nullcontext()):
+                self.db.execute(f"CREATE TABLE {table.sql} ({body})")
+        except Exception as e:
+            if getattr(e, "sqlstate", None) not in (DUPLICATE_TABLE, UNIQUE_VIOLATION):
+                raise
+            if exists_ok:
+                return False
+            raise CerebroError(f'relation "{table}" already exists', DUPLICATE_TABLE,
+                               detail="Another session created it at the same time.") from e
         for n in external_storage:
             self.db.execute(
                 f"ALTER TABLE {table.sql} ALTER COLUMN {quote_ident(n)} SET STORAGE EXTERNAL"
             )
+        return True
 
     def insert(self, table: TableName, names: Sequence[str], types: Sequence[str],
                rows: Iterable[Sequence[Any]]) -> int:

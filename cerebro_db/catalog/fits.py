@@ -275,10 +275,11 @@ def started_at(cat: Catalog, fit_id: int) -> float:
 
 
 def fit_row(cat: Catalog, fit_id: int) -> dict[str, Any] | None:
-    """The fit's row, plus ``live``: whether a coordinator session runs it now."""
+    """The fit's row, plus ``live``: whether a coordinator session runs it now, and
+    ``mine``: whether its owner is the current user."""
     clear_stat_snapshot(cat)
-    rows = cat.query(f"SELECT f.*, {LIVE_COORDINATOR} AS live FROM {cat.ext('fits')} f "
-                     "WHERE f.fit_id = $1", [fit_id], ["int8"])
+    rows = cat.query(f"SELECT f.*, {LIVE_COORDINATOR} AS live, f.owner = current_user AS "
+                     f"mine FROM {cat.ext('fits')} f WHERE f.fit_id = $1", [fit_id], ["int8"])
     return rows[0] if rows else None
 
 

@@ -14,13 +14,14 @@ from ..catalog import Catalog
 from ..catalog import fits as sql
 from ..errors import (
     FEATURE_NOT_SUPPORTED,
+    INSUFFICIENT_PRIVILEGE,
     NULL_VALUE_NOT_ALLOWED,
     OBJECT_IN_USE,
     OBJECT_NOT_IN_PREREQUISITE_STATE,
     UNDEFINED_OBJECT,
     CerebroError,
 )
-from ..names import display_name
+from ..names import display_name, quote_ident
 from . import entrypoint, fit_inputs
 from .automl import resume_automl
 from .training import resume_fit
@@ -38,6 +39,14 @@ def madlib_keras_fit_resume(cat: Catalog, *, fit_id: int) -> None:
     if f is None:
         raise CerebroError(f"fit {fit_id} does not exist", UNDEFINED_OBJECT,
                            hint=f"SELECT fit_id, status FROM {cat.schema}.fits lists your fits.")
+    if not f["mine"]:
+        # a superuser sees every role's fits; a resume runs the fit as the caller, on the
+        # tables its row names, and a role writes its own rows (a red-team pass: a row a role
+        # made, or one restored from a dump, would run with a superuser's rights)
+        raise CerebroError(f'fit {fit_id} belongs to role "{f["owner"]}"',
+                           INSUFFICIENT_PRIVILEGE,
+                           hint=f"A fit is resumed by its owner: SET ROLE "
+                                f"{quote_ident(f['owner'])} first.")
     if f["status"] == "done":
         raise CerebroError(f"fit {fit_id} is already done", OBJECT_NOT_IN_PREREQUISITE_STATE)
     if f["status"] == "running" and f["live"]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from ..helpers import q
+from ..helpers import end_sessions_of, q
 from .conftest import Roles
 
 psycopg2 = pytest.importorskip("psycopg2")
@@ -208,14 +208,13 @@ def test_no_role_makes_another_wait_on_its_marked_rows_or_tickets(two, admin):
             q(ca, "CALL cerebro_db.__purge('model_states')")  # no wait on eve's locked row
             mine = q(ca, "INSERT INTO cerebro_db.worker_tickets DEFAULT VALUES "
                          "RETURNING token")[0][0]
-            q(ca, "SELECT cerebro_db.__worker_connect('iso_a', %s)", (mine,))
-            q(ca, "SELECT cerebro_db.dblink_disconnect('iso_a')")
+            q(ca, "SELECT cerebro_db.__worker_connect('iso_a1', %s)", (mine,))
+            assert end_sessions_of(admin, ca) >= 1
         finally:
             q(ca, "RESET statement_timeout")
     finally:
         q(ce, "ROLLBACK")
-        if "iso_hold" in (q(ce, "SELECT cerebro_db.dblink_get_connections()")[0][0] or []):
-            q(ce, "SELECT cerebro_db.dblink_disconnect('iso_hold')")
+        end_sessions_of(admin, ce)
     q(ca, "CALL cerebro_db.__purge('model_states')")  # unlocked now: gone
     assert q(admin, "SELECT count(*) FROM cerebro_db.model_states WHERE fit_id = %s",
              (own,)) == [(0,)]
@@ -243,12 +242,12 @@ def test_no_role_fills_the_tickets_that_every_connect_cleans(two, admin):
              "FROM generate_series(1, 150)", (two["eve"],))
     token = q(ce, "INSERT INTO cerebro_db.worker_tickets DEFAULT VALUES RETURNING token")[0][0]
     q(ce, "SELECT cerebro_db.__worker_connect('iso_e', %s)", (token,))
-    q(ce, "SELECT cerebro_db.dblink_disconnect('iso_e')")
+    assert end_sessions_of(admin, ce) >= 1
     assert q(admin, "SELECT count(*) FROM cerebro_db.worker_tickets WHERE owner = %s",
              (two["eve"],)) == [(150,)]
     mine = q(ca, "INSERT INTO cerebro_db.worker_tickets DEFAULT VALUES RETURNING token")[0][0]
-    q(ca, "SELECT cerebro_db.__worker_connect('iso_a', %s)", (mine,))
-    q(ca, "SELECT cerebro_db.dblink_disconnect('iso_a')")
+    q(ca, "SELECT cerebro_db.__worker_connect('iso_a2', %s)", (mine,))
+    assert end_sessions_of(admin, ca) >= 1
     assert q(admin, "SELECT count(*) FROM cerebro_db.worker_tickets") == [(50,)]
     q(admin, "DELETE FROM cerebro_db.worker_tickets")
 

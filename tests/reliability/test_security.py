@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from ..helpers import mlp_json, q, worker_sessions, worker_sessions_gone
+from ..helpers import end_sessions_of, mlp_json, q, worker_sessions, worker_sessions_gone
 from .conftest import Roles, catalog_counts, connect_as, load_mnist, relations
 
 psycopg2 = pytest.importorskip("psycopg2")
@@ -107,19 +107,57 @@ def test_two_roles_fit_at_the_same_time(world, admin):
 
 
 def test_worker_sessions_run_as_the_calling_role(world, admin):
-    """The unit rows record the worker backend's pid; while a fit runs, those backends are
-    logged in as the role; afterwards the role cannot reach another identity."""
+    """A worker session opened for bob is logged in as bob, who is not a superuser; and
+    bob's own SQL cannot use it: dblink's functions on open connections are the extension's
+    alone (migration 098), reached through __dblink with a key that only the extension's
+    Python code holds."""
     bob, cb = world["bob"], world["cb"]
     assert q(cb, "SELECT rolsuper FROM pg_roles WHERE rolname = current_user") == [(False,)]
+    end_sessions_of(admin, cb)  # what earlier tests kept
     token = q(cb, "INSERT INTO cerebro_db.worker_tickets DEFAULT VALUES RETURNING token")[0][0]
     q(cb, "SELECT cerebro_db.__worker_connect('t_own', %s)", (token,))
     try:
-        who = q(cb, "SELECT * FROM cerebro_db.dblink('t_own', 'SELECT current_user::text, "
-                    "session_user::text, (SELECT rolsuper FROM pg_roles WHERE rolname = "
-                    "current_user)') AS t(u text, s text, su boolean)")
-        assert who == [(bob, bob, False)]
+        who = q(admin, "SELECT a.usename::text, r.rolsuper FROM pg_stat_activity a JOIN "
+                       "pg_roles r ON r.rolname = a.usename WHERE a.usename = %s AND "
+                       "a.pid <> %s AND a.backend_type = 'client backend'",
+                (bob, cb.get_backend_pid()))
+        assert who == [(bob, False)]
+        assert "t_own" in q(cb, "SELECT cerebro_db.dblink_get_connections()")[0][0]
+        for sql in ("SELECT * FROM cerebro_db.dblink('t_own', 'SELECT 1') AS t(i int)",
+                    "SELECT cerebro_db.dblink_exec('t_own', 'RESET ROLE')",
+                    "SELECT cerebro_db.dblink_send_query('t_own', 'SELECT 1')",
+                    "SELECT cerebro_db.dblink_disconnect('t_own')",
+                    "SELECT cerebro_db.__dblink('0123', 'exec', 't_own', 'SELECT 1')",
+                    "SELECT cerebro_db.__dblink(NULL, 'exec', 't_own', 'SELECT 1')"):
+            e = err(cb, sql)
+            assert e.pgcode == "42501", (sql, e.pgerror)
     finally:
-        q(cb, "SELECT cerebro_db.dblink_disconnect('t_own')")
+        end_sessions_of(admin, cb)
+
+
+def test_dblink_gate_takes_only_the_backends_key_and_open_connections(world, admin):
+    """Only the extension's functions that use a connection are closed to PUBLIC; __dblink
+    runs them for the holder of this backend's key (here a superuser's PL/Python, which can
+    read it like the extension's code), on open connections only: an unknown name (which
+    dblink would read as a connection string, as __dblink's owner) is refused."""
+    cb = world["cb"]
+    rows = q(cb, "SELECT p.proname::text, bool_or(has_function_privilege(p.oid, 'EXECUTE')) "
+                 "FROM pg_proc p WHERE p.pronamespace = 'cerebro_db'::regnamespace AND "
+                 "p.proname LIKE 'dblink%%' GROUP BY 1")
+    allowed = {name for name, ok in rows if ok}
+    assert allowed == {"dblink_connect", "dblink_get_connections", "dblink_get_pkey",
+                       "dblink_build_sql_insert", "dblink_build_sql_delete",
+                       "dblink_build_sql_update", "dblink_current_query",
+                       "dblink_fdw_validator"}, allowed
+    q(admin, "DO $$\nfrom cerebro_db.catalog.dblink_gate import TOKEN\n"
+             "try:\n"
+             "    plpy.execute(plpy.prepare(\"SELECT cerebro_db.__dblink($1, 'exec', "
+             "'dbname=postgres', 'SELECT 1')\", ['text']), [TOKEN])\n"
+             "except plpy.SPIError as e:\n"
+             "    assert e.sqlstate == '08003', e\n"
+             "else:\n"
+             "    raise AssertionError('a connection string was taken')\n"
+             "$$ LANGUAGE plpython3u")
 
 
 @pytest.mark.parametrize("target", ["alice", "postgres", "pg_read_server_files"])
@@ -149,7 +187,11 @@ def test_a_roles_code_run_by_the_server_gets_no_session_of_the_session_user(worl
     here the superuser's ANALYZE: session_user postgres, current_user bob) and, with a
     session logged in as postgres, makes bob superuser. The ticket says bob, who is neither
     the session user nor the role it SET ROLE to: refused, and bob stays as he was (the
-    session would log in as postgres, where bob's code could RESET ROLE)."""
+    session would log in as postgres, where bob's code could RESET ROLE). A second pass did
+    it after the superuser's SET ROLE bob (the ticket then named the role the session set):
+    where PostgreSQL forbids changing the role (a maintenance command, a SECURITY DEFINER
+    function), a ticket for a role other than the session user is refused (migration
+    098)."""
     bob, cb = world["bob"], world["cb"]
     s = f'"{bob}"'
     q(cb, f"CREATE TABLE {s}.esc_log (cu text, su text, msg text)")
@@ -171,22 +213,34 @@ def test_a_roles_code_run_by_the_server_gets_no_session_of_the_session_user(worl
             END IF;
             RETURN i;
         END $f$""")
+    q(cb, f"""CREATE FUNCTION {s}.esc_sd() RETURNS void LANGUAGE plpgsql SECURITY DEFINER
+        AS $f$ BEGIN PERFORM {s}.esc_try(); END $f$""")
     q(cb, f"CREATE TABLE {s}.esc_t (i int)")
     q(cb, f"CREATE INDEX ON {s}.esc_t ({s}.esc(i))")
     q(cb, f"INSERT INTO {s}.esc_t SELECT generate_series(1, 50)")
     try:
-        q(admin, f"ANALYZE {s}.esc_t")
-        log = q(admin, f"SELECT cu, su, msg FROM {s}.esc_log")
         su = q(admin, "SELECT session_user::text")[0][0]
-        assert log and all(row[:2] == (bob, su) for row in log), log
-        assert all("may not open worker sessions in a session of role" in row[2]
-                   for row in log), log
-        assert q(admin, "SELECT rolsuper FROM pg_roles WHERE rolname = %s", (bob,)) == \
-            [(False,)]
+        # the superuser's ANALYZE, then (a second red-team pass) the same after SET ROLE bob,
+        # where the ticket named the role the session SET ROLE to and was taken; and bob's
+        # SECURITY DEFINER function called there
+        for how in ("analyze", "set role, analyze", "set role, definer function"):
+            q(admin, f"DELETE FROM {s}.esc_log")
+            if how.startswith("set role"):
+                q(admin, f"SET ROLE {s}")
+            try:
+                q(admin, f"ANALYZE {s}.esc_t" if how.endswith("analyze") else
+                  f"SELECT {s}.esc_sd()")
+            finally:
+                q(admin, "RESET ROLE")
+            log = q(admin, f"SELECT cu, su, msg FROM {s}.esc_log")
+            assert log and all(row[:2] == (bob, su) for row in log), log
+            assert all("may not open worker sessions" in row[2] for row in log), log
+            assert q(admin, "SELECT rolsuper FROM pg_roles WHERE rolname = %s", (bob,)) == \
+                [(False,)]
     finally:
         q(admin, f"ALTER ROLE {s} NOSUPERUSER")
         q(admin, f"DROP TABLE {s}.esc_t, {s}.esc_log")
-        q(admin, f"DROP FUNCTION {s}.esc(int), {s}.esc_try()")
+        q(admin, f"DROP FUNCTION {s}.esc(int), {s}.esc_sd(), {s}.esc_try()")
 
 
 def test_a_maintainer_keeps_no_worker_sessions_unless_it_opts_in(world, admin, rel_db):
@@ -358,3 +412,75 @@ def test_another_roles_fit_state_is_invisible_and_read_only(world, admin):
     assert state() == before
     assert q(admin, "SELECT count(*) FROM cerebro_db.units u JOIN cerebro_db.fits f "
                     "USING (fit_id) WHERE u.owner <> f.owner") == [(0,)]
+
+
+def test_a_superuser_does_not_resume_another_roles_fit(world, admin):
+    """A red-team pass: a superuser sees every role's fits, and a resume runs the fit as
+    its caller on the tables the fit's row names (a row its owner wrote, or one restored
+    from a dump); so only the owner resumes a fit (42501, with the SET ROLE to use)."""
+    alice = world["alice"]
+    alice_fit = world["fits"][alice][0][0]
+    e = err(admin, "SELECT cerebro_db.madlib_keras_fit_resume(%s)", (alice_fit,))
+    assert e.pgcode == "42501", e.pgerror
+    assert f'belongs to role "{alice}"' in e.pgerror
+    assert e.diag.message_hint == f"A fit is resumed by its owner: SET ROLE {alice} first."
+
+
+def test_another_roles_code_cannot_use_a_callers_kept_sessions(world, admin):
+    """A red-team pass: after alice's fit her backend keeps idle worker sessions (logged in
+    as alice) for the next fit; eve's SECURITY DEFINER function, called by alice in the same
+    session, listed them and ran SQL as alice through dblink_exec (it copied her table).
+    Now dblink's functions on open connections are the extension's only: eve's function
+    gets 42501 on each, alice's data stays hers, and alice's next fit still reuses them."""
+    alice, eve, ca, ce = world["alice"], world["eve"], world["ca"], world["ce"]
+    a, e = f'"{alice}"', f'"{eve}"'
+    q(ca, f"CREATE TABLE {a}.secret AS SELECT 'alice-only'::text AS v")
+    q(ce, f"CREATE TABLE {e}.tried (conn text, how text, state text)")
+    q(ce, f"GRANT USAGE ON SCHEMA {e} TO {a}")
+    q(ce, f"""CREATE FUNCTION {e}.api(x int) RETURNS int LANGUAGE plpgsql SECURITY DEFINER
+        SET search_path = pg_catalog, cerebro_db AS $f$
+        DECLARE c text; how text;
+        BEGIN
+            FOREACH c IN ARRAY coalesce(dblink_get_connections(), '{{}}') LOOP
+                FOREACH how IN ARRAY ARRAY['exec', 'query', 'disconnect', 'gate'] LOOP
+                    BEGIN
+                        CASE how
+                        WHEN 'exec' THEN PERFORM dblink_exec(c,
+                            'CREATE TABLE public.stolen AS SELECT * FROM {a}.secret');
+                        WHEN 'query' THEN PERFORM * FROM dblink(c, 'SELECT v FROM {a}.secret')
+                            AS t(v text);
+                        WHEN 'disconnect' THEN PERFORM dblink_disconnect(c);
+                        ELSE PERFORM cerebro_db.__dblink(md5(c), 'exec', c, 'SELECT 1');
+                        END CASE;
+                        INSERT INTO {e}.tried VALUES (c, how, 'ran');
+                    EXCEPTION WHEN OTHERS THEN
+                        INSERT INTO {e}.tried VALUES (c, how, SQLSTATE);
+                    END;
+                END LOOP;
+            END LOOP;
+            RETURN x + 1;
+        END $f$""")
+    q(ce, f"GRANT EXECUTE ON FUNCTION {e}.api(int) TO {a}")
+    try:
+        fit_multiple(ca, "kept_a")
+        kept = q(ca, "SELECT coalesce(cerebro_db.dblink_get_connections(), '{}')")[0][0]
+        assert kept, "alice's session keeps its worker sessions"
+        assert q(ca, f"SELECT {e}.api(41)") == [(42,)]
+        tried = q(ce, f"SELECT conn, how, state FROM {e}.tried ORDER BY 1, 2")
+        assert tried and {c for c, _, _ in tried} == set(kept)
+        assert all(state == "42501" for _, _, state in tried), tried
+        assert q(admin, "SELECT to_regclass('public.stolen')") == [(None,)]
+        before = set(q(admin, "SELECT pid FROM pg_stat_activity WHERE usename = %s AND "
+                              "application_name LIKE 'cerebro_db_pool %%'", (alice,)))
+        assert before
+        fit_multiple(ca, "kept_b")  # reuses them
+        assert q(ca, "SELECT count(DISTINCT worker_pid) FROM cerebro_db.units u JOIN "
+                     "cerebro_db.fits f USING (fit_id) WHERE f.model_output_table LIKE "
+                     "'%%kept_b' AND u.worker_pid = ANY(%s)", ([p for (p,) in before],)) \
+            == [(len(before),)]
+    finally:
+        q(ca, "SELECT cerebro_db_close_workers()")
+        q(ca, f"DROP TABLE IF EXISTS {a}.secret, kept_a, kept_a_summary, kept_a_info, kept_b, "
+              "kept_b_summary, kept_b_info")
+        q(ce, f"DROP FUNCTION {e}.api(int)")
+        q(ce, f"DROP TABLE {e}.tried")
