@@ -248,6 +248,13 @@ def record_rows(cat: Any, run_id: int, new_rows: int, rows_trained: int) -> None
               "WHERE run_id = $1", [run_id, new_rows, rows_trained], ["int8", "int8", "int8"])
 
 
+def run_outcome(cat: Any, run_id: int) -> dict[str, Any] | None:
+    """``status`` and ``message`` of a run."""
+    rows = cat.query(f"SELECT status, message FROM {cat.ext('job_runs')} WHERE run_id = $1",
+                     [run_id], ["int8"])
+    return rows[0] if rows else None
+
+
 def record_failure(cat: Any, run_id: int, message: str, fit_id: int | None,
                    retry: bool) -> None:
     """Append ``message``; the run stays running when it will be retried."""

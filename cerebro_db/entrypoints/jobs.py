@@ -36,6 +36,7 @@ from ..errors import (
     FEATURE_NOT_SUPPORTED,
     INSUFFICIENT_PRIVILEGE,
     NULL_VALUE_NOT_ALLOWED,
+    OBJECT_IN_USE,
     OBJECT_NOT_IN_PREREQUISITE_STATE,
     QUERY_CANCELED,
     UNDEFINED_OBJECT,
@@ -355,6 +356,15 @@ def unschedule_model_selection(cat: Catalog, *, job_name: str) -> bool:
     if job_name is None:
         raise CerebroError("job_name must not be NULL", NULL_VALUE_NOT_ALLOWED)
     job = _job(cat, job_name)
+    live = stmts.live_run(cat, int(job["job_id"]))
+    if live is not None:
+        # a run going on would fail at its end, its history row left 'running' (an outside
+        # pass): the job is removed once no run of it is going
+        raise CerebroError(
+            f'model selection job "{job_name}" is running (run {live["run"]}, backend pid '
+            f'{live["backend_pid"]})', OBJECT_IN_USE,
+            hint=f"Wait for the run to end, or cancel it (SELECT pg_cancel_backend("
+                 f"{live['backend_pid']})), then unschedule the job.")
     if job["cron_jobid"] is not None and _cron_database(cat) is None:
         cat.notice(f'unschedule_model_selection: pg_cron is not loaded; its job '
                    f'{job["cron_jobid"]} was not removed')
@@ -383,8 +393,7 @@ def job_step(plpy: Any, schema: str, *, job_name: str, run_id: int | None, step:
     if step == "begin":
         return _begin(cat, job)
     if step == "end":
-        _end(cat, job, run_id)
-        return "ok"
+        return _end(cat, job, run_id)
     if run_id is None:
         raise CerebroError(f"job step {step!r} needs a run_id", NULL_VALUE_NOT_ALLOWED)
     stmts.count_attempt(cat, run_id, step)
@@ -425,9 +434,17 @@ def _begin(cat: Catalog, job: dict[str, Any]) -> str | None:
     return str(stmts.insert_run(cat, jid, job["job_name"], nxt))
 
 
-def _end(cat: Catalog, job: dict[str, Any], run_id: int | None) -> None:
-    if run_id is not None:
-        stmts.fail_unfinished_run(cat, run_id)
+def _end(cat: Catalog, job: dict[str, Any], run_id: int | None) -> str:
+    """The run's outcome as ``run_model_selection_job`` takes it: 'ok', or 'failed' and the
+    run's message on the next lines (the procedure then fails, after committing the record,
+    so that pg_cron's ``job_run_details`` says failed too)."""
+    if run_id is None:
+        return "ok"
+    stmts.fail_unfinished_run(cat, run_id)
+    out = stmts.run_outcome(cat, run_id)
+    if out is not None and out["status"] == "failed":
+        return "failed\n" + (out["message"] or "")
+    return "ok"
 
 
 def _error_text(e: BaseException) -> str:

@@ -192,7 +192,12 @@ def test_readers_see_the_previous_outputs_until_the_new_are_complete(job, dsn):
         return q(conn, "SELECT count(*) FROM cerebro_db.fits WHERE fit_id > %s AND "
                        "status = 'running'", (last_fit,))[0][0]
 
+    refused = None
     while t.is_alive() and time.monotonic() < deadline:
+        if running() and refused is None:
+            # an outside pass: unscheduling a job while it ran failed the run at its end
+            # and left its history row 'running'; now refused while a run is going
+            refused = error_of(conn, "SELECT unschedule_model_selection('nightly')")
         if running():
             now, staged = weights(conn, "jout"), staging_tables(conn)
             # the fit turns 'done' in the transaction that publishes (the job's): when it
@@ -206,6 +211,8 @@ def test_readers_see_the_previous_outputs_until_the_new_are_complete(job, dsn):
     t.join()
     assert not errors, errors
     assert seen_running > 0
+    assert refused is not None and refused.pgcode == "55006", refused
+    assert 'job "nightly" is running' in refused.pgerror, refused.pgerror
     r = runs(conn, "nightly")[-1]
     assert (r["run"], r["status"], r["new_rows"]) == (3, "succeeded", 0), r["message"]
     assert weights(conn, "jout") != before
@@ -218,7 +225,10 @@ def test_a_failed_run_keeps_the_outputs_records_and_retries(job):
     info = q(conn, "SELECT * FROM jout_info ORDER BY mst_key")
     q(conn, "ALTER TABLE jmst RENAME TO jmst_away")
     try:
-        q(conn, "CALL run_model_selection_job('nightly')")
+        # recorded, then the call fails too (pg_cron's job_run_details says failed)
+        e = error_of(conn, "CALL run_model_selection_job('nightly')")
+        assert e.pgcode == "P0001" and 'job "nightly" failed' in e.pgerror, e.pgerror
+        assert e.diag.message_detail.startswith("attempt 1, train: ")
     finally:
         q(conn, "ALTER TABLE jmst_away RENAME TO jmst")
     r = runs(conn, "nightly")[-1]

@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from ..helpers import connect, mlp_json, q
+from ..helpers import connect, error_of, mlp_json, q
 from .test_jobs import add_rows, runs
 
 psycopg2 = pytest.importorskip("psycopg2")
@@ -132,7 +132,7 @@ def test_a_job_reads_no_relation_another_role_put_at_its_names(role, mallory, se
     q(m, "GRANT SELECT ON jshared.jout TO PUBLIC")
     for what in ("packed", "out", "new", "mst"):
         q(m, f"CREATE TABLE jshared.__cerebro_job_{jid}_{what} (x int)")
-    q(c, "CALL run_model_selection_job('team')")
+    assert error_of(c, "CALL run_model_selection_job('team')").pgcode == "P0001"
     (r,) = runs(c, "team")
     assert r["status"] == "failed"
     assert f'"jshared.jout" is a relation that is not a plain table of role "{mal}"' \
@@ -146,7 +146,7 @@ def test_a_job_reads_no_relation_another_role_put_at_its_names(role, mallory, se
     assert runs(c, "team")[-1]["status"] == "succeeded", runs(c, "team")[-1]["message"]
     q(session_conn, "DROP TABLE jshared.jout")
     q(m, "CREATE TABLE jshared.jout AS SELECT 1 AS mst_key, NULL::bytea AS model_weights")
-    q(c, "CALL run_model_selection_job('team')")
+    assert error_of(c, "CALL run_model_selection_job('team')").pgcode == "P0001"
     last = runs(c, "team")[-1]
     assert last["status"] == "failed"
     assert f'"jshared.jout" is a table of role "{mal}", not a table this job made' \
@@ -169,7 +169,8 @@ def test_a_run_waits_its_own_jobs_retry_delay(role, session_conn):
         q(c, sched, ("tdp_role", "tdo_role", "1 hour"))
         q(session_conn, sched, ("tdp_super", "tdo_super", "1 second"))
         q(session_conn, "SET statement_timeout = '60s'")
-        q(session_conn, "CALL run_model_selection_job('twin_delay')")
+        assert error_of(session_conn,
+                        "CALL run_model_selection_job('twin_delay')").pgcode == "P0001"
         (r,) = [r for r in runs(session_conn, "twin_delay") if r["owner"] == "postgres"]
         assert r["status"] == "failed" and r["attempts"] == 2, r
     finally:
