@@ -44,9 +44,10 @@ def load_keras_model(cat: Catalog, *, keras_model_arch_table: str, model_arch: s
     text, model = keras_arch.normalize_arch(model_arch)
     if model_weights is not None:
         keras_arch.check_weights(model, model_weights)
-    if cat.relation_oid(table) is None:
-        cat.create_table(table, ARCH_COLUMNS)
-    else:
+    if cat.relation_oid(table) is None and cat.create_table(table, ARCH_COLUMNS,
+                                                            exists_ok=True):
+        pass
+    else:  # there, or made by another session just now
         require_arch_table(cat, table, "keras_model_arch_table")
     model_id = stmts.insert_arch(cat, table, arch=text, weights=model_weights, name=name,
                                  description=description,

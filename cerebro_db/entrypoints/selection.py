@@ -85,10 +85,14 @@ def _key(model_id: int, compile_params: str, fit_params: str) -> tuple[int, str,
 
 
 def _create_mst(cat: Catalog, mst: TableName, summary: TableName, arch: TableName,
-                obj: TableName | None) -> None:
-    cat.create_table(mst, MST_COLUMNS)
+                obj: TableName | None, exists_ok: bool = False) -> bool:
+    """Make the selection table and its summary; False (nothing made) when, with
+    ``exists_ok``, another session made the table just now."""
+    if not cat.create_table(mst, MST_COLUMNS, exists_ok=exists_ok):
+        return False
     stmts.add_config_key(cat, mst)
     _create_summary(cat, summary, arch, obj)
+    return True
 
 
 def _create_summary(cat: Catalog, summary: TableName, arch: TableName,
@@ -176,9 +180,10 @@ def generate_model_configs(cat: Catalog, *, model_arch_table: str, model_selecti
     obj, _ = checked_compiles(cat, [c for _, c, _ in rows], object_table)
     _validate_fits([f for _, _, f in rows])
     existing: list[tuple[int, str, str]] = []
-    if cat.relation_oid(mst) is None:
-        _create_mst(cat, mst, summary, arch, obj)
-    else:
+    if cat.relation_oid(mst) is None and _create_mst(cat, mst, summary, arch, obj,
+                                                     exists_ok=True):
+        pass
+    else:  # there, or made by another session just now: append
         found = _existing(cat, mst, summary, arch)
         if found is not None:
             existing = found

@@ -82,3 +82,49 @@ def test_append_requires_same_arch_table(conn, tables):
     with pytest.raises(psycopg2.Error) as e:
         q(conn, "SELECT generate_model_configs('arch_b', 'mst_ab', ARRAY[1], %s, '{}')", (grid,))
     assert e.value.pgcode == "22023" and "made for model_arch_table" in e.value.pgerror
+
+
+def test_sessions_making_the_same_new_table_at_once_both_append(dbname, conn, tables):
+    """An outside pass ran load_keras_model / generate_model_configs into one new table from
+    three sessions at once: one appended, the others got 42P07 or a raw 23505 on pg_type.
+    A session whose CREATE TABLE meets another's (here held open until the second waits
+    on it) now appends to that table, as it would have had the table been there."""
+    import threading
+
+    from ..helpers import connect
+
+    tables += ["arch_c", "mst_c"]
+    arch, _, _ = keras3_mlp_json_and_weights()
+    grid = "{'loss': ['categorical_crossentropy'], 'optimizer_params_list': [" \
+           "{'optimizer': ['Adam'], 'lr': [0.001, 0.01]}], 'metrics': ['accuracy']}"
+    calls = [("SELECT load_keras_model('arch_c', %s)", (arch,)),
+             ("SELECT generate_model_configs('arch_c', 'mst_c', ARRAY[1], %s, "
+              "'{''batch_size'': [16]}', 'grid')", (grid,))]
+    for sql, args in calls:
+        first, second = connect(dbname, autocommit=False), connect(dbname, autocommit=True)
+        errors: list[BaseException] = []
+        try:
+            q(first, sql, args)  # creates the table; not committed yet
+            pid = second.get_backend_pid()
+
+            def run() -> None:
+                try:
+                    q(second, sql, args)
+                except BaseException as e:  # noqa: BLE001 - checked below
+                    errors.append(e)
+
+            t = threading.Thread(target=run)
+            t.start()
+            for _ in range(200):  # until the second session waits for the first
+                if q(conn, "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s",
+                     (pid,)) == [("Lock",)]:
+                    break
+                q(conn, "SELECT pg_stat_clear_snapshot(), pg_sleep(0.05)")
+            first.commit()
+            t.join(60)
+        finally:
+            first.close()
+            second.close()
+        assert not errors, errors
+    assert q(conn, "SELECT count(*) FROM arch_c")[0][0] == 2
+    assert q(conn, "SELECT count(*) FROM mst_c")[0][0] == 2  # the same 2 configs, deduplicated
