@@ -211,8 +211,7 @@ def madlib_keras_predict(cat: Catalog, *, model_table: str, test_table: str, id_
                    f"{time.monotonic() - t0:.1f} s")
         return
     dep = deps[0]
-    regression = summ.get("num_classes") in (None, [None]) or \
-        summ.get(dep + "_class_values") is None
+    regression = _is_regression(summ, 0, dep)
     n = _predict_into(cat, arch=row["model_arch"], weights=bytes(row["model_weights"]),
                       test=test, id_name=idn, id_type=idt, x_name=xn, output=out, pt=pt,
                       class_name=dep, class_values=summ.get(dep + "_class_values"),
@@ -223,9 +222,14 @@ def madlib_keras_predict(cat: Catalog, *, model_table: str, test_table: str, id_
 
 
 def _is_regression(summ: dict[str, Any], i: int, dep: str) -> bool:
-    """Whether output ``i`` of a model is a regression target (no classes recorded)."""
-    nc = summ.get("num_classes") or []
-    return (i >= len(nc) or nc[i] is None) or summ.get(dep + "_class_values") is None
+    """Whether output ``i`` of a model is a regression target: no class count recorded. A
+    one-hot array's labels record their count and no class values; its classes are
+    0 .. count-1, as in MADlib (an outside pass found them predicted as a regression's
+    values, every class a row, ``class_value`` NULL, whatever ``pred_type``)."""
+    nc = summ.get("num_classes")
+    if not isinstance(nc, (list, tuple)):
+        nc = [nc]
+    return i >= len(nc) or nc[i] is None
 
 
 def _predict_multi_into(cat: Catalog, *, arch: str, weights: bytes, test: TableName,

@@ -108,6 +108,33 @@ def test_float_array_labels_must_be_one_hot_unless_regression(conn, tables):
     assert q(conn, "SELECT dependent_kind FROM mcf_r_summary") == [(["regression"],)]
 
 
+def test_one_hot_labels_predict_classes_by_index(conn, tables):
+    """An outside pass: labels packed from a one-hot array (no class values, a class count)
+    were predicted as a regression's outputs, every class a row with class_value NULL
+    whatever pred_type. Their classes are 0 .. count-1, as in MADlib."""
+    tables += ["moh", "moh_p", "moh_arch", "moh_m", "moh_m_summary", "moh_resp", "moh_top",
+               "moh_prob"]
+    q(conn, "DROP TABLE IF EXISTS moh, moh_p, moh_p_summary")
+    q(conn, "CREATE TABLE moh AS SELECT i AS id, ARRAY[i % 3, 1]::real[] AS x, "
+            "(CASE i % 3 WHEN 0 THEN '{1,0,0}' WHEN 1 THEN '{0,1,0}' ELSE '{0,0,1}' END)"
+            "::int[] AS oh FROM generate_series(1, 30) i")
+    q(conn, "SELECT training_preprocessor_dl('moh', 'moh_p', 'oh', 'x', NULL, 1.0, NULL, "
+            "NULL, 1, 1)")
+    q(conn, "SELECT load_keras_model('moh_arch', %s)", (mlp_json(inputs=2, outputs=3),))
+    q(conn, "SELECT madlib_keras_fit('moh_p', 'moh_m', 'moh_arch', 1, %s, %s, 1)",
+      (COMPILE, FIT))
+    q(conn, "SELECT madlib_keras_predict('moh_m', 'moh', 'id', 'x', 'moh_resp', 'response')")
+    rows = q(conn, "SELECT id, class_value FROM moh_resp ORDER BY id")
+    assert [i for i, _ in rows] == list(range(1, 31))
+    assert {c for _, c in rows} <= {"0", "1", "2"}
+    q(conn, "SELECT madlib_keras_predict('moh_m', 'moh', 'id', 'x', 'moh_top', 1)")
+    assert q(conn, "SELECT count(*), count(DISTINCT id), min(rank), max(rank) FROM moh_top") \
+        == [(30, 30, 1, 1)]
+    q(conn, "SELECT madlib_keras_predict('moh_m', 'moh', 'id', 'x', 'moh_prob', 'prob')")
+    assert q(conn, "SELECT count(*), array_agg(DISTINCT class_value ORDER BY class_value) "
+                   "FROM moh_prob") == [(90, ["0", "1", "2"])]
+
+
 def test_fewer_rows_than_partitions_pack_train_evaluate(conn, tables):
     """A 3-row table on 4 partitions: partition 3 holds no buffer; fit, fit_multiple_model,
     evaluate and predict run, and the empty partition weighs nothing in the metrics."""
