@@ -709,7 +709,39 @@ class CompileParams:
             for key in ("metrics", "weighted_metrics"):
                 if out.get(key):
                     out[key] = [sub(m, "metric") for m in out[key]]
+        lw = out.get("loss_weights")
+        if not isinstance(out.get("loss"), (list, dict)) and isinstance(lw, (list, dict)) \
+                and len(lw) > 1:
+            # one loss for every output, weighted per output (tf.keras 2 took it, and
+            # MADlib's scripts do; Keras 3 wants as many losses as weights)
+            out["loss"] = {k: out["loss"] for k in lw} if isinstance(lw, dict) \
+                else [out["loss"]] * len(lw)
+        sparse = isinstance(self.loss, str) and "sparse" in self.loss
+        for key in ("metrics", "weighted_metrics"):
+            if out.get(key):
+                out[key] = [_label_metric(m, sparse) for m in out[key]]
         return out
+
+
+_LABEL_TWINS = {"categorical_accuracy": "SparseCategoricalAccuracy",
+                "top_k_categorical_accuracy": "SparseTopKCategoricalAccuracy",
+                "sparse_categorical_accuracy": "CategoricalAccuracy",
+                "sparse_top_k_categorical_accuracy": "TopKCategoricalAccuracy"}
+
+
+def _label_metric(name: Any, sparse_labels: bool) -> Any:
+    """The metric ``name`` for the labels a unit gives the model: class indices with a sparse
+    loss (the worker's argmax of the one-hot rows), else the one-hot rows. A categorical
+    metric under a sparse loss, or a sparse one under a categorical loss, becomes its twin
+    for the other label form, under the name given, so that it measures what its name says
+    (an outside pass: categorical_accuracy read 0 beside accuracy 0.48 under
+    sparse_categorical_crossentropy, and the other mixes failed inside the workers)."""
+    if not isinstance(name, str) or name not in _LABEL_TWINS \
+            or name.startswith("sparse_") == sparse_labels:
+        return name
+    import keras
+
+    return getattr(keras.metrics, _LABEL_TWINS[name])(name=name)
 
 
 def _check_compile_key(key: str, what: str) -> None:
