@@ -348,8 +348,34 @@ def _convert_functional(config: Any) -> dict[str, Any]:
             new_layers.append(_convert_input_layer(layer))
         else:
             new_layers.append(_convert_layer(layer)[0])
+    nested = {layer.get("name") for layer in config["layers"]
+              if isinstance(layer, dict) and layer.get("class_name") in _MODEL_CLASSES}
+    if nested:
+        _shift_nested_nodes(new_layers, out, nested)
     out["layers"] = new_layers
     return out
+
+
+def _shift_nested_nodes(layers: list[dict[str, Any]], out: dict[str, Any],
+                        nested: set[Any]) -> None:
+    """tf.keras 2 numbers the nodes of a model nested as a layer from 1 (its node 0 is its
+    own graph, made when it was built); Keras 3 numbers its calls from 0. References to such
+    a model in ``inbound_nodes`` and ``output_layers`` move down by one (an outside pass:
+    the usual transfer-learning shape, a base model nested in a functional head, was
+    refused as a graph with disconnected nodes)."""
+    def ref(r: Any) -> Any:
+        if isinstance(r, list) and len(r) >= 3 and r[0] in nested \
+                and isinstance(r[1], int) and r[1] >= 1:
+            return [r[0], r[1] - 1, *r[2:]]
+        return r
+
+    for layer in layers:
+        nodes = layer.get("inbound_nodes")
+        if isinstance(nodes, list):
+            layer["inbound_nodes"] = [[ref(r) for r in node] if isinstance(node, list)
+                                      else node for node in nodes]
+    if isinstance(out.get("output_layers"), list):
+        out["output_layers"] = [ref(r) for r in out["output_layers"]]
 
 
 def _convert_input_layer(layer: Mapping[str, Any]) -> dict[str, Any]:

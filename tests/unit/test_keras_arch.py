@@ -573,3 +573,66 @@ def test_rows_reshape_only_without_scrambling() -> None:
     assert ka.reshapes_to([32, 32, 3], [32, 32, 3])
     assert not ka.reshapes_to([3, 32, 32], [32, 32, 3])
     assert not ka.reshapes_to([2, 3], [3, 2]) and not ka.reshapes_to([785], [28, 28, 1])
+
+
+def _k2_dense(name: str, units: int, activation: str, inbound: list | None = None,
+              **extra: Any) -> dict[str, Any]:
+    layer: dict[str, Any] = {"class_name": "Dense", "config": {
+        "name": name, "trainable": True, "dtype": "float32", "units": units,
+        "activation": activation, "use_bias": True, **extra,
+        "kernel_initializer": {"class_name": "GlorotUniform", "config": {"seed": None}},
+        "bias_initializer": {"class_name": "Zeros", "config": {}}}, "name": name}
+    if inbound is not None:
+        layer["inbound_nodes"] = inbound
+    return layer
+
+
+def _k2_input(name: str, width: int) -> dict[str, Any]:
+    return {"class_name": "InputLayer", "config": {
+        "batch_input_shape": [None, width], "dtype": "float32", "sparse": False,
+        "ragged": False, "name": name}, "name": name, "inbound_nodes": []}
+
+
+K2_BASE = {"class_name": "Sequential", "name": "sequential", "config": {
+    "name": "sequential", "layers": [
+        {"class_name": "InputLayer", "config": {"batch_input_shape": [None, 8],
+                                                 "dtype": "float32", "name": "dense_input"}},
+        _k2_dense("dense", 4, "relu", batch_input_shape=[None, 8])]}}
+
+
+def test_keras2_nested_model_nodes_count_from_one() -> None:
+    """tf.keras 2 numbers a nested model's calls from node 1 (node 0 is its own graph):
+    a base model in a functional head, as tf.keras 2.6 wrote it, loads (an outside pass
+    found it refused), with the weights in Keras' order; and a base called on two inputs
+    (nodes 1 and 2) shares its weights."""
+    head = {"class_name": "Functional", "keras_version": "2.6.0", "backend": "tensorflow",
+            "config": {"name": "model", "layers": [
+                _k2_input("input_1", 8),
+                {**K2_BASE, "inbound_nodes": [[["input_1", 0, 0, {}]]]},
+                _k2_dense("dense_1", 3, "softmax", [[["sequential", 1, 0, {}]]])],
+                "input_layers": [["input_1", 0, 0]], "output_layers": [["dense_1", 0, 0]]}}
+    model = ka.load_model(json.dumps(head))
+    assert model.count_params() == 8 * 4 + 4 + 4 * 3 + 3
+    rng = np.random.default_rng(0)
+    ws = [rng.normal(size=w.shape).astype("float32") for w in model.get_weights()]
+    model.set_weights(ws)
+    x = rng.normal(size=(5, 8)).astype("float32")
+    h = np.maximum(x @ ws[0] + ws[1], 0) @ ws[2] + ws[3]
+    want = np.exp(h - h.max(1, keepdims=True))
+    want /= want.sum(1, keepdims=True)
+    np.testing.assert_allclose(model.predict(x, verbose=0), want, rtol=1e-5, atol=1e-6)
+
+    twice = {"class_name": "Functional", "keras_version": "2.6.0", "backend": "tensorflow",
+             "config": {"name": "model", "layers": [
+                 _k2_input("input_1", 8), _k2_input("input_2", 8),
+                 {**K2_BASE, "inbound_nodes": [[["input_1", 0, 0, {}]],
+                                               [["input_2", 0, 0, {}]]]},
+                 {"class_name": "Concatenate", "name": "concatenate",
+                  "config": {"name": "concatenate", "trainable": True, "dtype": "float32",
+                             "axis": -1},
+                  "inbound_nodes": [[["sequential", 1, 0, {}], ["sequential", 2, 0, {}]]]},
+                 _k2_dense("dense_1", 3, "softmax", [[["concatenate", 0, 0, {}]]])],
+                 "input_layers": [["input_1", 0, 0], ["input_2", 0, 0]],
+                 "output_layers": [["dense_1", 0, 0]]}}
+    model = ka.load_model(json.dumps(twice))
+    assert model.count_params() == 8 * 4 + 4 + 8 * 3 + 3
