@@ -146,10 +146,15 @@ def _open_error(e: BaseException, w: int | str, sessions: int) -> BaseException:
                 "local socket, or peer for the server's OS user through a pg_ident map), or "
                 "give the role's password: SET cerebro_db.worker_conninfo = 'password=...' "
                 "(README, Security).")
-    elif "too many" in text and ("connection" in text or "client" in text):
+    elif ("too many" in text and ("connection" in text or "client" in text)) \
+            or "connection slots are reserved" in text:
+        # PostgreSQL 15 tells a role without superuser (or pg_use_reserved_connections) that
+        # the last slots are reserved, not that there are too many clients
         hint = (f"A fit holds {sessions} sessions of its own (a control session and one per "
                 "worker) beside the caller's: raise max_connections or the role's CONNECTION "
-                "LIMIT, or pack the data into fewer partitions.")
+                "LIMIT, or pack the data into fewer partitions. Each session that ran a fit "
+                "keeps its idle worker sessions for the next one (cerebro_db.worker_idle_timeout"
+                "); SELECT cerebro_db_close_workers() in those sessions gives them back.")
     else:
         return e
     sqlstate = getattr(e, "sqlstate", None) or SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION
@@ -804,11 +809,11 @@ class DblinkExecutor:
                 f"{resume}.")
         sql.clear_stat_snapshot(self.cat)
         act = sql.activity(self.cat, bpid)
-        who = (f'user "{act["u"]}": {" ".join((act["query"] or "").split())[:200]}'
-               if act else "gone")
+        blocker = (f'user "{act["u"]}": {" ".join((act["query"] or "").split())[:200]}'
+                   if act else "gone")
         raise CerebroError(
             f"{fit} cannot go on: {who} (pid {wpid}) waits for a lock behind "
-            f"session {bpid} ({who}), which waits for a lock this fit's transaction holds",
+            f"session {bpid} ({blocker}), which waits for a lock this fit's transaction holds",
             DEADLOCK_DETECTED,
             detail="The fit's coordinator waits for its worker sessions through dblink, "
             "where the server's deadlock detector cannot see it; that session's statement "
