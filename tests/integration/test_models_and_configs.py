@@ -98,8 +98,8 @@ def test_sessions_making_the_same_new_table_at_once_both_append(dbname, conn, ta
     grid = "{'loss': ['categorical_crossentropy'], 'optimizer_params_list': [" \
            "{'optimizer': ['Adam'], 'lr': [0.001, 0.01]}], 'metrics': ['accuracy']}"
     calls = [("SELECT load_keras_model('arch_c', %s)", (arch,)),
-             ("SELECT generate_model_configs('arch_c', 'mst_c', ARRAY[1], %s, "
-              "'{''batch_size'': [16]}', 'grid')", (grid,))]
+             (("SELECT generate_model_configs('arch_c', 'mst_c', ARRAY[1], %s, "
+               "'{''batch_size'': [16]}', 'grid')"), (grid,))]
     for sql, args in calls:
         first, second = connect(dbname, autocommit=False), connect(dbname, autocommit=True)
         errors: list[BaseException] = []
