@@ -107,7 +107,7 @@ def test_sessions_making_the_same_new_table_at_once_both_append(dbname, conn, ta
             q(first, sql, args)  # creates the table; not committed yet
             pid = second.get_backend_pid()
 
-            def run() -> None:
+            def run(second=second, sql=sql, args=args, errors=errors) -> None:
                 try:
                     q(second, sql, args)
                 except BaseException as e:  # noqa: BLE001 - checked below
