@@ -618,19 +618,60 @@ def load_model(text: ArchInput) -> keras.Model:
 
 @functools.lru_cache(maxsize=1)
 def physical_memory() -> int:
-    """The machine's memory in bytes, or the cgroup's limit when it is lower (containers)."""
+    """The machine's memory in bytes, or the lowest memory limit of this process's cgroup
+    and its parents when that is lower (:func:`cgroup_limits`)."""
     import os
 
     total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-        try:
-            with open(path) as f:
-                limit = f.read().strip()
-        except OSError:
+    return int(min([total, *cgroup_limits()]))
+
+
+def cgroup_limits(proc_cgroup: str = "/proc/self/cgroup",
+                  root: str = "/sys/fs/cgroup") -> list[int]:
+    """The memory limits (bytes) of this process's cgroup and of each group above it, in
+    cgroup v2 (``memory.max``, under ``root`` or a hybrid layout's ``root/unified``) and v1
+    (``memory/memory.limit_in_bytes``); 'max' (no limit) is left out. The process's own group
+    comes from ``/proc/self/cgroup``: reading only the files at the hierarchy's top saw a
+    container's limit (where the container's group is the top, as with a cgroup namespace)
+    but not a limit on the server's own group (systemd's ``MemoryMax=`` for the PostgreSQL
+    service, a nested group), and an outside pass had the kernel kill backends in a 3 GB
+    group whose fits planned with the host's 24 GB."""
+    import os
+
+    try:
+        with open(proc_cgroup) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        lines = []
+    places: list[tuple[str, str, str]] = []  # (hierarchy root, group path, limit file)
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
             continue
-        if limit.isdigit():
-            total = min(total, int(limit))
-    return int(total)
+        _, controllers, path = parts
+        if controllers == "":
+            places += [(root, path, "memory.max"),
+                       (os.path.join(root, "unified"), path, "memory.max")]
+        elif "memory" in controllers.split(","):
+            places.append((os.path.join(root, "memory"), path, "memory.limit_in_bytes"))
+    if not places:  # no /proc: the top of either hierarchy
+        places = [(root, "/", "memory.max"),
+                  (os.path.join(root, "memory"), "/", "memory.limit_in_bytes")]
+    limits: list[int] = []
+    for base, path, name in places:
+        group = "/" + path.strip("/")
+        while True:
+            try:
+                with open(os.path.join(base, group.lstrip("/"), name)) as f:
+                    value = f.read().strip()
+            except OSError:
+                value = ""
+            if value.isdigit():
+                limits.append(int(value))
+            if group == "/":
+                break
+            group = os.path.dirname(group)
+    return limits
 
 
 def max_params() -> int:

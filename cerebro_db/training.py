@@ -107,6 +107,7 @@ from cerebro_db.params import (
 )
 from cerebro_db.state import (
     ModelState,
+    StateBytes,
     decode_state,
     encode_state,
     is_state,
@@ -689,7 +690,7 @@ def restore_state(
     return state
 
 
-def capture_state(entry: CachedModel, meta: Mapping[str, Any] | None = None) -> bytes:
+def capture_state(entry: CachedModel, meta: Mapping[str, Any] | None = None) -> StateBytes:
     """Encode the cached model's weights and optimizer variables with ``meta`` (counters, info)."""
     weights = [v.numpy() for v in entry.model.weights]
     opt = [v.numpy() for v in _optimizer_vars(entry)] if entry.compiled else []
@@ -1209,7 +1210,7 @@ def train_unit(
     *,
     completes_epoch: bool = False,
     info: Mapping[str, Any] | None = None,
-) -> tuple[bytes, UnitResult]:
+) -> tuple[StateBytes, UnitResult]:
     """Train one unit: load ``state_bytes``, ``model.fit`` over ``(x, y)``, return the new state.
 
     The cached compiled model for (architecture, compile parameters without learning rate) is
@@ -1261,7 +1262,7 @@ def train_unit(
     return new_state, result
 
 
-def empty_unit(state_bytes: BytesLike, completes_epoch: bool = False) -> tuple[bytes, UnitResult]:
+def empty_unit(state_bytes: BytesLike, completes_epoch: bool = False) -> tuple[StateBytes, UnitResult]:
     """A unit over a partition that holds no rows: the weights and optimizer variables stay
     as they are, the counters add one unit (and one epoch when ``completes_epoch``); the
     result has no rows, a NaN loss and no metrics (it weighs nothing in the means)."""
@@ -1333,7 +1334,7 @@ def initial_state(
     compile_params: CompileInput,
     seed: int,
     init_weights: BytesLike | None = None,
-) -> bytes:
+) -> StateBytes:
     """The state a configuration starts from, reproducible from ``seed``.
 
     The model is built after seeding Keras as ``keras.utils.set_random_seed(seed)`` does,
@@ -1365,7 +1366,7 @@ def replay(
     fit_params: FitInput,
     init_state: BytesLike,
     units: Sequence[tuple[Data, np.ndarray | None, int]],
-) -> bytes:
+) -> StateBytes:
     """Train one model object over ``units`` in order, without saving or loading between them.
 
     The reference for sequential equivalence: a configuration trained by :func:`train_unit`

@@ -442,7 +442,19 @@ def cache_memory(setting: str | None, num_workers: int) -> int:
     setting ``cerebro_db.cache_memory`` (a size) when set, else half the machine's memory
     shared by the fit's workers (``physical_memory() / (2 * num_workers)``)."""
     if setting is not None and str(setting).strip() != "":
-        return parse_memory(setting)
+        value = parse_memory(setting)
+        if value > physical_memory():
+            # more than there is turns off what the budget is for: a worker would cache
+            # partitions the machine (or the server's cgroup) cannot hold, and the kernel
+            # kills the backend, which restarts every session of the server
+            raise CerebroError(
+                f'{CACHE_SETTING} = "{setting}" is more than this server\'s memory '
+                f"({physical_memory() / (1 << 30):.1f} GB, the machine's or its cgroup "
+                "limit)", INVALID_PARAMETER_VALUE,
+                hint="It is each worker's budget: a fit's workers together need their "
+                     "budgets plus their runtime. RESET it for the default (half the "
+                     "memory over the workers).")
+        return value
     return physical_memory() // (2 * max(int(num_workers), 1))
 
 
@@ -653,9 +665,9 @@ def _joined(chunks: list[bytes]) -> bytes | None:
         else state_mod.join_chunks(chunks)
 
 
-def save_state(cat: Catalog, fit_id: int, mst_key: int, version: str, data: bytes,
+def save_state(cat: Catalog, fit_id: int, mst_key: int, version: str, data: state_mod.StateBytes,
                chunk_size: int) -> None:
-    chunks = [data] if len(data) <= chunk_size else state_mod.split_chunks(data, chunk_size)
+    chunks = [data] if len(data) <= chunk_size else state_mod.iter_chunks(data, chunk_size)
     units.replace_state(cat, fit_id, mst_key, version, chunks)
 
 
@@ -746,7 +758,7 @@ def _run_unit(cat: Catalog, fit_id: int, mst_key: int, epoch: int, partition: in
     if kind == "train":
         x, y = unit_data(cat, fopts, fit["source_table"], partition, cfg["compile_params"])
         t_read = time.time() - t0
-        state = load_state(cat, fit_id, mst_key, "current")
+        state: state_mod.StateBytes | None = load_state(cat, fit_id, mst_key, "current")
         if state is None:
             state = training.initial_state(cfg["model_arch"], cp,
                                            unit_seed(fit["random_state"], mst_key, 0, 0, 1),

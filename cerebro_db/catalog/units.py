@@ -2,7 +2,7 @@
 loading and saving model states, logging the unit."""
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ..names import TableName, quote_ident
@@ -132,7 +132,7 @@ def keep_state(cat: Any, fit_id: int, mst_key: int, version: str) -> None:
 
 
 def replace_state(cat: Any, fit_id: int, mst_key: int, version: str,
-                  chunks: Sequence[bytes]) -> None:
+                  chunks: Iterable[bytes | bytearray]) -> None:
     """Store one model state as ``chunks`` in place of the one stored before."""
     cat.query(f"UPDATE {cat.ext('model_states')} SET doomed = true WHERE fit_id = $1 AND "
               "mst_key = $2 AND version = $3", [fit_id, mst_key, version],

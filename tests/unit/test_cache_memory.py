@@ -40,3 +40,69 @@ def test_streamed_evaluation_overlaps_its_read_only_with_a_core_to_spare(monkeyp
     assert worker.spare_core({"num_workers": 1})
     monkeypatch.setattr(worker.os, "cpu_count", lambda: None)
     assert not worker.spare_core({"num_workers": 1, "worker_threads": 1})
+
+
+def test_a_budget_above_the_servers_memory_is_refused():
+    """An outside pass set '1e20' and '1TB': the fits ran with the protection off."""
+    mem = worker.physical_memory()
+    assert worker.cache_memory(str(mem), 2) == mem
+    for text in (str(mem + 1), "1e20", "1TB" if mem < 1 << 40 else "1e20"):
+        with pytest.raises(CerebroError) as e:
+            worker.cache_memory(text, 2)
+        assert e.value.sqlstate == "22023" and "more than this server's memory" in \
+            e.value.message, text
+
+
+def _group(tmp, *parts: str, value: str, name: str) -> None:
+    d = tmp.joinpath(*parts)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / name).write_text(value + "\n")
+
+
+def test_cgroup_limits_follow_the_process_group_and_its_parents(tmp_path):
+    """v1: the memory controller's line of /proc/self/cgroup names the group; every level's
+    limit counts (the lowest wins), unlimited ones included as their huge number; v2: the
+    unified line's group, 'max' left out; the top of the hierarchy too."""
+    from cerebro_db.keras_arch import cgroup_limits
+
+    root = tmp_path / "sys"
+    _group(root, "memory", value="9223372036854771712", name="memory.limit_in_bytes")
+    _group(root, "memory", "pg", value=str(8 << 30), name="memory.limit_in_bytes")
+    _group(root, "memory", "pg", "inner", value=str(3 << 30), name="memory.limit_in_bytes")
+    proc = tmp_path / "cgroup"
+    proc.write_text("9:name=systemd:/\n4:memory:/pg/inner\n3:cpu,cpuacct:/x\n")
+    assert sorted(cgroup_limits(str(proc), str(root))) == \
+        [3 << 30, 8 << 30, 9223372036854771712]
+    root2 = tmp_path / "v2"
+    _group(root2, value="max", name="memory.max")
+    _group(root2, "system.slice", value="max", name="memory.max")
+    _group(root2, "system.slice", "postgresql.service", value=str(2 << 30), name="memory.max")
+    proc.write_text("0::/system.slice/postgresql.service\n")
+    assert cgroup_limits(str(proc), str(root2)) == [2 << 30]
+    proc.write_text("0::/\n")
+    assert cgroup_limits(str(proc), str(root2)) == []
+
+
+def test_physical_memory_sees_a_limit_on_the_process_own_cgroup(tmp_path):
+    """A real cgroup v1 memory group (where this machine lets the tests make one): a process
+    started in it with a 3 GB limit plans with 3 GB."""
+    import os
+    import subprocess
+    import sys
+    import uuid
+
+    base = "/sys/fs/cgroup/memory"
+    if not os.access(base, os.W_OK) or os.path.exists("/sys/fs/cgroup/memory.max"):
+        pytest.skip("no writable cgroup v1 memory hierarchy here")
+    group = os.path.join(base, f"cerebro_test_{uuid.uuid4().hex[:8]}")
+    os.mkdir(group)
+    try:
+        with open(os.path.join(group, "memory.limit_in_bytes"), "w") as f:
+            f.write(str(3 << 30))
+        code = ("import os, sys; open(sys.argv[1] + '/cgroup.procs', 'w').write(str(os.getpid()));"
+                "from cerebro_db.keras_arch import physical_memory; print(physical_memory())")
+        out = subprocess.run([sys.executable, "-c", code, group], capture_output=True,
+                             text=True, check=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
+        assert int(out.stdout.strip()) == 3 << 30
+    finally:
+        os.rmdir(group)
