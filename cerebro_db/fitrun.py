@@ -173,6 +173,7 @@ class FitRun:
     t0: float = field(default_factory=time.time)
     outcome: FitOutcome | None = None
     written: Any = None  # what the outputs callback returned
+    digests: tuple[str, str | None] | None = None  # the data's, as the fit started
 
     def units(self) -> UnitExecutor:
         """The executor as the coordinator takes it."""
@@ -269,8 +270,10 @@ def run(cat: Catalog, *, request: FitRequest, outputs: Callable[[FitRun], Any],
         ex.control(sql.mark_interrupted(cat))
         ex.control(sql.purge_done_states(cat))
         ex.control(sql.purge_postings(cat))
+        fit.digests = (data_digest(cat, request.source),
+                       data_digest(cat, request.validation) if request.validation else None)
         if resume is None:  # after the checks: a refused fit leaves no row
-            fit.fit_id = register(cat, ex, request, total)
+            fit.fit_id = register(cat, ex, request, total, fit.digests)
         pool = WorkerPool(cat, ex, fit.fit_id, request.source.partitions, request.replicas) \
             if hooks.elastic else None
         if pool is not None:
@@ -279,6 +282,7 @@ def run(cat: Catalog, *, request: FitRequest, outputs: Callable[[FitRun], Any],
         if pool is not None:
             pool.close()
         hooks.trained(fit)
+        check_data_unchanged(cat, fit)
         fit.written = outputs(fit)
         mark_done(cat, ex, fit.fit_id)
         ex.control(sql.drop_states(cat, fit.fit_id, hooks.dropped_states()))
@@ -438,7 +442,30 @@ def _validation_columns(v: PackedTable | None) -> dict[str, Any]:
     return out
 
 
-def _table_records(cat: Catalog, req: FitRequest) -> dict[str, Any]:
+def check_data_unchanged(cat: Catalog, fit: FitRun) -> None:
+    """Fail (55000) when the packed data changed while the fit trained on it: worker sessions
+    read it in their own transactions, and a DELETE, INSERT or UPDATE takes no lock a fit
+    holds, so an outside pass had a fit end 'done' after training a partition on 750 rows,
+    then on none. The digests (:func:`data_digest`) taken at the start and now must match;
+    nothing is written otherwise."""
+    if fit.digests is None:
+        return
+    req = fit.request
+    for t, before in ((req.source, fit.digests[0]), (req.validation, fit.digests[1])):
+        if t is None or before is None or data_digest(cat, t) == before:
+            continue
+        what = "source_table" if t is req.source else "validation_table"
+        raise CerebroError(
+            f'{what} "{t.table}" changed while fit {fit.fit_id} trained on it',
+            OBJECT_NOT_IN_PREREQUISITE_STATE,
+            detail="Its rows, labels or packing differ from when the fit started, so its "
+                   "units trained or were evaluated on different data; no output was written.",
+            hint="Keep a packed table unchanged while a fit reads it (pack new data into a "
+                 "new table), then start the fit again.")
+
+
+def _table_records(cat: Catalog, req: FitRequest,
+                   digests: tuple[str, str | None]) -> dict[str, Any]:
     """The fit's tables as this call resolved them (schema, name, the text the caller gave)
     and the oids of its data, so that a resume uses the same ones whatever its search_path."""
     def rec(t: TableName | None) -> list[str | None] | None:
@@ -447,8 +474,7 @@ def _table_records(cat: Catalog, req: FitRequest) -> dict[str, Any]:
     return {"output": rec(req.output), "mst": rec(req.mst_table), "arch": rec(req.arch_table),
             "source_oid": cat.relation_oid(req.source.table),
             "validation_oid": cat.relation_oid(req.validation.table) if req.validation else None,
-            "source_digest": data_digest(cat, req.source),
-            "validation_digest": data_digest(cat, req.validation) if req.validation else None}
+            "source_digest": digests[0], "validation_digest": digests[1]}
 
 
 def data_digest(cat: Catalog, t: PackedTable) -> str:
@@ -462,7 +488,8 @@ def data_digest(cat: Catalog, t: PackedTable) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def register(cat: Catalog, ex: DblinkExecutor, req: FitRequest, total: int) -> int:
+def register(cat: Catalog, ex: DblinkExecutor, req: FitRequest, total: int,
+             digests: tuple[str, str | None]) -> int:
     """The fit's catalog rows (the fit and its configurations); returns its fit_id."""
     opts = {"x": req.source.x, "y": req.source.y, **_validation_columns(req.validation),
             "partition_mod": req.source.partition_mod,
@@ -478,7 +505,7 @@ def register(cat: Catalog, ex: DblinkExecutor, req: FitRequest, total: int) -> i
             "warm_start": req.warm_start, "name": req.name, "description": req.description,
             "executor_tag": ex.tag, "source_name": str(req.source.table),
             "validation_name": str(req.validation.table) if req.validation else None,
-            "tables": _table_records(cat, req),
+            "tables": _table_records(cat, req, digests),
             "object_table": req.object_table, "custom_functions": req.custom_functions}
     fit_id = int(ex.control_query(sql.register_fit(
         cat, kind=req.kind, source_table=req.source.qualified,
@@ -525,6 +552,9 @@ def mark_failed(cat: Catalog, ex: DblinkExecutor, fit_id: int, e: BaseException)
                    f"madlib_keras_fit_resume({fit_id})")
         ex.control(sql.mark_failed(cat, fit_id, session_sql.backend_pid(cat), status,
                                    msg[:2000]))
+        # its sessions close with it (the outside pass saw fit_workers rows stay 'active',
+        # with pids long gone, after a failed or cancelled fit)
+        ex.control(sql.close_workers(cat, fit_id))
     except Exception:  # noqa: BLE001, S110 - the original error matters more
         pass
 

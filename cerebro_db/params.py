@@ -1032,7 +1032,11 @@ def parse_fit_params(text: str | None, what: str = "fit_params") -> FitParams:
                                        call_list_keys=("callbacks",))["callbacks"]
         given = raw if isinstance(raw, list) else [raw]
         for item in given:
-            if isinstance(item, Call):
+            if isinstance(item, Call) and item.name.lower() == "terminateonnan":
+                if item.kwargs:  # Keras' TerminateOnNaN() takes no arguments
+                    raise invalid(f"{what}: TerminateOnNaN takes no arguments")
+                name = "TerminateOnNaN"
+            elif isinstance(item, Call):
                 if item.name.lower() != "tensorboard":
                     raise invalid(f"{what}: callback {item.name!r} is not allowed",
                                   hint="allowed callbacks: " + ", ".join(

@@ -291,7 +291,9 @@ class Client:
                              **args))
 
     def run_job(self, job_name: str) -> dict[str, Any]:
-        """Run a job now (``CALL run_model_selection_job``); returns its history row."""
+        """Run a job now (``CALL run_model_selection_job``); returns its history row. A run
+        that ends failed raises :class:`ClientError` (the procedure fails after recording
+        it; its row is in :meth:`job_runs`)."""
         self.call_procedure("run_model_selection_job", job_name=job_name)
         return self.job_runs(job_name).iloc[0].to_dict()
 

@@ -365,7 +365,15 @@ def unschedule_model_selection(cat: Catalog, *, job_name: str) -> bool:
             f'{live["backend_pid"]})', OBJECT_IN_USE,
             hint=f"Wait for the run to end, or cancel it (SELECT pg_cancel_backend("
                  f"{live['backend_pid']})), then unschedule the job.")
-    if job["cron_jobid"] is not None and _cron_database(cat) is None:
+    if job["cron_jobid"] is None:
+        # defined with schedule => NULL: a superuser may have scheduled its CALL with the
+        # statement the definition printed; that entry is not the job's to remove (an outside
+        # pass saw it fail every minute after the job was gone)
+        cat.notice(f'unschedule_model_selection: job "{job_name}" has no pg_cron entry of '
+                   "its own; if a superuser scheduled its CALL, remove that entry too: "
+                   f"SELECT cron.unschedule({_cron_job_name(cat, job_name)!r}) in pg_cron's "
+                   "database")
+    elif _cron_database(cat) is None:
         cat.notice(f'unschedule_model_selection: pg_cron is not loaded; its job '
                    f'{job["cron_jobid"]} was not removed')
     elif job["cron_jobid"] is not None:

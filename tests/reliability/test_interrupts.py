@@ -590,3 +590,33 @@ def test_bad_stall_settings_are_refused_before_any_work(it, setting, value):
     assert setting in e.value.pgerror and repr(value) in e.value.pgerror
     assert max_fit(it) == n0
     assert q(it, "SELECT to_regclass(%s) IS NULL", (out,))[0][0]
+
+
+def test_a_packed_table_changed_during_a_fit_fails_it(it, rel_db):
+    """An outside pass: a DELETE on the packed table during a fit takes no lock the fit
+    holds; its units trained partition 1 on its rows, then on none, and the fit ended done.
+    Now the fit compares its data's digest at its end with the one at its start: 55000,
+    the fit failed, no output written."""
+    src, out = "it_chg", "it_chg_out"
+    pack(it, src)
+    drop_outputs(it, out)
+    n0 = max_fit(it)
+    bg = Background(rel_db, out, source=src, setup=[
+        hook_sql({"point": "before_train", "epoch": 2, "seconds": 2})])
+    bg.start()
+    try:
+        fit_id = started(it, out, n0, units=PARTITIONS)
+        q(it, f"DELETE FROM {src} WHERE __dist_key__ = 1")
+        bg.join(120)
+    finally:
+        bg.close()
+    assert isinstance(bg.error, psycopg2.Error), bg.error
+    assert bg.error.pgcode == "55000", bg.error.pgerror
+    assert f'"{src}" changed while fit {fit_id} trained on it' in bg.error.pgerror
+    assert q(it, "SELECT to_regclass(%s)", (out,)) == [(None,)]
+    assert q(it, "SELECT status FROM cerebro_db.fits WHERE fit_id = %s", (fit_id,)) == \
+        [("failed",)]
+    # its workers are recorded closed with it (they stayed 'active' after a failure)
+    assert q(it, "SELECT count(*) FILTER (WHERE status = 'active'), count(*) FROM "
+                 "cerebro_db.fit_workers WHERE fit_id = %s", (fit_id,)) == [(0, PARTITIONS)]
+    q(it, f"DROP TABLE IF EXISTS {src}, {src}_summary")

@@ -275,10 +275,14 @@ def test_every_extension_function_pins_search_path(sp):
                           "'e' JOIN pg_extension e ON e.oid = d.refobjid AND e.extname = "
                           "'cerebro_db'")
     assert len(rows) > 30
+    dl = q(sp["check"], "SELECT n.nspname::text FROM pg_extension e JOIN pg_namespace n ON "
+                        "n.oid = e.extnamespace WHERE e.extname = 'dblink'")[0][0]
     unpinned = []
     for name, plpgsql, config, src in rows:
         if config and "search_path=pg_catalog, pg_temp" in config:
             continue
+        if name == "__dblink" and config == [f"search_path=pg_catalog, {dl}, pg_temp"]:
+            continue  # dblink's schema (the extension's own, or where a DBA put dblink) too
         if plpgsql and "pg_catalog.set_config('cerebro_db.caller_search_path'" in src:
             continue
         if plpgsql and src.count("COMMIT;") and src.count(
@@ -295,18 +299,20 @@ def test_every_extension_function_pins_search_path(sp):
 
 
 def test_only_the_known_routines_run_as_the_extensions_owner(sp):
-    """The SECURITY DEFINER routines are the three that need the owner's rights, each
+    """The SECURITY DEFINER routines are the four that need the owner's rights, each
     reviewed for what a caller can make it do: opening a worker session as a role the
     session user may act as, reading a cerebro_db.* setting from the configuration files,
-    and deleting the catalog rows their owners marked doomed (roles have no DELETE on the
-    catalog). A new
+    deleting the catalog rows their owners marked doomed (roles have no DELETE on the
+    catalog), and running dblink's connection functions for the holder of the backend's
+    key, on open connections only (PUBLIC may not run them, migration 098). A new
     one fails here until it is reviewed and listed."""
     rows = q(sp["check"], "SELECT p.proname::text, p.proconfig FROM pg_proc p JOIN pg_depend d "
                           "ON d.classid = 'pg_proc'::regclass AND d.objid = p.oid AND "
                           "d.deptype = 'e' JOIN pg_extension e ON e.oid = d.refobjid AND "
                           "e.extname = 'cerebro_db' WHERE p.prosecdef ORDER BY 1")
-    assert [r[0] for r in rows] == ["__dba_setting", "__purge", "__worker_connect"]
-    assert all("search_path=pg_catalog, pg_temp" in (config or []) for _, config in rows)
+    assert [r[0] for r in rows] == ["__dba_setting", "__dblink", "__purge", "__worker_connect"]
+    assert all("search_path=pg_catalog, pg_temp" in (config or []) for n, config in rows
+               if n != "__dblink")
 
 
 def test_resume_uses_the_tables_the_fit_was_started_on(sp):

@@ -423,7 +423,7 @@ def test_a_superuser_does_not_resume_another_roles_fit(world, admin):
     e = err(admin, "SELECT cerebro_db.madlib_keras_fit_resume(%s)", (alice_fit,))
     assert e.pgcode == "42501", e.pgerror
     assert f'belongs to role "{alice}"' in e.pgerror
-    assert e.diag.message_hint == f"A fit is resumed by its owner: SET ROLE {alice} first."
+    assert e.diag.message_hint == f'A fit is resumed by its owner: SET ROLE "{alice}" first.'
 
 
 def test_another_roles_code_cannot_use_a_callers_kept_sessions(world, admin):

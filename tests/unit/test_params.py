@@ -898,3 +898,13 @@ def test_one_loss_with_weights_per_output(weights):
     pa, pb = (model.predict(xs, verbose=0)[k] for k in ("a", "b"))
     want = np.mean((pa - ya) ** 2) + 0.5 * np.mean((pb - yb) ** 2)
     assert got["loss"] == pytest.approx(want, rel=1e-4)
+
+
+@pytest.mark.parametrize("text", ["callbacks=[TerminateOnNaN()]", "callbacks='[TerminateOnNaN()]'",
+                                  "callbacks=['TerminateOnNaN']"])
+def test_terminate_on_nan_in_keras_own_spelling(text):
+    """An outside pass: callbacks=[TerminateOnNaN()] was refused with a hint that listed
+    TerminateOnNaN as allowed."""
+    assert parse_fit_params(text).callbacks == ("TerminateOnNaN",)
+    e = err(parse_fit_params, "callbacks=[TerminateOnNaN(x=1)]")
+    assert e.sqlstate == "22023" and "takes no arguments" in e.message
