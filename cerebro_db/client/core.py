@@ -269,7 +269,8 @@ class Client:
         return bool(self.call("cerebro_db_cancel_fit", fit_id=int(fit_id)))
 
     def resume(self, fit_id: int) -> None:
-        """Continue an interrupted or failed fit (``madlib_keras_fit_resume``; blocks)."""
+        """Continue an interrupted, cancelled or failed fit (``madlib_keras_fit_resume``;
+        blocks)."""
         self.call("madlib_keras_fit_resume", fit_id=int(fit_id))
 
     def resize(self, fit_id: int, num_workers: int) -> None:

@@ -52,7 +52,7 @@ def madlib_keras_fit_resume(cat: Catalog, *, fit_id: int) -> None:
     if f["status"] == "running" and f["live"]:
         raise CerebroError(f"fit {fit_id} is still running (coordinator pid "
                            f"{f['coordinator_pid']})", OBJECT_IN_USE,
-                           hint="Only an interrupted or failed fit can be resumed.")
+                           hint="Only an interrupted, cancelled or failed fit can be resumed.")
     opts = f["options"] if isinstance(f["options"], dict) else json.loads(f["options"])
     if "executor_tag" not in opts:
         raise CerebroError(f"fit {fit_id} was made by an older version and cannot be resumed",
