@@ -189,11 +189,16 @@ the session; so do its dblink connections)."""
 
 
 def close_pool(cat: Catalog) -> int:
-    """Close every pooled worker session of this backend; returns how many there were."""
-    n = len(_pool)
-    while _pool:
-        _quiet_disconnect(cat, _pool.pop().name)
-    return n
+    """Close this backend's pooled worker sessions that act as the calling role
+    (``current_user``); returns how many. Another role's code running in the session (its
+    SECURITY DEFINER function, a policy of its table) closes none of the session's own (a
+    red-team pass closed them that way)."""
+    me = sql.roles(cat)["c"]
+    mine = [p for p in _pool if p.roles[0] == me]
+    for p in mine:
+        _pool.remove(p)
+        _quiet_disconnect(cat, p.name)
+    return len(mine)
 
 
 def _quiet_disconnect(cat: Catalog, name: str) -> None:

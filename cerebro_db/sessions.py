@@ -26,7 +26,7 @@ from typing import Any
 
 from .catalog import Catalog
 from .catalog import fits as sql
-from .errors import invalid
+from .errors import CerebroError, invalid
 from .executors import DblinkExecutor, StallRule
 from .scheduling import EVAL, Assignment, RunningUnit, replica_partitions
 
@@ -140,13 +140,86 @@ def conninfo(cat: Catalog) -> str | None:
       so a role cannot use it to connect as someone else.
     """
     facts = sql.connection_facts(cat)
-    extra = cat.setting(CONNINFO_SETTING)
-    if not facts["su"] and not (extra and "password" in extra.lower()):
+    raw = cat.setting(CONNINFO_SETTING)
+    pairs = worker_conninfo_pairs(raw) if raw and raw.strip() else []
+    given = dict(pairs)
+    if not facts["su"] and "password" not in given:
         return None
-    host = (facts["s"] or "").strip() or "localhost"
-    info = sql.conninfo(cat, [("dbname", facts["d"]), ("user", facts["u"]),
+    host = given.pop("host", None) or (facts["s"] or "").strip() or "localhost"
+    # the extension's keys last: libpq takes a keyword's last value
+    return sql.conninfo(cat, [*given.items(), ("dbname", facts["d"]), ("user", facts["u"]),
                               ("port", facts["p"]), ("host", host)])
-    return info + (" " + extra if extra else "")
+
+
+WORKER_CONNINFO_KEYS = frozenset({
+    "password", "host", "sslmode", "sslcompression", "connect_timeout", "keepalives",
+    "keepalives_idle", "keepalives_interval", "keepalives_count", "tcp_user_timeout",
+    "channel_binding", "gssencmode", "target_session_attrs"})
+"""What ``cerebro_db.worker_conninfo`` may set. A session's setting is also what any code
+that ran earlier in the session left there (a red-team pass: another role's SECURITY
+DEFINER function, called by a superuser, set ``dbname=`` to a database that role owned,
+where a schema named ``cerebro_db`` of its own then ran as the superuser, and a plain
+role's fits trained, architecture and all, in the attacker's database). So it never says
+where or as whom workers connect: ``dbname``, ``user``, ``port``, ``hostaddr``,
+``service``, ``options`` and the rest are refused; ``host`` only as a socket directory
+(an absolute path) on this machine."""
+
+
+def worker_conninfo_pairs(text: str) -> list[tuple[str, str]]:
+    """``key=value`` pairs of ``cerebro_db.worker_conninfo`` (libpq's syntax: values bare or
+    single-quoted with backslash escapes), checked against :data:`WORKER_CONNINFO_KEYS`;
+    22023 for anything else (a URI, an unknown or refused key, a relative host)."""
+    def bad(why: str) -> CerebroError:
+        return invalid(f"{CONNINFO_SETTING}: {why}",
+                       hint="It may give the role's password, a socket directory as host, "
+                            "and TLS or timeout options (" + ", ".join(
+                                sorted(WORKER_CONNINFO_KEYS)) + "); workers always connect "
+                            "to this server's database as the calling role.")
+
+    s, i = text, 0
+    out: list[tuple[str, str]] = []
+    if s.strip().lower().startswith(("postgres://", "postgresql://")):
+        raise bad("a connection URI is not accepted")
+    while True:
+        while i < len(s) and s[i].isspace():
+            i += 1
+        if i >= len(s):
+            return out
+        j = i
+        while j < len(s) and not s[j].isspace() and s[j] != "=":
+            j += 1
+        key = s[i:j]
+        while j < len(s) and s[j].isspace():
+            j += 1
+        if not key or j >= len(s) or s[j] != "=":
+            raise bad(f"expected key=value at {s[i:i + 20]!r}")
+        j += 1
+        while j < len(s) and s[j].isspace():
+            j += 1
+        val: list[str] = []
+        if j < len(s) and s[j] == "'":
+            j += 1
+            while j < len(s) and s[j] != "'":
+                if s[j] == "\\" and j + 1 < len(s):
+                    j += 1
+                val.append(s[j])
+                j += 1
+            if j >= len(s):
+                raise bad("unterminated quoted value")
+            j += 1
+        else:
+            while j < len(s) and not s[j].isspace():
+                if s[j] == "\\" and j + 1 < len(s):
+                    j += 1
+                val.append(s[j])
+                j += 1
+        value = "".join(val)
+        if key.lower() not in WORKER_CONNINFO_KEYS:
+            raise bad(f"{key!r} is not accepted")
+        if key.lower() == "host" and not value.startswith("/"):
+            raise bad("host must be a socket directory (an absolute path) on this machine")
+        out.append((key.lower(), value))
+        i = j
 
 
 def default_worker_limits() -> dict[str, int]:

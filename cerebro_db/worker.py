@@ -443,17 +443,17 @@ def cache_memory(setting: str | None, num_workers: int) -> int:
     shared by the fit's workers (``physical_memory() / (2 * num_workers)``)."""
     if setting is not None and str(setting).strip() != "":
         value = parse_memory(setting)
-        if value > physical_memory():
-            # more than there is turns off what the budget is for: a worker would cache
+        workers = max(int(num_workers), 1)
+        if value * workers > physical_memory():
+            # more than there is turns off what the budget is for: the workers would cache
             # partitions the machine (or the server's cgroup) cannot hold, and the kernel
-            # kills the backend, which restarts every session of the server
+            # kills a backend, which restarts every session of the server
             raise CerebroError(
-                f'{CACHE_SETTING} = "{setting}" is more than this server\'s memory '
-                f"({physical_memory() / (1 << 30):.1f} GB, the machine's or its cgroup "
-                "limit)", INVALID_PARAMETER_VALUE,
-                hint="It is each worker's budget: a fit's workers together need their "
-                     "budgets plus their runtime. RESET it for the default (half the "
-                     "memory over the workers).")
+                f'{CACHE_SETTING} = "{setting}" for each of {workers} workers is more than '
+                f"this server's memory ({physical_memory() / (1 << 30):.1f} GB, the "
+                "machine's or its cgroup limit)", INVALID_PARAMETER_VALUE,
+                hint="It is each worker's budget, and the workers need their runtime "
+                     "besides. RESET it for the default (half the memory over the workers).")
         return value
     return physical_memory() // (2 * max(int(num_workers), 1))
 

@@ -323,8 +323,6 @@ BEGIN
             HINT = 'Only cerebro_db''s own code uses them.';
     END IF;
     CASE fn
-    WHEN 'busy' THEN
-        RETURN NEXT dblink_is_busy(conn)::text;
     WHEN 'result' THEN
         RETURN QUERY SELECT r FROM dblink_get_result(conn, arg::boolean) AS t(r text);
     WHEN 'send' THEN

@@ -7,7 +7,8 @@
 -- functions that use an open connection; the extension calls them through __dblink, which
 -- asks for a token that only its own Python code holds (cerebro_db/catalog/dblink_gate.py).
 -- Opening a connection (dblink_connect, which asks non-superusers for a password), listing
--- them and dblink's SQL builders stay open. A DBA may GRANT the others to a role it trusts
+-- them, asking whether one is busy (dblink_is_busy: it only reads what has arrived, and the
+-- coordinator polls it most, about 17 times a unit) and dblink's SQL builders stay open. A DBA may GRANT the others to a role it trusts
 -- with the sessions of every role whose session runs that role's code.
 DO $gate$
 DECLARE
@@ -22,7 +23,7 @@ BEGIN
            AND d.refclassid = 'pg_catalog.pg_extension'::regclass
            AND d.deptype = 'e' AND e.extname = 'dblink'
            AND p.proname NOT IN ('dblink_connect', 'dblink_connect_u', 'dblink_get_connections',
-                                 'dblink_get_pkey', 'dblink_build_sql_insert',
+                                 'dblink_is_busy', 'dblink_get_pkey', 'dblink_build_sql_insert',
                                  'dblink_build_sql_delete', 'dblink_build_sql_update',
                                  'dblink_current_query', 'dblink_fdw_validator')
     LOOP

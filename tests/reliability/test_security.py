@@ -145,7 +145,8 @@ def test_dblink_gate_takes_only_the_backends_key_and_open_connections(world, adm
                  "FROM pg_proc p WHERE p.pronamespace = 'cerebro_db'::regnamespace AND "
                  "p.proname LIKE 'dblink%%' GROUP BY 1")
     allowed = {name for name, ok in rows if ok}
-    assert allowed == {"dblink_connect", "dblink_get_connections", "dblink_get_pkey",
+    assert allowed == {"dblink_connect", "dblink_get_connections", "dblink_is_busy",
+                       "dblink_get_pkey",
                        "dblink_build_sql_insert", "dblink_build_sql_delete",
                        "dblink_build_sql_update", "dblink_current_query",
                        "dblink_fdw_validator"}, allowed
@@ -284,22 +285,25 @@ def test_plain_dblink_stays_closed_to_roles(world):
 
 
 def test_worker_conninfo_cannot_redirect_workers(world, admin):
-    """cerebro_db.worker_conninfo naming another user is ignored without a password (the
-    extension builds the whole connection), and with one dblink refuses it (the server's
-    trust authentication does not use the password)."""
+    """cerebro_db.worker_conninfo never says where or as whom workers connect: a setting
+    naming a user, database, port, TCP host or URI is refused before any work (22023; a
+    red-team pass had another role's SECURITY DEFINER function plant dbname= in a
+    superuser's session, and the superuser's workers ran the attacker's functions); a
+    wrong password fails the login (trust does not use it) with nothing left behind; the
+    role's own password works."""
     alice, eve, ce = world["alice"], world["eve"], world["ce"]
     try:
-        q(ce, "SET cerebro_db.worker_conninfo = %s", (f"user={alice} dbname=postgres",))
-        fit_multiple(ce, "redirected")
-        fit_id = q(admin, "SELECT fit_id FROM cerebro_db.fits WHERE owner = %s AND "
-                          "model_output_table = 'redirected'", (eve,))[0][0]
-        assert q(admin, "SELECT DISTINCT owner::text FROM cerebro_db.units WHERE fit_id = %s",
-                 (fit_id,)) == [(eve,)]
-        worker_sessions_gone(admin)
         before_rel, before_cat = relations(admin), catalog_counts(admin)
-        q(ce, "SET cerebro_db.worker_conninfo = %s", (f"user={alice} password=x",))
+        for bad in (f"user={alice}", "dbname=postgres", "password=x port=1",
+                    "host=127.0.0.1 password=x", "postgresql://x@localhost/postgres",
+                    "options='-c role=postgres'", "password=x service=s", "password"):
+            q(ce, "SET cerebro_db.worker_conninfo = %s", (bad,))
+            e = err(ce, "SELECT madlib_keras_fit_multiple_model('packed', 'o2', 'mst', 1)")
+            assert e.pgcode == "22023" and "cerebro_db.worker_conninfo" in e.pgerror, \
+                (bad, e.pgerror)
+        q(ce, "SET cerebro_db.worker_conninfo = 'password=x'")
         e = err(ce, "SELECT madlib_keras_fit_multiple_model('packed', 'o2', 'mst', 1)")
-        assert e.pgcode == "08001" and f'password authentication failed for user "{alice}"' \
+        assert e.pgcode == "08001" and f'password authentication failed for user "{eve}"' \
             in e.pgerror, e.pgerror
         assert "cerebro_db.worker_conninfo" in (e.diag.message_hint or ""), e.pgerror
         worker_sessions_gone(admin)
@@ -307,7 +311,7 @@ def test_worker_conninfo_cannot_redirect_workers(world, admin):
         assert worker_sessions(admin) == 0
         # the documented alternative: the role's own password, over TCP
         q(admin, f'ALTER ROLE "{eve}" PASSWORD %s', ("eve-secret-1",))
-        q(ce, "SET cerebro_db.worker_conninfo = 'password=eve-secret-1'")
+        q(ce, "SET cerebro_db.worker_conninfo = 'password=eve-secret-1 connect_timeout=10'")
         fit_multiple(ce, "with_password")
         fit_id = q(admin, "SELECT fit_id FROM cerebro_db.fits WHERE owner = %s AND "
                           "model_output_table = 'with_password'", (eve,))[0][0]
@@ -431,7 +435,8 @@ def test_another_roles_code_cannot_use_a_callers_kept_sessions(world, admin):
     as alice) for the next fit; eve's SECURITY DEFINER function, called by alice in the same
     session, listed them and ran SQL as alice through dblink_exec (it copied her table).
     Now dblink's functions on open connections are the extension's only: eve's function
-    gets 42501 on each, alice's data stays hers, and alice's next fit still reuses them."""
+    gets 42501 on each, cannot close them either, alice's data stays hers, and alice's next
+    fit still reuses them."""
     alice, eve, ca, ce = world["alice"], world["eve"], world["ca"], world["ce"]
     a, e = f'"{alice}"', f'"{eve}"'
     q(ca, f"CREATE TABLE {a}.secret AS SELECT 'alice-only'::text AS v")
@@ -458,6 +463,7 @@ def test_another_roles_code_cannot_use_a_callers_kept_sessions(world, admin):
                     END;
                 END LOOP;
             END LOOP;
+            INSERT INTO {e}.tried VALUES ('-', 'close', cerebro_db.cerebro_db_close_workers());
             RETURN x + 1;
         END $f$""")
     q(ce, f"GRANT EXECUTE ON FUNCTION {e}.api(int) TO {a}")
@@ -466,9 +472,12 @@ def test_another_roles_code_cannot_use_a_callers_kept_sessions(world, admin):
         kept = q(ca, "SELECT coalesce(cerebro_db.dblink_get_connections(), '{}')")[0][0]
         assert kept, "alice's session keeps its worker sessions"
         assert q(ca, f"SELECT {e}.api(41)") == [(42,)]
-        tried = q(ce, f"SELECT conn, how, state FROM {e}.tried ORDER BY 1, 2")
+        tried = q(ce, f"SELECT conn, how, state FROM {e}.tried WHERE how <> 'close' "
+                      "ORDER BY 1, 2")
         assert tried and {c for c, _, _ in tried} == set(kept)
         assert all(state == "42501" for _, _, state in tried), tried
+        # nor may it close them (cerebro_db_close_workers closes the calling role's only)
+        assert q(ce, f"SELECT state FROM {e}.tried WHERE how = 'close'") == [("0",)]
         assert q(admin, "SELECT to_regclass('public.stolen')") == [(None,)]
         before = set(q(admin, "SELECT pid FROM pg_stat_activity WHERE usename = %s AND "
                               "application_name LIKE 'cerebro_db_pool %%'", (alice,)))

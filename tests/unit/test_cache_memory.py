@@ -43,10 +43,12 @@ def test_streamed_evaluation_overlaps_its_read_only_with_a_core_to_spare(monkeyp
 
 
 def test_a_budget_above_the_servers_memory_is_refused():
-    """An outside pass set '1e20' and '1TB': the fits ran with the protection off."""
+    """An outside pass set '1e20' and '1TB': the fits ran with the protection off. The
+    budget is each worker's: all of them together may not exceed the memory."""
     mem = worker.physical_memory()
-    assert worker.cache_memory(str(mem), 2) == mem
-    for text in (str(mem + 1), "1e20", "1TB" if mem < 1 << 40 else "1e20"):
+    assert worker.cache_memory(str(mem // 2), 2) == mem // 2
+    assert worker.cache_memory(str(mem), 1) == mem
+    for text in (str(mem // 2 + 1), "1e20", "1TB" if mem < 1 << 40 else "1e20"):
         with pytest.raises(CerebroError) as e:
             worker.cache_memory(text, 2)
         assert e.value.sqlstate == "22023" and "more than this server's memory" in \
