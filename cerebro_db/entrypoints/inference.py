@@ -6,6 +6,7 @@ arrays: never one row at a time (MADlib predicts row by row).
 """
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Sequence
@@ -416,7 +417,8 @@ def madlib_keras_evaluate(cat: Catalog, *, model_table: str, test_table: str, ou
     cat.create_table(out, [("loss", "double precision"), ("metric", "double precision"),
                            ("metrics_type", "text[]"), ("loss_type", "text"),
                            ("metrics", "double precision[]")])
-    loss_type = cp.loss if isinstance(cp.loss, str) else str(cp.loss)
+    # as the fit's summary and info write it: a list of losses as JSON (it was Python's repr)
+    loss_type = cp.loss if isinstance(cp.loss, str) else json.dumps(cp.loss)
     cat.insert(out, ["loss", "metric", "metrics_type", "loss_type", "metrics"],
                ["float8", "float8", "text[]", "text", "float8[]"],
                [[res.loss, metrics[0] if metrics else None, cp.metric_names() or None,
