@@ -32,6 +32,7 @@ from ..errors import (
 from ..names import TableName, quote_ident
 from ..settings import PREFIX as SETTINGS_PREFIX
 from ..settings import unknown_settings
+from .dblink_gate import TOKEN
 
 
 @dataclass(frozen=True)
@@ -83,9 +84,8 @@ class DblinkMixin:
         """dblink's function ``fn`` on the open connection ``name``, through the extension's
         ``__dblink`` and this backend's key (:mod:`cerebro_db.catalog.dblink_gate`): PUBLIC
         may not run dblink's functions that use a connection. Rows of one text column."""
-        from .dblink_gate import TOKEN
-
-        rows = self.query(f"SELECT r FROM {self.ext('__dblink')}($1, $2, $3, $4) AS r", [TOKEN, fn, name, arg], ["text", "text", "text", "text"])
+        rows = self.query(f"SELECT r FROM {self.ext('__dblink')}($1, $2, $3, $4) AS r",
+                          [TOKEN, fn, name, arg], ["text", "text", "text", "text"])
         return [r["r"] for r in rows]
 
     def dblink_exec(self: Any, name: str, sql: str) -> None:
