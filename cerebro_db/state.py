@@ -44,7 +44,7 @@ import json
 import math
 import struct
 import zlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Union
 
@@ -62,6 +62,7 @@ __all__ = [
     "ModelState",
     "decode_state",
     "encode_state",
+    "flat_weights",
     "is_state",
     "join_chunks",
     "read_meta",
@@ -356,6 +357,23 @@ def decode_state(data: BytesLike, *, verify: bool = True) -> ModelState:
     )
 
 
+
+def flat_weights(data: BytesLike) -> bytes:
+    """A state's model weights as MADlib stores ``model_weights``: little-endian float32,
+    back to back, in ``get_weights()`` order. :func:`encode_state` writes float32 weights
+    first and back to back, so their bytes are one slice of the state: one copy of the
+    weights, not a copy per array and then their join (a large model's outputs held the
+    weights three times). Other dtypes are converted. Checks the state as
+    :func:`decode_state` does."""
+    st = decode_state(data)
+    view = memoryview(data).cast("B")
+    meta, start, _ = _read(view)
+    lead = meta["arrays"][: len(st.weights)]
+    f4 = np.dtype("<f4")
+    if all(a["group"] == "w" and np.dtype(a["dtype"]) == f4 for a in lead):
+        return bytes(view[start:start + sum(w.nbytes for w in st.weights)])
+    return b"".join(np.asarray(w, dtype=f4).tobytes() for w in st.weights)
+
 # --------------------------------------------------------------------------- chunking
 
 
@@ -411,16 +429,21 @@ def iter_chunks(data: BytesLike, chunk_size: int) -> Iterator[bytearray]:
         yield chunk
 
 
-def join_chunks(chunks: Sequence[BytesLike]) -> bytes:
-    """Reassemble the bytes cut by :func:`split_chunks`; chunks must be given in index order.
+def join_chunks(chunks: Iterable[BytesLike]) -> bytearray:
+    """Reassemble the bytes cut by :func:`split_chunks`; chunks must come in index order.
+
+    ``chunks`` may be any iterable (a cursor's rows): each chunk's body is copied into one
+    buffer of the whole state's length, allocated from the first chunk's header, so a
+    caller that drops each chunk once it is read holds the state once plus one chunk (a
+    list of chunks and their join held it twice).
 
     Raises :class:`CerebroError` (22000) when a chunk is missing, duplicated, out of order,
     from another state, truncated or corrupt, or has a bad magic number or version.
     """
-    if not chunks:
-        raise _chunk_error("no state chunks given")
     first: tuple[int, int, int] | None = None
-    parts: list[memoryview] = []
+    out = bytearray()
+    filled = 0
+    pos = -1
     for pos, chunk in enumerate(chunks):
         if chunk is None:
             raise _chunk_error(f"state chunk at position {pos} is NULL")
@@ -440,7 +463,10 @@ def join_chunks(chunks: Sequence[BytesLike]) -> bytes:
             )
         ident = (count, total, whole_crc)
         if first is None:
+            if total > count * MAX_CHUNK_SIZE:  # a forged length must not allocate
+                raise _chunk_error("state chunk header gives a length its chunks cannot hold")
             first = ident
+            out = bytearray(total)
         elif ident != first:
             raise _chunk_error(f"state chunk at position {pos} belongs to another state")
         if index != pos:
@@ -453,12 +479,15 @@ def join_chunks(chunks: Sequence[BytesLike]) -> bytes:
         body = view[_CHUNK_HEADER.size:]
         if zlib.crc32(body) != crc:
             raise _chunk_error(f"state chunk {index} is corrupt or truncated: checksum mismatch")
-        parts.append(body)
-    assert first is not None
+        if pos >= count or filled + len(body) > total:
+            raise _chunk_error(f"state has {count} chunks but more were given")
+        out[filled:filled + len(body)] = body
+        filled += len(body)
+    if first is None:
+        raise _chunk_error("no state chunks given")
     count, total, whole_crc = first
-    if len(parts) != count:
-        raise _chunk_error(f"state has {count} chunks but {len(parts)} were given")
-    out = b"".join(parts)
-    if len(out) != total or zlib.crc32(out) != whole_crc:
+    if pos + 1 != count:
+        raise _chunk_error(f"state has {count} chunks but {pos + 1} were given")
+    if filled != total or zlib.crc32(out) != whole_crc:
         raise _chunk_error("reassembled state does not match its checksum")
     return out

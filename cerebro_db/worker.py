@@ -49,6 +49,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import gc
+import itertools
 import json
 import math
 import os
@@ -654,15 +655,23 @@ def labels_for(compile_params: str, y: np.ndarray) -> np.ndarray:
     return y
 
 
-def load_state(cat: Catalog, fit_id: int, mst_key: int, version: str) -> bytes | None:
+def load_state(cat: Catalog, fit_id: int, mst_key: int, version: str
+               ) -> state_mod.StateBytes | None:
     return _joined(units.state_chunks(cat, fit_id, mst_key, version))
 
 
-def _joined(chunks: list[bytes]) -> bytes | None:
-    if not chunks:
+def _joined(chunks: Iterator[bytes]) -> state_mod.StateBytes | None:
+    """The state from its stored rows, read one at a time: a state stored whole (one row) as
+    it is, chunks copied into one buffer as they come (:func:`state.join_chunks`)."""
+    first = next(chunks, None)
+    if first is None:
         return None
-    return chunks[0] if len(chunks) == 1 and state_mod.is_state(chunks[0]) \
-        else state_mod.join_chunks(chunks)
+    if state_mod.is_state(first):
+        second = next(chunks, None)
+        if second is None:
+            return first
+        return state_mod.join_chunks(itertools.chain([first, second], chunks))  # refused
+    return state_mod.join_chunks(itertools.chain([first], chunks))
 
 
 def save_state(cat: Catalog, fit_id: int, mst_key: int, version: str, data: state_mod.StateBytes,

@@ -2,7 +2,7 @@
 loading and saving model states, logging the unit."""
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from ..names import TableName, quote_ident
@@ -93,15 +93,22 @@ def buffers_with_shapes(cat: Any, t: TableName, cols: Sequence[str], partition: 
 
 
 # -- model states and the unit log -----------------------------------------------------------
-def state_chunks(cat: Any, fit_id: int, mst_key: int, version: str) -> list[bytes]:
+def _chunks(cat: Any, sql: str, args: list[Any], types: list[str]) -> Iterator[bytes]:
+    """The ``data`` of a query's rows, one row fetched at a time (a cursor), so a reader
+    that drops each chunk once copied holds one chunk, not all of them."""
+    for rows in cat.stream(sql, args, types, batch=1):
+        for r in rows:
+            yield r["data"]
+
+
+def state_chunks(cat: Any, fit_id: int, mst_key: int, version: str) -> Iterator[bytes]:
     """The stored chunks of one model state, in order (none when there is no state)."""
-    rows = cat.query(f"SELECT data FROM {cat.ext('model_states')} WHERE fit_id = $1 AND "
-                     "mst_key = $2 AND version = $3 ORDER BY chunk",
-                     [fit_id, mst_key, version], ["int8", "int4", "text"])
-    return [bytes(r["data"]) for r in rows]
+    return _chunks(cat, f"SELECT data FROM {cat.ext('model_states')} WHERE fit_id = $1 AND "
+                   "mst_key = $2 AND version = $3 ORDER BY chunk",
+                   [fit_id, mst_key, version], ["int8", "int4", "text"])
 
 
-def epoch_state_chunks(cat: Any, fit_id: int, mst_key: int, epoch: int) -> list[bytes]:
+def epoch_state_chunks(cat: Any, fit_id: int, mst_key: int, epoch: int) -> Iterator[bytes]:
     """The chunks of the state at the end of ``epoch``, as an evaluation of that epoch reads
     it: the kept 'epoch:N' version once the config trained on (:func:`keep_state`), else
     'current' while the config's latest logged training unit is of that epoch (it has not
@@ -109,13 +116,13 @@ def epoch_state_chunks(cat: Any, fit_id: int, mst_key: int, epoch: int) -> list[
     epoch that commits meanwhile (keeping 'epoch:N' and writing a new 'current' together)
     is seen whole or not at all. None when neither holds."""
     states, log = cat.ext("model_states"), cat.ext("units")
-    rows = cat.query(
+    return _chunks(
+        cat,
         f"SELECT data FROM {states} WHERE fit_id = $1 AND mst_key = $2 AND version = "
         f"(CASE WHEN EXISTS (SELECT 1 FROM {states} WHERE fit_id = $1 AND mst_key = $2 AND "
         f"version = $3) THEN $3 WHEN (SELECT max(epoch) FROM {log} WHERE fit_id = $1 AND "
         "mst_key = $2 AND kind = 'train') = $4 THEN 'current' END) ORDER BY chunk",
         [fit_id, mst_key, f"epoch:{epoch}", epoch], ["int8", "int4", "text", "int4"])
-    return [bytes(r["data"]) for r in rows]
 
 
 def keep_state(cat: Any, fit_id: int, mst_key: int, version: str) -> None:

@@ -17,6 +17,7 @@ from cerebro_db.state import (
     ModelState,
     decode_state,
     encode_state,
+    flat_weights,
     is_state,
     join_chunks,
     read_meta,
@@ -240,6 +241,55 @@ def test_reordered_duplicated_foreign_corrupt_chunks():
         join_chunks([b"x" * 64])
     with pytest.raises(CerebroError, match="whole state"):
         join_chunks([encode_state([np.ones(40, np.float32)])])
+
+
+def test_flat_weights_are_madlibs_float32_concatenation():
+    """One slice of the state when the weights are float32 (what fits store), converted
+    otherwise (the sample has a float64 array): equal to concatenating get_weights()."""
+    def expected(ws):
+        return b"".join(np.asarray(w, dtype="<f4").tobytes() for w in ws)
+    weights, opt, meta = _sample()
+    mixed = encode_state(weights, opt, meta)
+    assert flat_weights(mixed) == expected(weights)
+    f32 = [w.astype(np.float32) for w in weights]
+    data = encode_state(f32, opt, meta)
+    assert flat_weights(data) == expected(f32) == flat_weights(bytearray(data))
+    assert flat_weights(encode_state([], opt)) == b""
+    bad = bytearray(data)
+    bad[-1] ^= 1
+    with pytest.raises(CerebroError, match="checksum"):
+        flat_weights(bytes(bad))
+
+
+def test_join_takes_chunks_one_at_a_time_into_one_buffer():
+    """A cursor's rows, read lazily: the join never needs the chunks as a list."""
+    data = bytes(range(256)) * 40
+    chunks = split_chunks(data, 1000)
+    taken = []
+
+    def rows():
+        for c in chunks:
+            taken.append(len(taken))
+            yield c
+    out = join_chunks(rows())
+    assert out == data and isinstance(out, bytearray) and len(taken) == len(chunks)
+
+
+def test_a_forged_length_or_an_extra_chunk_is_refused():
+    import struct
+    import zlib
+    chunks = [bytearray(c) for c in split_chunks(b"abcdef" * 10, 20)]
+    forged = bytearray(chunks[0])
+    struct.pack_into("<Q", forged, 20, 1 << 60)  # total: far beyond what 3 chunks can hold
+    with pytest.raises(CerebroError, match="cannot hold"):
+        join_chunks([forged] + chunks[1:])
+    # a fourth chunk, well formed, numbered after the last: more than the header's count
+    extra = bytearray(chunks[-1])
+    struct.pack_into("<I", extra, 12, len(chunks))
+    body = bytes(extra[CHUNK_HEADER_SIZE:])
+    struct.pack_into("<I", extra, 32, zlib.crc32(body))
+    with pytest.raises(CerebroError, match="more were given"):
+        join_chunks(chunks + [extra])
 
 
 @pytest.mark.parametrize("size", [0, -1, 1 << 31, 2.5, True])
