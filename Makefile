@@ -25,6 +25,7 @@ install: deps
 
 start: install
 	@$(CEREBRO) start
+	@$(CEREBRO) createdb
 
 demo: start
 	@$(CEREBRO) createdb cerebro

@@ -16,9 +16,22 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PG_VERSION=${PG_VERSION:-15}
 PG_BIN=${PG_BIN:-/usr/lib/postgresql/$PG_VERSION/bin}
-PGPORT=${CEREBRO_PGPORT:-55432}
 PGDIR=${CEREBRO_PGDIR:-$ROOT/.pg}
 PGDATA=$PGDIR/data
+# The port a cluster was made with (its postgresql.conf) is the one it listens on, and every
+# later command uses it: `CEREBRO_PGPORT=55470 make start` once, then `make psql`, `make
+# stop` and `scripts/cerebro.sh env` without it reach that cluster, not another on 55432.
+MADE_PORT=$(sed -n 's/^port = \([0-9][0-9]*\).*/\1/p' "$PGDATA/postgresql.conf" 2>/dev/null | tail -n 1 || true)
+if [ -n "$MADE_PORT" ]; then
+  if [ -n "${CEREBRO_PGPORT:-}" ] && [ "$CEREBRO_PGPORT" != "$MADE_PORT" ]; then
+    printf '[cerebro] error: the cluster in %s listens on port %s (set when it was made), not CEREBRO_PGPORT=%s: unset CEREBRO_PGPORT, or set CEREBRO_PGDIR for another cluster\n' \
+      "$PGDATA" "$MADE_PORT" "$CEREBRO_PGPORT" >&2
+    exit 1
+  fi
+  PGPORT=$MADE_PORT
+else
+  PGPORT=${CEREBRO_PGPORT:-55432}
+fi
 PGSOCK=$PGDIR/run
 PGLOG=$PGDIR/server.log
 PGDATABASE=${CEREBRO_DB:-cerebro}
