@@ -187,6 +187,9 @@ _pool: list[_Parked] = []
 """This backend's idle worker sessions, oldest first (a PL/Python module lives as long as
 the session; so do its dblink connections)."""
 
+_told_not_kept = False
+"""Whether this backend was told why its worker sessions are not kept (once a session)."""
+
 
 def close_pool(cat: Catalog) -> int:
     """Close this backend's pooled worker sessions that act as the calling role
@@ -435,6 +438,23 @@ class DblinkExecutor:
         Such a session keeps them only with ``cerebro_db.keep_workers_as_maintainer`` on."""
         _, current, session, _ = self.pool_key()
         return current == session and (not self._maintainer or self.maintainer_keeps)
+
+    def _say_not_kept(self) -> None:
+        """Say once per calling session why its worker sessions were closed, not kept: its
+        next fit starts cold (TensorFlow's import, the first reads: 2-3 s), which an outside
+        pass, logged in as the superuser the README's connection table names, saw happen
+        with no word of why."""
+        global _told_not_kept
+        if _told_not_kept:
+            return
+        _told_not_kept = True
+        _, current, session, _ = self.pool_key()
+        why = (f'it acts as role "{current}", not as "{session}" that it logged in as'
+               if current != session else
+               f'role "{session}" may VACUUM and ANALYZE other roles\' tables (SET '
+               "cerebro_db.keep_workers_as_maintainer = on keeps them; README, Security)")
+        self.cat.notice("worker sessions closed, not kept for this session's next fit "
+                        f"(which will start them again): {why}")
 
     def _park(self, worker: int) -> bool:
         """Keep an idle worker's session in the pool for the next fit; False if it cannot."""
@@ -998,6 +1018,8 @@ class DblinkExecutor:
                 if w not in self.busy and w not in self._send_failed \
                         and self.name(w) in self.opened:
                     self._park(w)
+        elif keep and self.keep_idle > 0 and self.opened:
+            self._say_not_kept()
         for w in list(self.busy):
             try:
                 self.cat.dblink_cancel(self.name(w))

@@ -257,10 +257,17 @@ def test_a_maintainer_keeps_no_worker_sessions_unless_it_opts_in(world, admin, r
     su = connect_as(rel_db, q(admin, "SELECT current_user")[0][0])
     try:
         q(su, f'SET search_path = "{bob}", cerebro_db')
-        for setting, keeps in (("off", False), ("on", True)):
+        told = "worker sessions closed, not kept for this session's next fit"
+        # the notice: once a session, with the way to keep them (an outside pass, logged in
+        # as the superuser, saw its second fit start cold with no word of why)
+        for setting, keeps, notices in (("off", False, 1), ("off", False, 0), ("on", True, 0)):
             q(su, "SET cerebro_db.keep_workers_as_maintainer = %s", (setting,))
+            del su.notices[:]
             fit_multiple(su, f"su_out_{setting}")
             assert bool(kept(su)) is keeps, (setting, kept(su))
+            said = [n for n in su.notices if told in n]
+            assert len(said) == notices, su.notices
+            assert all("keep_workers_as_maintainer = on" in n for n in said)
             q(su, "SELECT cerebro_db_close_workers()")
             q(su, f'DROP TABLE "{bob}".su_out_{setting}, "{bob}".su_out_{setting}_summary, '
                   f'"{bob}".su_out_{setting}_info')
