@@ -212,7 +212,20 @@ def _hook(cat: Catalog, point: str, mst_key: int, epoch: int, partition: int,
             continue
         want = {"attempt": 0, **{k: v for k, v in h.items() if k != "seconds"}}
         if all(here.get(k) == v for k, v in want.items()):
-            units.sleep(cat, float(h.get("seconds", 1)))
+            units.sleep(cat, _hook_seconds(h.get("seconds", 1)))
+
+
+HOOK_MAX_SECONDS = 120.0
+"""The longest a test hook sleeps: another role's definer function can plant the setting in
+a superuser's session (a red-team pass stalled a fit's workers for 28 hours that way)."""
+
+
+def _hook_seconds(value: Any) -> float:
+    try:
+        s = float(value)
+    except (TypeError, ValueError):
+        return 0.0
+    return min(s, HOOK_MAX_SECONDS) if s >= 0 else 0.0  # NaN and negatives: no sleep
 
 
 def unit_seed(random_state: int, mst_key: int, epoch: int, partition: int, salt: int = 0) -> int:

@@ -22,6 +22,7 @@ from typing import Any
 from ..errors import (
     CONNECTION_EXCEPTION,
     DUPLICATE_TABLE,
+    INSUFFICIENT_PRIVILEGE,
     OBJECT_NOT_IN_PREREQUISITE_STATE,
     UNDEFINED_COLUMN,
     UNDEFINED_TABLE,
@@ -261,6 +262,36 @@ class Catalog(DblinkMixin):
         if kind not in ("r", "v", "m", "p", "f"):
             raise CerebroError(f'{what} "{table}" is not a table or view', WRONG_OBJECT_TYPE)
         return oid
+
+    def require_own_table(self, table: TableName, what: str) -> None:
+        """An existing table the call writes into (appends, deletes, drops) must be a plain
+        table owned by the calling role itself: another role's triggers, rules, column
+        defaults and index expressions run as the caller who writes into its table (a
+        red-team pass made itself superuser through a trigger on a ``model_arch`` table in
+        ``public`` and through a temporary table its definer function made in a superuser's
+        session). Membership in the owner is not enough: any member could have put the
+        trigger there. A superuser's table is fine (a DBA's shared object table): its
+        owner gains nothing by running code as the caller."""
+        row = self.query(
+            "SELECT c.relkind::text AS kind, pg_catalog.pg_get_userbyid(c.relowner) AS owner, "
+            "c.relowner OPERATOR(pg_catalog.=) (SELECT r.oid FROM pg_catalog.pg_roles r "
+            "WHERE r.rolname OPERATOR(pg_catalog.=) current_user) OR (SELECT o.rolsuper FROM "
+            "pg_catalog.pg_roles o WHERE o.oid OPERATOR(pg_catalog.=) c.relowner) AS mine "
+            "FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) "
+            "pg_catalog.to_regclass($1)", [table.sql], ["text"])
+        if not row:
+            return
+        if row[0]["kind"] != "r":
+            raise CerebroError(f'{what} "{table}" is not a plain table', WRONG_OBJECT_TYPE,
+                               hint="cerebro_db appends only to plain tables.")
+        if not row[0]["mine"]:
+            raise CerebroError(
+                f'{what} "{table}" belongs to role "{row[0]["owner"]}", not to the calling role',
+                INSUFFICIENT_PRIVILEGE,
+                hint="cerebro_db writes only into existing tables the calling role (or a "
+                "superuser) owns: another role's triggers and defaults on its table would run "
+                "as you. Name a table of your own (a new name is created), or have its owner "
+                "run the call.")
 
     def require_absent(self, table: TableName, what: str, hint: str | None = None) -> None:
         if self.relation_oid(table) is not None:

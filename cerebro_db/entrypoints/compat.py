@@ -189,8 +189,11 @@ def _add_function(cat: Catalog, table: TableName, name: str, description: str | 
         cat.create_table(table, cf.OBJECT_TABLE_COLUMNS)
         stmts.grant_read_to_public(cat, table)
         cat.notice(f"{CUSTOM_FN}: Created new custom function table {table}.")
-    elif "reference" not in _require_object_table(cat, table, "object_table"):
-        stmts.add_reference_column(cat, table)
+    else:
+        cols = _require_object_table(cat, table, "object_table")
+        cat.require_own_table(table, "object_table")
+        if "reference" not in cols:
+            stmts.add_reference_column(cat, table)
     if stmts.custom_function_exists(cat, table, name):
         raise CerebroError(f"Function '{name}' already exists in {table}", DUPLICATE_OBJECT,
                            hint="Delete it first with delete_custom_function, or use another "
@@ -254,6 +257,7 @@ def delete_custom_function(cat: Catalog, *, object_table: str, id: int | None = 
         raise CerebroError(f"{CUSTOM_FN}: function id/name cannot be NULL!",
                            NULL_VALUE_NOT_ALLOWED)
     _require_object_table(cat, table, "object_table")
+    cat.require_own_table(table, "object_table")
     gone = stmts.delete_custom_function(cat, table, id=id, name=name)
     if gone is None:
         raise CerebroError(f"{CUSTOM_FN}: Object id {id if id is not None else name} not "

@@ -224,7 +224,9 @@ def _cron(cat: Catalog, stmt: stmts.CronStatement) -> tuple[Any, str]:
     row = session.socket_login(cat)
     info = session.conninfo(dbname=db, user=row["u"], port=row["p"],
                             host=row["s"].strip() or "localhost")
-    name = "cerebro_db_cron"
+    # a name no other code in the session can take first (dblink_connect is PUBLIC's: a
+    # red-team pass held the fixed name "cerebro_db_cron", and scheduling failed)
+    name = "cerebro_db_cron_" + secrets.token_hex(8)
     cat.dblink_connect(name, info)
     try:
         if not stmts.pg_cron_installed(cat, name):

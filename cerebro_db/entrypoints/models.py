@@ -49,6 +49,7 @@ def load_keras_model(cat: Catalog, *, keras_model_arch_table: str, model_arch: s
         pass
     else:  # there, or made by another session just now
         require_arch_table(cat, table, "keras_model_arch_table")
+        cat.require_own_table(table, "keras_model_arch_table")
     model_id = stmts.insert_arch(cat, table, arch=text, weights=model_weights, name=name,
                                  description=description,
                                  madlib_id="__cerebro_db_" + uuid.uuid4().hex)
@@ -66,6 +67,7 @@ def delete_keras_model(cat: Catalog, *, keras_model_arch_table: str, model_id: i
     if model_id is None:
         raise CerebroError("model_id must not be NULL", NULL_VALUE_NOT_ALLOWED)
     require_arch_table(cat, table, "keras_model_arch_table")
+    cat.require_own_table(table, "keras_model_arch_table")
     if not stmts.delete_arch(cat, table, model_id):
         raise CerebroError(f'model_id {model_id} does not exist in "{table}"', UNDEFINED_OBJECT)
     if stmts.is_empty(cat, table):

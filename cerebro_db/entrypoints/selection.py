@@ -184,6 +184,8 @@ def generate_model_configs(cat: Catalog, *, model_arch_table: str, model_selecti
                                                      exists_ok=True):
         pass
     else:  # there, or made by another session just now: append
+        cat.require_own_table(mst, "model_selection_table")
+        cat.require_own_table(summary, "model_selection_table's summary")
         found = _existing(cat, mst, summary, arch)
         if found is not None:
             existing = found

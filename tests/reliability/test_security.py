@@ -500,3 +500,50 @@ def test_another_roles_code_cannot_use_a_callers_kept_sessions(world, admin):
               "kept_b_summary, kept_b_info")
         q(ce, f"DROP FUNCTION {e}.api(int)")
         q(ce, f"DROP TABLE {e}.tried")
+
+
+def test_a_call_writes_only_into_tables_its_caller_owns(world, admin):
+    """Another role's table the caller names to append to, delete from or drop is refused
+    before anything is written: its owner's triggers (and defaults) would run as the caller
+    (a red-team pass became superuser through a trigger on a model_arch table in public)."""
+    eve, ce = world["eve"], world["ce"]
+    q(ce, "CREATE TABLE trap_log (who text)")
+    q(ce, "GRANT INSERT, SELECT ON trap_log TO PUBLIC")
+    q(ce, f"""CREATE FUNCTION trap() RETURNS trigger LANGUAGE plpgsql AS $$
+              BEGIN INSERT INTO "{eve}".trap_log VALUES (current_user); RETURN NEW; END $$""")
+    q(ce, f"""SELECT load_top_k_accuracy_function('"{eve}".objs', 3)""")
+    for t in ("arch", "mst", "objs"):
+        q(ce, f"CREATE TRIGGER trap BEFORE INSERT OR DELETE ON {t} FOR EACH ROW "
+              "EXECUTE FUNCTION trap()")
+        q(ce, f"GRANT ALL ON {t} TO PUBLIC")
+    q(ce, f'GRANT USAGE ON SCHEMA "{eve}" TO PUBLIC')
+    q(ce, f'GRANT USAGE ON ALL SEQUENCES IN SCHEMA "{eve}" TO PUBLIC')
+    q(ce, "GRANT SELECT ON mst_summary TO PUBLIC")
+    before = {t: q(admin, f'SELECT count(*) FROM "{eve}".{t}')[0][0] for t in ("arch", "mst",
+                                                                                "objs")}
+    grid = ("{'loss': ['categorical_crossentropy'], 'optimizer_params_list': "
+            "[{'optimizer': ['SGD'], 'lr': [0.1]}], 'metrics': ['accuracy']}")
+    calls = [
+        ("SELECT load_keras_model(%s, %s)", (f'"{eve}".arch', mlp_json())),
+        ("SELECT delete_keras_model(%s, 1)", (f'"{eve}".arch',)),
+        ("SELECT generate_model_configs('arch', %s, ARRAY[1], %s, $${'batch_size': [8]}$$)",
+         (f'"{eve}".mst', grid)),
+        ("SELECT load_top_k_accuracy_function(%s, 5)", (f'"{eve}".objs',)),
+        ("SELECT delete_custom_function(%s, name => 'top_3_accuracy')", (f'"{eve}".objs',)),
+    ]
+    su = connect_as(world["roles"].dbname, q(admin, "SELECT current_user")[0][0])
+    try:
+        q(su, f'SET search_path = "{world["alice"]}", cerebro_db')
+        for conn in (world["ca"], su):
+            for sql, args in calls:
+                e = err(conn, sql, args)
+                assert e.pgcode == "42501", (sql, e.pgerror)
+                assert f'belongs to role "{eve}"' in e.pgerror, e.pgerror
+    finally:
+        su.close()
+    assert q(admin, f'SELECT who FROM "{eve}".trap_log') == []
+    assert {t: q(admin, f'SELECT count(*) FROM "{eve}".{t}')[0][0]
+            for t in ("arch", "mst", "objs")} == before
+    # her own calls on her own tables still work (and her trigger runs as herself)
+    q(ce, "SELECT load_keras_model('arch', %s)", (mlp_json(),))
+    assert q(ce, "SELECT who FROM trap_log") == [(eve,)]
