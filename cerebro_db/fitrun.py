@@ -507,7 +507,7 @@ def register(cat: Catalog, ex: DblinkExecutor, req: FitRequest, total: int,
             "validation_name": str(req.validation.table) if req.validation else None,
             "tables": _table_records(cat, req, digests),
             "object_table": req.object_table, "custom_functions": req.custom_functions}
-    fit_id = int(ex.control_query(sql.register_fit(
+    fit_row = sql.register_fit(
         cat, kind=req.kind, source_table=req.source.qualified,
         validation_table=req.validation.qualified if req.validation else None,
         model_output_table=str(req.output),
@@ -516,11 +516,13 @@ def register(cat: Catalog, ex: DblinkExecutor, req: FitRequest, total: int,
         num_iterations=req.num_iterations,
         metrics_compute_frequency=req.frequency or req.num_iterations,
         random_state=req.random_state, options=opts, total_units=total,
-        coordinator_pid=session_sql.backend_pid(cat)))[0][0])
+        coordinator_pid=session_sql.backend_pid(cat))
+    if req.configs:  # the fit and its configurations: one string, one transaction
+        fit_row += "; " + sql.add_configs_of_new_fit(
+            cat, [(c.mst_key, c.model_id, c.compile_params, c.fit_params, c.arch, c.weights)
+                  for c in req.configs])
+    fit_id = int(ex.control_query(fit_row)[0][0])
     ex.fit_id = fit_id
-    for c in req.configs:
-        ex.control(sql.add_config(cat, fit_id, c.mst_key, c.model_id, c.compile_params,
-                                  c.fit_params, c.arch, c.weights))
     return fit_id
 
 

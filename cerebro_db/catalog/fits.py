@@ -44,6 +44,24 @@ def register_fit(cat: Catalog, *, kind: str, source_table: str,
          "text", "int8", "int4"])
 
 
+def add_configs_of_new_fit(cat: Catalog, configs: Sequence[tuple[int, int, str, str, str,
+                                                               bytes | None]]) -> str:
+    """The configurations (mst_key, model_id, compile_params, fit_params, arch, weights) of
+    the fit :func:`register_fit` just made in the same session: sent after it in one string,
+    so both are one transaction (a cancel while they were sent one by one left a fit with 3
+    of its 7 configurations, which a resume then finished with 3 models)."""
+    seq = cat.ext("fits_fit_id_seq")
+    rows = [cat.format_sql(
+        "(pg_catalog.currval(%L::pg_catalog.regclass), %L::int, %L::int, %L, %L, %L::json, "
+        "%L::bytea)",
+        [seq, mst_key, model_id, compile_params, fit_params, arch,
+         None if weights is None else bytes(weights)],
+        ["text", "int4", "int4", "text", "text", "text", "bytea"])
+        for mst_key, model_id, compile_params, fit_params, arch, weights in configs]
+    return (f"INSERT INTO {cat.ext('fit_configs')} (fit_id, mst_key, model_id, compile_params, "
+            "fit_params, model_arch, init_weights) VALUES " + ", ".join(rows))
+
+
 def add_config(cat: Catalog, fit_id: int, mst_key: int, model_id: int, compile_params: str,
                fit_params: str, arch: str, weights: bytes | None) -> str:
     """A configuration of the fit (its initial weights: None for the architecture's)."""
