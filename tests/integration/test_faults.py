@@ -369,3 +369,33 @@ def test_a_retried_unit_that_its_lost_session_committed_is_taken_from_the_log(fl
     assert q(fl, states, (fit_id,)) == before
     assert q(fl, "SELECT count(*) FROM cerebro_db.units WHERE fit_id = %s", (fit_id,)) \
         == n_units
+
+
+def test_a_fit_whose_registration_fails_leaves_no_fit_behind(fl):
+    """The fit's row and its configurations are one transaction: a failure while the second
+    configuration is inserted leaves neither (an outside pass cancelled a fit during its
+    registration, sent one statement a configuration, and a resume then finished it as
+    done with 3 of its 7 models)."""
+    conn = fl
+    out = "fl_reg"
+    q(conn, f"""CREATE FUNCTION public.fail_second() RETURNS trigger LANGUAGE plpgsql AS $$
+               BEGIN
+                 IF NEW.mst_key = {CONFIGS} THEN
+                   RAISE EXCEPTION 'registration fails here';
+                 END IF;
+                 RETURN NEW;
+               END $$""")
+    q(conn, "CREATE TRIGGER fail_second BEFORE INSERT ON cerebro_db.fit_configs "
+            "FOR EACH ROW EXECUTE FUNCTION public.fail_second()")
+    try:
+        with pytest.raises(psycopg2.Error, match="registration fails here"):
+            run_fit(conn, out)
+    finally:
+        q(conn, "DROP TRIGGER fail_second ON cerebro_db.fit_configs")
+        q(conn, "DROP FUNCTION public.fail_second()")
+    assert q(conn, "SELECT count(*) FROM cerebro_db.fits WHERE model_output_table LIKE %s",
+             (f"%{out}",)) == [(0,)]
+    assert q(conn, "SELECT count(*) FROM cerebro_db.fit_configs c WHERE NOT EXISTS (SELECT 1 "
+                   "FROM cerebro_db.fits f WHERE f.fit_id = c.fit_id)") == [(0,)]
+    assert q(conn, "SELECT to_regclass(%s)", (out,)) == [(None,)]
+    worker_sessions_gone(conn)
