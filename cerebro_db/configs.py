@@ -333,6 +333,22 @@ def _grid_compile(grid: dict[str, Any]) -> list[str]:
     ]
 
 
+def discrete_compiles(grid: dict[str, Any], limit: int = 1000) -> list[str]:
+    """A compile_params string for every combination of a compile grid's listed choices (a
+    distribution stands in by its low end), at most ``limit`` of them, distinct: what an
+    AutoML run can draw, so that a bad loss, metric or optimizer name in any choice is
+    refused before the run (an outside pass saw it fail in a worker instead)."""
+    def low(v: Any) -> Any:
+        return [v.low if not v.integer else math.ceil(v.low)] if isinstance(v, Distribution) \
+            else v
+    plain = {k: ([{kk: low(vv) for kk, vv in od.items()} for od in v]
+                 if k == OPTIMIZER_PARAMS_LIST else low(v)) for k, v in grid.items()}
+    if _grid_count(plain) > limit:
+        rng = np.random.default_rng(0)
+        return list(dict.fromkeys(_random_compile(plain, rng) for _ in range(limit)))
+    return list(dict.fromkeys(_grid_compile(plain)))
+
+
 def _grid_count(grid: dict[str, Any]) -> int:
     n = 1
     for key, value in grid.items():

@@ -23,7 +23,7 @@ from ..automl.space import SearchSpace
 from ..automl_run import AutoMLFit
 from ..catalog import Catalog
 from ..catalog import fit_inputs as inputs_sql
-from ..configs import parse_grid
+from ..configs import discrete_compiles, parse_grid
 from ..errors import (
     DUPLICATE_TABLE,
     FEATURE_NOT_SUPPORTED,
@@ -107,9 +107,12 @@ def madlib_keras_automl(
     obj, refs = custom_references(cat, object_table,
                                   grid_names(parse_grid(compile_params_grid, "compile")),
                                   resolve=False)
+    for text in discrete_compiles(space.compile_grid):  # every loss, metric, optimizer named
+        params.validate_compile_params(params.parse_compile_params(text, "compile_params_grid"),
+                                       "compile_params_grid", custom_functions=refs)
     tuner = get_tuner(method, automl_params, model_ids=ids, compile_grid=compile_params_grid,
                       fit_grid=fit_params_grid, num_workers=src.partitions, random_state=seed)
-    outputs_absent(cat, out, ("", "_summary", "_info"), False)
+    outputs_absent(cat, out, ("", "_summary", "_info"), False, can_warm=False)
     require_output_schema(cat, mst, "model_selection_table")
     _selection_absent(cat, mst)
     require_arch_table(cat, arch, "model_arch_table")

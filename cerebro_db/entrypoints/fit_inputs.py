@@ -130,9 +130,10 @@ def check_use_gpus(use_gpus: bool | None) -> None:
 
 
 def outputs_absent(cat: Catalog, out: TableName, suffixes: Sequence[str], warm: bool,
-                   resume: bool = False) -> None:
+                   resume: bool = False, can_warm: bool = True) -> None:
     """The output tables (``out`` with each suffix) can be created: their schema allows it
-    and, unless ``warm`` (they are replaced), none exists."""
+    and, unless ``warm`` (they are replaced), none exists. ``can_warm``: the call has a
+    ``warm_start`` to suggest (AutoML has none)."""
     require_output_schema(cat, out, "model_output_table" if "_info" in suffixes else "model")
     for s in suffixes:
         t = out.with_suffix(s, "model_output_table") if s else out
@@ -142,7 +143,8 @@ def outputs_absent(cat: Catalog, out: TableName, suffixes: Sequence[str], warm: 
                                      "was started with: drop or rename that table first."
                                      if resume else
                                      "Drop it, choose another name, or pass warm_start => "
-                                     "TRUE to continue from its weights."))
+                                     "TRUE to continue from its weights." if can_warm else
+                                     "Drop it or choose another name."))
 
 
 def check_item(c: Config, what: str = "compile_params") -> dict[str, Any]:

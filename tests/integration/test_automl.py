@@ -148,6 +148,14 @@ def tables(conn):
     ({"cgrid": "__import__('os').system('touch /tmp/pwned')"}, "22023", ""),
     ({"fgrid": "{'batch_size': [32], 'nonsense': [1]}"}, "22023", "nonsense"),
     ({"out": "am_bad; DROP TABLE am_p"}, "42602", ""),
+    # every choice of the grid is checked, not only the one a run would draw first (an
+    # outside pass saw an unknown loss fail in a worker)
+    ({"cgrid": "{'loss': ['categorical_crossentropy', 'no_such_loss'], "
+               "'optimizer_params_list': [{'optimizer': ['Adam'], 'lr': [0.001, 0.1, 'log']}],"
+               " 'metrics': ['accuracy']}"}, "22023", "unknown loss 'no_such_loss'"),
+    ({"cgrid": "{'loss': ['categorical_crossentropy'], 'optimizer_params_list': "
+               "[{'optimizer': ['Adam']}], 'metrics': ['accuracy', 'no_such_metric']}"},
+     "22023", "unknown metric 'no_such_metric'"),
 ])
 def test_bad_input_is_rejected_before_any_work(am, args, sqlstate, fragment) -> None:
     before = tables(am)
