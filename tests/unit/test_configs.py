@@ -429,3 +429,22 @@ def test_product_configs_errors_name_the_element():
     assert "must not be empty" in err(product_configs, [1], [], [""]).message
     assert "must be an integer" in err(product_configs, ["1"], ["x"], [""]).message
     assert "must be an array" in err(product_configs, [1], "optimizer='adam'", [""]).message
+
+
+def test_discrete_compiles_cover_every_listed_choice():
+    """What an AutoML run can draw, each listed choice at least once (a distribution by its
+    low end), distinct, and bounded."""
+    from cerebro_db.configs import discrete_compiles, parse_grid
+    g = parse_grid("{'loss': ['categorical_crossentropy', 'no_such_loss'], "
+                   "'optimizer_params_list': [{'optimizer': ['Adam', 'SGD'], "
+                   "'lr': [0.0001, 0.01, 'log']}], 'metrics': ['accuracy', 'mae']}", "compile")
+    out = discrete_compiles(g)
+    assert len(out) == len(set(out)) == 8
+    assert all("lr=0.0001" in s for s in out)
+    for piece in ("no_such_loss", "SGD", "'mae'"):
+        assert any(piece in s for s in out)
+    big = parse_grid("{'loss': ['mse'], 'optimizer_params_list': [{'optimizer': ['SGD'], "
+                     "'lr': [0.1, 0.2, 0.3, 0.4], 'momentum': [0.1, 0.2, 0.3, 0.4]}], "
+                     "'metrics': ['mae']}", "compile")
+    assert len(discrete_compiles(big)) == 16
+    assert 0 < len(discrete_compiles(big, limit=5)) <= 5
