@@ -180,12 +180,17 @@ class Hyperband(Tuner):
                                         meta={"s": s, "i": 0}), target))
         return out
 
+    def wanted(self) -> int:
+        """How many configurations the brackets draw (fewer when the space has fewer)."""
+        return sum(bracket_size(self.s_max, s, self.eta)
+                   for s in range(self.s_max, self.skip_last - 1, -1))
+
     def start(self) -> list[Decision]:
         if self.started:
             raise RuntimeError("hyperband: start() called twice")
         self.started = True
         brackets = range(self.s_max, self.skip_last - 1, -1)
-        total = sum(bracket_size(self.s_max, s, self.eta) for s in brackets)
+        total = self.wanted()
         seed = None if self.random_state is None else self.random_state % 2**64
         points = self.space.sample_distinct(np.random.default_rng(seed), total)
         first = 0

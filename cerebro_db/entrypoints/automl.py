@@ -113,6 +113,7 @@ def madlib_keras_automl(
     tuner = get_tuner(method, automl_params, model_ids=ids, compile_grid=compile_params_grid,
                       fit_grid=fit_params_grid, num_workers=src.partitions, random_state=seed)
     outputs_absent(cat, out, ("", "_summary", "_info"), False, can_warm=False)
+    _say_if_space_is_short(cat, tuner, space)
     require_output_schema(cat, mst, "model_selection_table")
     _selection_absent(cat, mst)
     require_arch_table(cat, arch, "model_arch_table")
@@ -142,6 +143,20 @@ def madlib_keras_automl(
                f"{len(hooks.book.trials)} configurations ({len(hooks.book.freed())} freed) in "
                f"{run.outcome.seconds:.1f} s; best mst_key {run.written}; results in {out} and "
                f"{out.with_suffix('_info', 'model_output_table')}")
+
+
+def _say_if_space_is_short(cat: Catalog, tuner: Any, space: SearchSpace) -> None:
+    """A NOTICE when a finite search space has fewer configurations than Hyperband's
+    brackets draw: the later brackets get fewer, the last ones none (an outside pass saw a
+    2-point grid run bracket 1 with 2 and bracket 0 with none, without a word)."""
+    wanted = getattr(tuner, "wanted", None)
+    if wanted is None or space.has_distributions:
+        return
+    have, want = len(space.grid()), wanted()
+    if have < want:
+        cat.notice(f"madlib_keras_automl: the search space has {have} configurations, fewer "
+                   f"than the {want} the Hyperband brackets draw: the brackets drawn last get "
+                   "fewer or none")
 
 
 def _run(cat: Catalog, req: FitRequest, hooks: AutoMLFit, automl_params: str | None,

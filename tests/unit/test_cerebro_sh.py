@@ -15,8 +15,8 @@ def _env(pgdir: Path, port: str | None) -> subprocess.CompletedProcess:
     env["CEREBRO_PGDIR"] = str(pgdir)
     if port is not None:
         env["CEREBRO_PGPORT"] = port
-    return subprocess.run(["bash", str(SCRIPT), "env"], env=env, capture_output=True,
-                          text=True, timeout=30)
+    return subprocess.run(["bash", str(SCRIPT), "env"], check=False, env=env,
+                          capture_output=True, text=True, timeout=30)
 
 
 def _port(out: str) -> str:
