@@ -1020,6 +1020,7 @@ class DblinkExecutor:
                     self._park(w)
         elif keep and self.keep_idle > 0 and self.opened:
             self._say_not_kept()
+        in_flight = bool(self.busy) and not keep
         for w in list(self.busy):
             try:
                 self.cat.dblink_cancel(self.name(w))
@@ -1037,6 +1038,14 @@ class DblinkExecutor:
             except Exception:  # noqa: BLE001, S110 - closing anyway
                 pass
         self.opened.clear()
+        if in_flight:
+            # a worker busy in Python (TensorFlow's import) notices neither the cancel nor
+            # the closed connection until its next SQL call: the fit's statement ended 1.6 s
+            # before such a session did, holding its locks (an outside pass); end them first
+            try:
+                end_sessions(self.cat, f"cerebro_db {self.tag} worker ", wait=5.0)
+            except Exception:  # noqa: BLE001, S110 - closing anyway
+                pass
         if self._waker is not None:
             self._waker.close()
             self._waker = None
