@@ -213,6 +213,12 @@ def _most_epochs(run: FitRun) -> int | None:
                 if kind == "eval_train"), default=None)
 
 
+def _defaults_of(tuner: Tuner) -> str:
+    """The procedure's parameters as MADlib's ``_summary`` records them for a call that gave
+    none (``'R=6, eta=3, skip_last=0'``), not NULL (an outside pass)."""
+    return ", ".join(f"{k}={v}" for k, v in type(tuner).defaults.items())
+
+
 def write_automl(run: FitRun, book: TrialBook, configs: Mapping[int, Config], method: str,
                  automl_params: str | None, use_gpus: bool) -> int:
     """``madlib_keras_automl``'s outputs; returns the best trial's mst_key."""
@@ -247,7 +253,8 @@ def write_automl(run: FitRun, book: TrialBook, configs: Mapping[int, Config], me
                                   "model": str(out), "model_info": str(info),
                                   "model_arch_table": str(req.arch_table),
                                   "model_selection_table": str(mst), "automl_method": method,
-                                  "automl_params": automl_params,
+                                  "automl_params": automl_params
+                                  if (automl_params or "").strip() else _defaults_of(tuner),
                                   "random_state": str(req.random_state),
                                   "object_table": req.object_table, "use_gpus": use_gpus,
                                   "metrics_compute_frequency":

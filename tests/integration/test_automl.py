@@ -376,3 +376,11 @@ def test_a_space_smaller_than_hyperbands_brackets_is_said(am) -> None:
     automl(am, "am_short", "hyperband", "R=3, eta=3", ids=(1, 2), cgrid=cgrid,
            fgrid="{'batch_size': [32, 64, 128]}")
     assert not [n for n in am.notices if "the search space has" in n]
+
+
+def test_a_call_without_automl_params_records_the_defaults(am) -> None:
+    """MADlib's _summary names the parameters used, the defaults when the call gave none."""
+    cgrid = ("{'loss': ['categorical_crossentropy'], 'optimizer_params_list': "
+             "[{'optimizer': ['Adam'], 'lr': [0.01]}], 'metrics': ['accuracy']}")
+    automl(am, "am_dflt", "grid", None, ids=(1,), cgrid=cgrid, fgrid="{'batch_size': [64]}")
+    assert q(am, "SELECT automl_params FROM am_dflt_summary") == [("num_iterations=5",)]
