@@ -263,6 +263,21 @@ class Catalog(DblinkMixin):
             raise CerebroError(f'{what} "{table}" is not a table or view', WRONG_OBJECT_TYPE)
         return oid
 
+    def relation_owner(self, table: TableName) -> dict[str, Any] | None:
+        """``oid``, ``kind`` (pg_class.relkind), ``owner`` (the role's name), ``mine``
+        (owned by current_user itself, not a role it is a member of) and ``owner_super``
+        (the owner is a superuser) of ``table``; None when there is none."""
+        rows = self.query(
+            "SELECT c.oid, c.relkind::text AS kind, "
+            "pg_catalog.pg_get_userbyid(c.relowner) AS owner, "
+            "c.relowner OPERATOR(pg_catalog.=) (SELECT r.oid FROM pg_catalog.pg_roles r "
+            "WHERE r.rolname OPERATOR(pg_catalog.=) current_user) AS mine, "
+            "(SELECT o.rolsuper FROM pg_catalog.pg_roles o "
+            "WHERE o.oid OPERATOR(pg_catalog.=) c.relowner) AS owner_super "
+            "FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) "
+            "pg_catalog.to_regclass($1)", [table.sql], ["text"])
+        return rows[0] if rows else None
+
     def require_own_table(self, table: TableName, what: str) -> None:
         """An existing table the call writes into (appends, deletes, drops) must be a plain
         table owned by the calling role itself: another role's triggers, rules, column
@@ -272,21 +287,15 @@ class Catalog(DblinkMixin):
         session). Membership in the owner is not enough: any member could have put the
         trigger there. A superuser's table is fine (a DBA's shared object table): its
         owner gains nothing by running code as the caller."""
-        row = self.query(
-            "SELECT c.relkind::text AS kind, pg_catalog.pg_get_userbyid(c.relowner) AS owner, "
-            "c.relowner OPERATOR(pg_catalog.=) (SELECT r.oid FROM pg_catalog.pg_roles r "
-            "WHERE r.rolname OPERATOR(pg_catalog.=) current_user) OR (SELECT o.rolsuper FROM "
-            "pg_catalog.pg_roles o WHERE o.oid OPERATOR(pg_catalog.=) c.relowner) AS mine "
-            "FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) "
-            "pg_catalog.to_regclass($1)", [table.sql], ["text"])
-        if not row:
+        rel = self.relation_owner(table)
+        if rel is None:
             return
-        if row[0]["kind"] != "r":
+        if rel["kind"] != "r":
             raise CerebroError(f'{what} "{table}" is not a plain table', WRONG_OBJECT_TYPE,
                                hint="cerebro_db appends only to plain tables.")
-        if not row[0]["mine"]:
+        if not (rel["mine"] or rel["owner_super"]):
             raise CerebroError(
-                f'{what} "{table}" belongs to role "{row[0]["owner"]}", not to the calling role',
+                f'{what} "{table}" belongs to role "{rel["owner"]}", not to the calling role',
                 INSUFFICIENT_PRIVILEGE,
                 hint="cerebro_db writes only into existing tables the calling role (or a "
                 "superuser) owns: another role's triggers and defaults on its table would run "

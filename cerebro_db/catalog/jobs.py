@@ -366,19 +366,6 @@ def append_buffers(cat: Any, packed: TableName, stage: TableName,
               f"(SELECT coalesce(max(buffer_id) + 1, 0) FROM {packed.sql}) FROM {stage.sql}")
 
 
-def relation_owner(cat: Any, table: TableName) -> dict[str, Any] | None:
-    """``oid``, ``kind`` (pg_class.relkind), ``owner`` (the role's name) and ``mine``
-    (owned by current_user itself, not a role it is a member of) of ``table``; None when
-    there is none."""
-    rows = cat.query(
-        "SELECT c.oid, c.relkind::text AS kind, pg_catalog.pg_get_userbyid(c.relowner) AS owner, "
-        "c.relowner OPERATOR(pg_catalog.=) (SELECT r.oid FROM pg_catalog.pg_roles r "
-        "WHERE r.rolname OPERATOR(pg_catalog.=) current_user) AS mine "
-        "FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) "
-        "pg_catalog.to_regclass($1)", [table.sql], ["text"])
-    return rows[0] if rows else None
-
-
 def job_leftovers(cat: Any, schema: str, prefix: str) -> list[TableName]:
     """Tables of the calling role in ``schema`` whose names start with ``prefix`` (a job's
     replaced tables that could not be dropped when it published)."""

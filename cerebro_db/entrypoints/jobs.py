@@ -80,7 +80,7 @@ def _own_tables(cat: Catalog, job: dict[str, Any], step: str) -> None:
         base = cat.table(text, what)
         for sfx in suffixes:
             t = base.with_suffix(sfx, what) if sfx else base
-            rel = stmts.relation_owner(cat, t)
+            rel = cat.relation_owner(t)
             if rel is None:
                 if step == "train" and what == "packed_table":
                     # the pack step committed it: gone means another role dropped it (a
@@ -90,7 +90,7 @@ def _own_tables(cat: Catalog, job: dict[str, Any], step: str) -> None:
                 continue
             if rel["mine"] and rel["kind"] == "r":
                 stmts.lock_table(cat, t)
-                again = stmts.relation_owner(cat, t)
+                again = cat.relation_owner(t)
                 if again is not None and again["oid"] == rel["oid"]:
                     continue
                 rel = again or rel
