@@ -117,7 +117,7 @@ def run_fit(policy: Policy, progress: Progress, executor: Executor, *,
             clock: Callable[[], float] = time.monotonic, max_unit_retries: int = 3,
             results: dict[int, ConfigResult] | None = None, done_units: int = 0,
             elapsed_before: float = 0.0, hooks: FitHooks | None = None,
-            pool: WorkerPool | None = None) -> FitOutcome:
+            pool: WorkerPool | None = None, running_metrics: bool = False) -> FitOutcome:
     """Run every unit of the fit to the end; raise :class:`WorkerFailed` on a unit's failure
     (or when a unit lost its worker session more than ``max_unit_retries`` times).
 
@@ -126,7 +126,12 @@ def run_fit(policy: Policy, progress: Progress, executor: Executor, *,
     kept for evaluation. A resumed fit passes what its log already holds: ``results``,
     ``done_units`` (training units done) and ``elapsed_before`` (seconds already spent).
     ``pool``: worker sessions can join and leave while the fit runs (see the module).
+    ``running_metrics``: the training metrics are what each training unit measured as it
+    trained (recorded as the epoch's 'eval_train' parts; ``eval_kinds`` then has no
+    'eval_train'). Not under AutoML, whose hooks learn an epoch's end from its evaluation.
     """
+    if running_metrics and hooks is not None:
+        raise CerebroError("running training metrics are not for AutoML runs", INTERNAL_ERROR)
     start = clock() - elapsed_before
     results = results if results is not None else {}
     for c in progress.targets:
@@ -262,6 +267,10 @@ def run_fit(policy: Policy, progress: Progress, executor: Executor, *,
             if unit.kind == TRAIN:
                 done_units += 1
                 r.train_loss.setdefault(unit.epoch, []).append((data["loss"], data["rows"]))
+                if running_metrics:
+                    r.evals.setdefault((unit.epoch, "eval_train"), []).append(
+                        {"loss": data["loss"], "rows": data["rows"],
+                         "metrics": data.get("metrics") or {}})
                 if len(r.train_loss[unit.epoch]) == num_partitions:
                     r.trained_at[unit.epoch] = clock() - start
                 if hooks is not None:

@@ -60,6 +60,9 @@ from .sessions import (
 )
 
 CHUNK_SETTING = "cerebro_db.state_chunk_size"
+TRAINING_METRICS_SETTING = "cerebro_db.training_metrics"
+TRAINING_METRICS = ("evaluated", "running")
+"""What a fit's training metrics are (:func:`training_metrics`)."""
 MIN_CHUNK_SIZE = 1024
 MAX_UNITS = 2**31 - 1
 """The most training units of one fit (configs x iterations x partitions; the catalog's
@@ -137,6 +140,7 @@ class FitRequest:
     validate_compile: bool = False
     object_table: str | None = None
     custom_functions: dict[str, str] = field(default_factory=dict)
+    training_metrics: str = "evaluated"  # or 'running' (:func:`training_metrics`)
 
     def __post_init__(self) -> None:
         for what, t in (("source_table", self.source), ("validation_table", self.validation)):
@@ -147,8 +151,16 @@ class FitRequest:
                     hint="Pack it into an ordinary table (outputs may be in pg_temp).")
 
     @property
+    def running_metrics(self) -> bool:
+        """Whether the training metrics are the training units' running means."""
+        return self.training_metrics == "running"
+
+    @property
     def eval_kinds(self) -> list[str]:
-        return ["eval_train"] + (["eval_valid"] if self.validation else [])
+        """What an evaluation unit computes: the training partition's metrics (unless they
+        are the running ones), then the validation partition's."""
+        return (["eval_train"] if not self.running_metrics else []) \
+            + (["eval_valid"] if self.validation else [])
 
 
 @dataclass
@@ -212,14 +224,18 @@ class FitHooks:
         """Train to the end (continuing from the unit log when resumed)."""
         cat, req = run.cat, run.request
         p = req.source.partitions
-        eval_epochs = evaluation_epochs(req.num_iterations, req.frequency)
+        # no evaluation unit when the training metrics are the running ones and there is
+        # no validation table
+        eval_epochs = evaluation_epochs(req.num_iterations, req.frequency) \
+            if req.eval_kinds else set()
         targets = {c.mst_key: req.num_iterations for c in req.configs}
         results, done, spent = None, 0, 0.0
         if run.resume is None:
             progress = Progress(targets, p, run.workers, eval_epochs)
         else:
-            progress, results, done, spent = progress_from_log(cat, run.fit_id, targets, p,
-                                                               run.workers, eval_epochs)
+            progress, results, done, spent = progress_from_log(
+                cat, run.fit_id, targets, p, run.workers, eval_epochs,
+                running=req.running_metrics)
         total = len(req.configs) * req.num_iterations * p
         cat.notice(f"fit {run.fit_id} {'resumes' if run.resume else 'starts'}: "
                    f"{len(req.configs)} configurations x {req.num_iterations} iterations on "
@@ -227,12 +243,14 @@ class FitHooks:
                    f"{f' ({req.replicas} replicas)' if req.replicas > 1 else ''}, "
                    f"policy {req.policy}"
                    + (f", {done}/{total} training units already done" if run.resume else "")
+                   + (", running training metrics" if req.running_metrics else "")
                    + f"; watch: SELECT * FROM {cat.schema}.fit_progress WHERE fit_id = "
                    f"{run.fit_id}")
         return run_fit(self.policy, progress, run.units(), eval_kinds=req.eval_kinds,
                        num_partitions=p, snapshot_epochs=lambda c, e: e in eval_epochs,
                        notice=cat.notice, max_unit_retries=run.max_unit_retries,
-                       results=results, done_units=done, elapsed_before=spent, pool=pool)
+                       results=results, done_units=done, elapsed_before=spent, pool=pool,
+                       running_metrics=req.running_metrics)
 
     def trained(self, run: FitRun) -> None:
         """After training, before the outputs are written."""
@@ -340,6 +358,22 @@ def state_chunk_size(cat: Catalog) -> int | None:
         raise invalid(f"{CHUNK_SETTING} must be a number of bytes between {MIN_CHUNK_SIZE} and "
                       f"{limit}, got {raw!r}", hint=f"RESET {CHUNK_SETTING} for the default.")
     return n
+
+
+def training_metrics(cat: Catalog) -> str:
+    """``cerebro_db.training_metrics``, checked: ``'evaluated'`` (the default, MADlib's: after
+    each evaluated epoch, the epoch's final model does a forward pass over every training
+    row, in the evaluation units) or ``'running'`` (what Keras' ``fit`` reports: the means
+    the training units measured as they trained, weighted by rows; no pass over the training
+    rows, so a fit with metrics every epoch saves about a fifth of its work, and the values
+    mix the model's states through the epoch)."""
+    raw = cat.setting(TRAINING_METRICS_SETTING)
+    value = (raw or "").strip().lower() or "evaluated"
+    if value not in TRAINING_METRICS:
+        raise invalid(f"{TRAINING_METRICS_SETTING} must be 'evaluated' or 'running', got "
+                      f"{raw!r}", hint=f"RESET {TRAINING_METRICS_SETTING} for the default "
+                      "('evaluated').")
+    return value
 
 
 def cache_memory(cat: Catalog, num_workers: int) -> int:
@@ -499,6 +533,7 @@ def register(cat: Catalog, ex: DblinkExecutor, req: FitRequest, total: int,
             "cache_memory": cache_memory(cat, req.num_workers),
             "worker_threads": max(1, (os.cpu_count() or 1) // req.num_workers),
             "state_chunk_size": state_chunk_size(cat),
+            "training_metrics": req.training_metrics,
             "policy_params": req.policy_params, "num_workers": req.num_workers,
             "replicas": req.replicas,
             "frequency": req.frequency, "arch_table": str(req.arch_table),
@@ -579,11 +614,12 @@ def mark_done(cat: Catalog, ex: DblinkExecutor, fit_id: int) -> None:
 
 def progress_from_log(cat: Catalog, fit_id: int, targets: dict[int, int], p: int,
                       workers: dict[int, Any], eval_epochs: Any,
-                      rows: list[dict[str, Any]] | None = None
+                      rows: list[dict[str, Any]] | None = None, running: bool = False
                       ) -> tuple[Progress, dict[int, ConfigResult], int, float]:
     """Progress, per-config results, training units done and seconds spent, from the units
     committed so far (in commit order; units in flight when the fit stopped are absent).
-    ``rows``: the unit log when the caller has read it already."""
+    ``rows``: the unit log when the caller has read it already. ``running``: the training
+    metrics are the training units' (an evaluation unit logs 'eval_valid' rows only)."""
     rows = sql.unit_log(cat, fit_id) if rows is None else rows
     records, results = [], {c: ConfigResult() for c in targets}
     done, spent = 0, 0.0
@@ -591,15 +627,17 @@ def progress_from_log(cat: Catalog, fit_id: int, targets: dict[int, int], p: int
         spent = max(spent, float(r["at"]))
         res = results[r["mst_key"]]
         metrics = {str(k): v for k, v in enumerate(r["metrics"] or [])}
+        part = {"loss": r["loss"], "rows": r["rows"], "metrics": metrics}
         if r["kind"] == TRAIN:
             done += 1
             res.train_loss.setdefault(r["epoch"], []).append((r["loss"], r["rows"]))
             if len(res.train_loss[r["epoch"]]) == p:
                 res.trained_at[r["epoch"]] = float(r["at"])
+            if running:
+                res.evals.setdefault((r["epoch"], "eval_train"), []).append(part)
         else:
-            res.evals.setdefault((r["epoch"], r["kind"]), []).append(
-                {"loss": r["loss"], "rows": r["rows"], "metrics": metrics})
-        if r["kind"] != "eval_valid":
+            res.evals.setdefault((r["epoch"], r["kind"]), []).append(part)
+        if r["kind"] in (TRAIN, "eval_valid" if running else "eval_train"):
             records.append({"config": r["mst_key"], "epoch": r["epoch"],
                             "partition": r["partition"], "worker": r["worker"],
                             "kind": TRAIN if r["kind"] == TRAIN else EVAL,

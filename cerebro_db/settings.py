@@ -31,6 +31,7 @@ KNOWN = frozenset({
     "cerebro_db.state_chunk_size",            # fitrun.py
     "cerebro_db.tensorboard_log_dir",         # params.py
     "cerebro_db.test_hook",                   # sessions.py (tests)
+    "cerebro_db.training_metrics",            # fitrun.py
     "cerebro_db.unit_timeout",                # sessions.py
     "cerebro_db.unit_timeout_factor",         # sessions.py
     "cerebro_db.unit_timeout_first",          # sessions.py

@@ -114,6 +114,10 @@ def madlib_keras_automl(
                       fit_grid=fit_params_grid, num_workers=src.partitions, random_state=seed)
     outputs_absent(cat, out, ("", "_summary", "_info"), False, can_warm=False)
     _say_if_space_is_short(cat, tuner, space)
+    if fitrun.training_metrics(cat) == "running":
+        cat.notice(f"madlib_keras_automl: {fitrun.TRAINING_METRICS_SETTING} = 'running' applies "
+                   "to madlib_keras_fit and madlib_keras_fit_multiple_model only; AutoML "
+                   "evaluates its trials' training metrics after each evaluated epoch")
     require_output_schema(cat, mst, "model_selection_table")
     _selection_absent(cat, mst)
     require_arch_table(cat, arch, "model_arch_table")

@@ -206,7 +206,8 @@ def madlib_keras_fit_multiple_model(
         description=description,
         replicas=fitrun.fit_replicas(cat, replicas(cat), pname, src, val, src.partitions),
         checks=[check_item(c, f"compile_params of mst_key {c.mst_key}") for c in configs],
-        object_table=str(obj) if obj else None, custom_functions=refs)
+        object_table=str(obj) if obj else None, custom_functions=refs,
+        training_metrics=fitrun.training_metrics(cat))
     run = fitrun.run(cat, request=req, outputs=outputs.write_fit_multiple)
     assert run.outcome is not None
     cat.notice(f"madlib_keras_fit_multiple_model: fit {run.fit_id} trained {len(configs)} "
@@ -261,7 +262,7 @@ def madlib_keras_fit(
                                                               val, 1),
         checks=[check_item(cfg)],
         validate_compile=True, object_table=str(obj) if obj else None,
-        custom_functions=refs)
+        custom_functions=refs, training_metrics=fitrun.training_metrics(cat))
     run = fitrun.run(cat, request=req, outputs=outputs.write_fit)
     assert run.outcome is not None
     cat.notice(f"madlib_keras_fit: fit {run.fit_id} trained model_id {model_id} in "
@@ -296,7 +297,8 @@ def resume_fit(cat: Catalog, f: dict[str, Any], opts: dict[str, Any], src: Packe
         arch_table=arch, warm_start=warm, name=opts.get("name"),
         description=opts.get("description"), replicas=int(opts.get("replicas") or 1),
         object_table=opts.get("object_table"),
-        custom_functions=dict(opts.get("custom_functions") or {}))
+        custom_functions=dict(opts.get("custom_functions") or {}),
+        training_metrics=opts.get("training_metrics") or "evaluated")
     write = outputs.write_fit if req.kind == "fit" else outputs.write_fit_multiple
     run = fitrun.run(cat, request=req, outputs=write,
                      resume=ResumePoint(fit_id, opts.get("executor_tag")))
