@@ -112,6 +112,15 @@ def madlib_keras_automl(
                                        "compile_params_grid", custom_functions=refs)
     tuner = get_tuner(method, automl_params, model_ids=ids, compile_grid=compile_params_grid,
                       fit_grid=fit_params_grid, num_workers=src.partitions, random_state=seed)
+    # a procedure whose trials train a fixed number of epochs (hyperopt, grid, random,
+    # mltuner) refuses a frequency above it, as MADlib's hyperopt does ("out of iteration
+    # range"); Hyperband's and ASHA's rounds differ in length, and MADlib's Hyperband
+    # ignores a frequency a round is shorter than
+    epochs = getattr(tuner, "num_iterations", None)
+    if metrics_compute_frequency is not None and epochs is not None \
+            and metrics_compute_frequency > epochs:
+        raise invalid(f"metrics_compute_frequency must be between 1 and num_iterations of "
+                      f"automl_params ({epochs}), got {metrics_compute_frequency}")
     outputs_absent(cat, out, ("", "_summary", "_info"), False, can_warm=False)
     _say_if_space_is_short(cat, tuner, space)
     if fitrun.training_metrics(cat) == "running":

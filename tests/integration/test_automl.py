@@ -156,17 +156,23 @@ def tables(conn):
     ({"cgrid": "{'loss': ['categorical_crossentropy'], 'optimizer_params_list': "
                "[{'optimizer': ['Adam']}], 'metrics': ['accuracy', 'no_such_metric']}"},
      "22023", "unknown metric 'no_such_metric'"),
+    # MADlib's hyperopt: "'metrics_compute_frequency' out of iteration range"
+    ({"method": "hyperopt", "params": "num_configs=2, num_iterations=2", "freq": 3}, "22023",
+     "metrics_compute_frequency must be between 1 and num_iterations of automl_params (2)"),
+    ({"method": "random", "params": "num_configs=1, num_iterations=1", "freq": 2}, "22023",
+     "metrics_compute_frequency must be between 1 and num_iterations"),
 ])
 def test_bad_input_is_rejected_before_any_work(am, args, sqlstate, fragment) -> None:
     before = tables(am)
     fits_before = q(am, "SELECT count(*) FROM cerebro_db.fits")[0][0]
     call = {"out": "am_bad", "method": "hyperband", "params": "R=3", "ids": [1], "cgrid": CGRID,
-                "fgrid": FGRID}
+                "fgrid": FGRID, "freq": None}
     call.update(args)
     with pytest.raises(psycopg2.Error) as e:
         q(am, "SELECT madlib_keras_automl('am_p', %s, 'am_arch', 'am_bad_mst', %s, %s, %s, "
-              "%s, %s, 1)", (call["out"], call["ids"], call["cgrid"], call["fgrid"],
-                             call["method"], call["params"]))
+              "%s, %s, 1, metrics_compute_frequency => %s)",
+          (call["out"], call["ids"], call["cgrid"], call["fgrid"], call["method"],
+           call["params"], call["freq"]))
     assert e.value.pgcode == sqlstate, e.value.pgerror
     assert fragment in e.value.pgerror
     assert tables(am) == before
