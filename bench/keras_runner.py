@@ -7,7 +7,9 @@
 
 ``sequential``: every configuration of DATA.json one after another in this one process, on
 the numpy arrays in memory, ``epochs`` passes each, training and validation metrics after
-every epoch (what cerebro_db computes too); ``--pipeline numpy`` hands Keras the numpy
+every epoch (what cerebro_db computes too; ``--train-metrics running``: the training metrics
+are fit's history, its running means, as with ``cerebro_db.training_metrics = 'running'``);
+``--pipeline numpy`` hands Keras the numpy
 arrays (its usual input: Keras builds a new pipeline per call, and runs one batch per call
 of its train function), ``--pipeline dataset`` is Keras at its fastest: tf.data pipelines
 made once from tensors and reused (a seeded reshuffle of row indices each epoch, batches
@@ -140,7 +142,7 @@ def eval_batches(meta: dict, vx, vy, pipeline: str, evaluation=None) -> dict[str
 
 
 def sequential(path: str, threads: int, shard: str | None = None,
-               pipeline: str = "numpy") -> dict:
+               pipeline: str = "numpy", train_metrics: str = "evaluated") -> dict:
     from cerebro_db.training import configure_runtime
 
     configure_runtime(threads)
@@ -173,22 +175,27 @@ def sequential(path: str, threads: int, shard: str | None = None,
             train_eval, valid_eval = evaluation(bs)
         for _ in range(meta["epochs"]):
             t = time.perf_counter()
+            # training metrics 'running': what fit's history reports (its running means), no
+            # pass over the training rows (cerebro_db.training_metrics = 'running')
+            evaluated = train_metrics == "evaluated"
             if train is not None:
                 m.fit(ds, epochs=1, verbose=0)
                 t2 = time.perf_counter()
-                m.evaluate(train_eval, verbose=0)
+                if evaluated:
+                    m.evaluate(train_eval, verbose=0)
                 r = m.evaluate(valid_eval, verbose=0, return_dict=True)
             else:
                 m.fit(x, y, batch_size=cfg["batch_size"], epochs=1, verbose=0, shuffle=True)
                 t2 = time.perf_counter()
-                m.evaluate(x, y, batch_size=bs, verbose=0)
+                if evaluated:
+                    m.evaluate(x, y, batch_size=bs, verbose=0)
                 r = m.evaluate(vx, vy, batch_size=bs, verbose=0, return_dict=True)
             eval_s += time.perf_counter() - t2
             train_s += t2 - t
             curve.append(float(r["accuracy"]))
         runs.append({"curve": curve, "train_s": train_s, "eval_s": eval_s, "eval_batch": bs})
     return {"makespan": time.perf_counter() - t0, "threads": threads, "pipeline": pipeline,
-            "configs": runs, "rows": len(x), "shard": shard,
+            "train_metrics": train_metrics, "configs": runs, "rows": len(x), "shard": shard,
             "eval_batches": sorted(set(ebs.values())), "calibration_s": calibration}
 
 
@@ -283,11 +290,14 @@ def main() -> None:
     ap.add_argument("--shard", default=None, help="I/P: train on rows I, I+P, ... only")
     ap.add_argument("--onednn", choices=["0", "1"], default=None,
                     help="TF_ENABLE_ONEDNN_OPTS for this process (default: cerebro_db's, on)")
+    ap.add_argument("--train-metrics", choices=["evaluated", "running"], default="evaluated",
+                    help="sequential: 'running' takes the training metrics from fit's history "
+                    "instead of evaluating the training rows after each epoch")
     a = ap.parse_args()
     if a.onednn is not None:  # before anything imports TensorFlow (or cerebro_db's default)
         os.environ["TF_ENABLE_ONEDNN_OPTS"] = a.onednn
     if a.mode == "sequential":
-        out = sequential(a.data, a.threads, a.shard, a.pipeline)
+        out = sequential(a.data, a.threads, a.shard, a.pipeline, a.train_metrics)
     elif a.mode == "eval-batches":
         out = config_eval_batches(a.data, a.threads)
     else:
