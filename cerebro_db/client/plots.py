@@ -118,16 +118,21 @@ def learning_curves(units: pd.DataFrame, num_partitions: int,
                     title: str | None = None) -> Any:
     """Loss by epoch for each configuration: training (solid) and validation (dashed), from
     the evaluation units of complete epochs (row-weighted over the partitions). A fit
-    without evaluation units shows the mean loss of its training units per epoch."""
+    without training evaluations (none at all, or running training metrics) shows the
+    mean loss of its training units per epoch as its training curve."""
     if units.empty:
         return _empty(title, "no units yet")
     plt = _plt()
     cmap = plt.get_cmap("tab20")
     g = _epoch_losses(units, num_partitions)
-    kinds: list[tuple[str, Any, str]] = [("eval_train", "-", "training"),
-                                         ("eval_valid", "--", "validation")]
-    if not g["kind"].isin(["eval_train", "eval_valid"]).any():
-        kinds = [("train", "-", "training (mean of its units)")]
+    # training: the evaluation units' when there are any, else the mean of the training
+    # units (a fit without evaluation units, or one whose training metrics are the running
+    # ones, cerebro_db.training_metrics = 'running')
+    kinds: list[tuple[str, Any, str]] = [
+        ("eval_train", "-", "training") if (g["kind"] == "eval_train").any()
+        else ("train", "-", "training (mean of its units)")]
+    if (g["kind"] == "eval_valid").any():
+        kinds.append(("eval_valid", "--", "validation"))
     from matplotlib.lines import Line2D
     from matplotlib.ticker import MaxNLocator
 

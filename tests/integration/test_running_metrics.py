@@ -200,3 +200,22 @@ def test_a_resumed_fit_keeps_its_running_metrics(fl, running, dbname, tables):  
         for a, b in zip(got[k][1], base[k][1], strict=True):  # training_metrics_all
             assert a == pytest.approx(b, rel=1e-12)
         assert got[k][2] == pytest.approx(base[k][2], rel=1e-9)  # validation_loss
+
+
+def test_the_clients_learning_curves_draw_the_running_training_loss(fl, running, dbname,  # noqa: F811
+                                                                    tmp_path):
+    from cerebro_db.client import Client
+
+    from ..helpers import server_params
+
+    p = server_params()
+    client = Client(f"postgresql://{p['user']}@/{dbname}?host={p['host']}&port={p['port']}")
+    fig = client.plot_curves(running[0], str(tmp_path / "c.png"))
+    (ax,) = fig.axes
+    lines = {ln.get_gid(): ln for ln in ax.get_lines()}
+    for k, (t_loss, _, v_loss, *_) in info(fl, "rm_run").items():
+        tr, va = lines[f"curve:{k}:train"], lines[f"curve:{k}:eval_valid"]
+        assert list(tr.get_xdata()) == list(range(1, ITERATIONS + 1))
+        assert list(tr.get_ydata()) == pytest.approx(t_loss, rel=1e-5)
+        assert list(va.get_ydata()) == pytest.approx(v_loss, rel=1e-5)
+    assert "curve:1:eval_train" not in lines
