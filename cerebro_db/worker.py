@@ -196,10 +196,11 @@ def test_hooks(cat: Catalog) -> Any:
     return None
 
 
-def _hook(cat: Catalog, point: str, mst_key: int, epoch: int, partition: int,
+def _hook(cat: Catalog, fit_id: int, point: str, mst_key: int, epoch: int, partition: int,
           options: dict[str, Any]) -> None:
-    """Sleep where ``cerebro_db.test_hook`` says (superuser sessions only; tests). The
-    setting is read once per call (kept in ``options``, the call's own dict)."""
+    """Sleep where ``cerebro_db.test_hook`` says (superuser sessions only; tests), at most
+    :data:`HOOK_MAX_SECONDS` in all per fit in this process. The setting is read once per
+    call (kept in ``options``, the call's own dict)."""
     if "_test_hooks" not in options:
         options["_test_hooks"] = test_hooks(cat)
     spec = options["_test_hooks"]
@@ -212,12 +213,21 @@ def _hook(cat: Catalog, point: str, mst_key: int, epoch: int, partition: int,
             continue
         want = {"attempt": 0, **{k: v for k, v in h.items() if k != "seconds"}}
         if all(here.get(k) == v for k, v in want.items()):
-            units.sleep(cat, _hook_seconds(h.get("seconds", 1)))
+            left = HOOK_MAX_SECONDS - _hook_slept.get(fit_id, 0.0)
+            seconds = min(_hook_seconds(h.get("seconds", 1)), left)
+            if seconds > 0:
+                _hook_slept[fit_id] = _hook_slept.get(fit_id, 0.0) + seconds
+                units.sleep(cat, seconds)
 
 
 HOOK_MAX_SECONDS = 120.0
-"""The longest a test hook sleeps: another role's definer function can plant the setting in
-a superuser's session (a red-team pass stalled a fit's workers for 28 hours that way)."""
+"""The longest test hooks sleep in all, per fit and worker process: another role's definer
+function can plant the setting in a superuser's session (a red-team pass stalled a fit's
+workers for 28 hours that way; with the cap per hook, the next one listed 120 s entries
+matching every unit)."""
+
+_hook_slept: dict[int, float] = {}
+"""fit_id -> seconds of test-hook sleep this process was asked for."""
 
 
 def _hook_seconds(value: Any) -> float:
@@ -785,7 +795,7 @@ def _run_unit(cat: Catalog, fit_id: int, mst_key: int, epoch: int, partition: in
             state = training.initial_state(cfg["model_arch"], cp,
                                            unit_seed(fit["random_state"], mst_key, 0, 0, 1),
                                            cfg["init_weights"])
-        _hook(cat, "before_train", mst_key, epoch, partition, options)
+        _hook(cat, fit_id, "before_train", mst_key, epoch, partition, options)
         t1 = time.time()
         if _no_rows(x):  # a partition that holds no buffer trains nothing
             new_state, res = training.empty_unit(state, bool(options.get("completes_epoch")))
@@ -803,13 +813,13 @@ def _run_unit(cat: Catalog, fit_id: int, mst_key: int, epoch: int, partition: in
         metrics = [float(v) for v in res.metrics.values()]
         _log_unit(cat, fit_id, mst_key, epoch, partition, worker, kind, t0, t3, res.rows,
                   res.loss, metrics, t1 - t0, t2 - t1, t3 - t2, len(new_state))
-        _hook(cat, "after_save", mst_key, epoch, partition, options)
+        _hook(cat, fit_id, "after_save", mst_key, epoch, partition, options)
         return {"ok": True, "loss": res.loss, "rows": res.rows, "metrics": res.metrics,
                 "seconds": t3 - t0, "train_seconds": t2 - t1, "read_seconds": t_read,
                 "worker": worker}
     from .params import parse_fit_params
 
-    _hook(cat, "eval", mst_key, epoch, partition, options)
+    _hook(cat, fit_id, "eval", mst_key, epoch, partition, options)
     state = _joined(units.epoch_state_chunks(cat, fit_id, mst_key, epoch))
     if state is None:
         raise CerebroError(f"no state of configuration {mst_key} at epoch {epoch}", INTERNAL_ERROR)

@@ -21,6 +21,7 @@ from typing import Any
 
 from ..errors import (
     CONNECTION_EXCEPTION,
+    DEPENDENT_OBJECTS_STILL_EXIST,
     DUPLICATE_TABLE,
     INSUFFICIENT_PRIVILEGE,
     OBJECT_NOT_IN_PREREQUISITE_STATE,
@@ -236,9 +237,27 @@ class Catalog(DblinkMixin):
                 self.set_local("search_path", pinned)
         schema = None
         if existing and row["oid"] is not None:
-            schema = self.query("SELECT n.nspname::text AS s FROM pg_catalog.pg_class c JOIN "
-                                "pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
-                                "WHERE c.oid = $1", [row["oid"]], ["oid"])[0]["s"]
+            found = self.query(
+                "SELECT n.nspname::text AS s, "
+                "pg_catalog.pg_get_userbyid(c.relowner) AS owner, "
+                "c.relowner OPERATOR(pg_catalog.=) (SELECT r.oid FROM pg_catalog.pg_roles r "
+                "WHERE r.rolname OPERATOR(pg_catalog.=) current_user) AS mine "
+                "FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n "
+                "ON n.oid OPERATOR(pg_catalog.=) c.relnamespace "
+                "WHERE c.oid OPERATOR(pg_catalog.=) $1", [row["oid"]], ["oid"])[0]
+            schema = found["s"]
+            if schema.startswith("pg_temp_") and not found["mine"]:
+                # the session's own temporary schema comes first in every search_path: a
+                # relation another role made there (its SECURITY DEFINER function, called by
+                # this session) would shadow the caller's table, and reading a view runs its
+                # functions as the caller (a red-team pass: eve's temp view made a
+                # superuser's fit run her function)
+                raise CerebroError(
+                    f'{what} "{t.given}" is found as a temporary relation of role '
+                    f'"{found["owner"]}" in this session, not of the calling role',
+                    INSUFFICIENT_PRIVILEGE,
+                    hint="Another role's function made it in your session; DISCARD TEMP (or a "
+                    "new session) removes it. Qualify the name to reach your own table.")
         elif row["creation"] != "pg_catalog":
             schema = row["creation"]
         return TableName(schema, t.name, t.given) if schema else t
@@ -286,10 +305,28 @@ class Catalog(DblinkMixin):
         ``public`` and through a temporary table its definer function made in a superuser's
         session). Membership in the owner is not enough: any member could have put the
         trigger there. A superuser's table is fine (a DBA's shared object table): its
-        owner gains nothing by running code as the caller."""
+        owner gains nothing by running code as the caller.
+
+        The table is then locked (ACCESS SHARE, until the caller's transaction ends) and
+        checked again: the owner of its schema may drop a table it does not own, and a
+        statement waiting on its lock looks the name up again, so a table replaced between
+        this check and the write would be written instead (the red-team pass after the
+        check above did that: its trigger ran as a superuser)."""
         rel = self.relation_owner(table)
-        if rel is None:
-            return
+        if rel is not None and self._own_plain(table, what, rel):
+            self.lock_table(table)
+            again = self.relation_owner(table)
+            if again is not None and again["oid"] != rel["oid"]:
+                self._own_plain(table, what, again)
+
+    def lock_table(self, table: TableName) -> None:
+        """``LOCK TABLE`` in ACCESS SHARE mode (until the transaction ends): nobody drops or
+        replaces it meanwhile; reads and writes go on."""
+        self.query(f"LOCK TABLE {table.sql} IN ACCESS SHARE MODE")
+
+    def _own_plain(self, table: TableName, what: str, rel: dict[str, Any]) -> bool:
+        """True when ``rel`` (:meth:`relation_owner`) is a plain table of the caller or of a
+        superuser; raises otherwise (see :meth:`require_own_table`)."""
         if rel["kind"] != "r":
             raise CerebroError(f'{what} "{table}" is not a plain table', WRONG_OBJECT_TYPE,
                                hint="cerebro_db appends only to plain tables.")
@@ -301,6 +338,7 @@ class Catalog(DblinkMixin):
                 "superuser) owns: another role's triggers and defaults on its table would run "
                 "as you. Name a table of your own (a new name is created), or have its owner "
                 "run the call.")
+        return True
 
     def require_absent(self, table: TableName, what: str, hint: str | None = None) -> None:
         if self.relation_oid(table) is not None:
@@ -395,6 +433,19 @@ class Catalog(DblinkMixin):
 
     def drop_table(self, table: TableName) -> None:
         self.db.execute(f"DROP TABLE {table.sql}")
+
+    def drop_table_unless_used(self, table: TableName) -> bool:
+        """Drop ``table`` unless other objects depend on it (2BP01: another role's view on
+        it, which the caller cannot and should not drop); True when it was dropped."""
+        sub = getattr(self.db, "subtransaction", None)
+        try:
+            with (sub() if sub is not None else contextlib.nullcontext()):
+                self.db.execute(f"DROP TABLE {table.sql}")
+        except Exception as e:
+            if getattr(e, "sqlstate", None) != DEPENDENT_OBJECTS_STILL_EXIST:
+                raise
+            return False
+        return True
 
     def comment_on_table(self, table: TableName, text: str) -> None:
         """COMMENT takes no parameters: the text is quoted by PostgreSQL (:meth:`format_sql`)."""

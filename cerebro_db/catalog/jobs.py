@@ -380,12 +380,6 @@ def job_leftovers(cat: Any, schema: str, prefix: str) -> list[TableName]:
     return [TableName(schema, r["n"], TableName(schema, r["n"], "").sql) for r in rows]
 
 
-def lock_table(cat: Any, table: TableName) -> None:
-    """Hold ``table`` until the transaction ends (ACCESS SHARE: nobody drops or replaces it
-    meanwhile; reads and writes go on)."""
-    cat.query(f"LOCK TABLE {table.sql} IN ACCESS SHARE MODE")
-
-
 def copy_table(cat: Any, new: TableName, source: TableName) -> None:
     cat.query(f"CREATE TABLE {new.sql} AS SELECT * FROM {source.sql}")
 

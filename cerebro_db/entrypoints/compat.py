@@ -264,5 +264,8 @@ def delete_custom_function(cat: Catalog, *, object_table: str, id: int | None = 
                            "found", UNDEFINED_OBJECT)
     cat.notice(f"{CUSTOM_FN}: Object id {gone} has been deleted from {table}.")
     if not stmts.has_rows(cat, table):
-        cat.drop_table(table)
-        cat.notice(f"{CUSTOM_FN}: Dropping empty custom keras function table {table}")
+        if cat.drop_table_unless_used(table):
+            cat.notice(f"{CUSTOM_FN}: Dropping empty custom keras function table {table}")
+        else:  # another role's view on it (its SELECT is PUBLIC's) made the call fail
+            cat.notice(f"{CUSTOM_FN}: the empty custom keras function table {table} is kept: "
+                       "other objects depend on it")

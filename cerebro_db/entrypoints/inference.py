@@ -100,6 +100,12 @@ def _model_row(cat: Catalog, model_table: str, mst_key: int | None
         if len(rows) != 1:
             raise invalid(f'model_table "{t}" must hold exactly one model')
     row = dict(rows[0])
+    for col in ("model_weights", "model_arch"):
+        if row.get(col) is None:  # a Python TypeError before (an outside pass)
+            which = f"mst_key {mst_key}" if mst_key is not None else "its model"
+            raise CerebroError(f'model_table "{t}": {col} of {which} is NULL',
+                               NULL_VALUE_NOT_ALLOWED,
+                               hint="Pass the output table of a fit that finished.")
     row["mst_key"] = mst_key
     return t, row, dict(srow[0])
 

@@ -89,7 +89,7 @@ def _own_tables(cat: Catalog, job: dict[str, Any], step: str) -> None:
                                        UNDEFINED_TABLE, hint="The next attempt packs again.")
                 continue
             if rel["mine"] and rel["kind"] == "r":
-                stmts.lock_table(cat, t)
+                cat.lock_table(t)
                 again = cat.relation_owner(t)
                 if again is not None and again["oid"] == rel["oid"]:
                     continue

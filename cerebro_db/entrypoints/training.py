@@ -19,6 +19,7 @@ from ..catalog import fits as fits_sql
 from ..errors import (
     DATA_EXCEPTION,
     FEATURE_NOT_SUPPORTED,
+    INSUFFICIENT_PRIVILEGE,
     NULL_VALUE_NOT_ALLOWED,
     OBJECT_NOT_IN_PREREQUISITE_STATE,
     UNDEFINED_OBJECT,
@@ -75,17 +76,11 @@ def _load_configs(cat: Catalog, mst: TableName
     srow = cat.select(summ, ["model_arch_table", "object_table"]
                       if "object_table" in cat.columns(cat.require_table(summ, "summary"))
                       else ["model_arch_table"])[0]
-    arch_name = srow["model_arch_table"]
-    arch = cat.table(arch_name, "model_arch_table")
-    given = TableName.parse(arch_name, "model_arch_table")
-    if given.schema is None and mst.schema is not None and cat.relation_oid(arch) is None:
-        # an unqualified name (as MADlib stores it) that the caller's path does not find:
-        # the architecture table beside the selection table (a fully qualified call from a
-        # session whose search_path lacks that schema failed before, an outside pass)
-        beside = TableName(mst.schema, given.name, arch_name)
-        if cat.relation_oid(beside) is not None:
-            arch = beside
+    arch = _named_by_summary(cat, mst, srow["model_arch_table"], "model_arch_table")
     require_arch_table(cat, arch, "model_arch_table")
+    obj = srow.get("object_table")
+    if obj:
+        obj = str(_named_by_summary(cat, mst, obj, "object_table"))
     rows = inputs_sql.selection_rows(cat, mst, arch)
     if not rows:
         raise CerebroError(f'model_selection_table "{mst}" is empty', DATA_EXCEPTION)
@@ -109,7 +104,38 @@ def _load_configs(cat: Catalog, mst: TableName
             f"fit_params of mst_key {r['mst_key']}")
         out.append(Config(r["mst_key"], r["model_id"], r["compile_params"], r["fit_params"],
                           r["arch"], r["w"], cp, fp))
-    return out, arch, srow.get("object_table")
+    return out, arch, obj
+
+
+def _named_by_summary(cat: Catalog, mst: TableName, name: str, what: str) -> TableName:
+    """The table a selection table's summary names (its architecture or object table). A
+    qualified name is the one its owner gave. An unqualified one (as MADlib stores it) is
+    the table beside the selection table when there is one; else the caller's search_path
+    finds it, and then it must belong to the caller, to the selection table's owner or to a
+    superuser (42501): another role that may create in a schema on that path could put a
+    view or table of that name there, and its functions would run as the caller (a
+    red-team pass: eve's view ``public.a_arch``, looked up before the ``a_arch`` beside
+    alice's selection table, made eve superuser when a superuser fitted alice's table)."""
+    given = TableName.parse(name, what)
+    if given.schema is not None:
+        return given
+    if mst.schema is not None:
+        beside = TableName(mst.schema, given.name, name)
+        if cat.relation_oid(beside) is not None:
+            return beside
+    found = cat.table(name, what)
+    rel = cat.relation_owner(found)
+    if rel is None or rel["mine"] or rel["owner_super"]:
+        return found
+    owner = cat.relation_owner(mst)
+    if owner is not None and owner["owner"] == rel["owner"]:
+        return found
+    raise CerebroError(
+        f'{what} "{name}" of the model selection table "{mst}" is found as "{found}", which '
+        f'belongs to role "{rel["owner"]}", neither the calling role nor the selection '
+        "table's owner", INSUFFICIENT_PRIVILEGE,
+        hint="Qualify the name in the selection table's _summary (schema.table), or keep "
+        "the table beside the selection table.")
 
 
 def _warm_weights(cat: Catalog, out: TableName, configs: list[Config], key: str) -> None:
@@ -119,6 +145,12 @@ def _warm_weights(cat: Catalog, out: TableName, configs: list[Config], key: str)
     if oid is None:
         raise CerebroError(f'warm_start needs the output table "{out}", which does not exist',
                            UNDEFINED_TABLE, hint="Run once without warm_start first.")
+    # read, then dropped: the caller's own tables, locked (another role's view or a table
+    # swapped in by the schema's owner would run its code as the caller)
+    for s in ("", "_summary", "_info"):
+        cat.require_own_table(out.with_suffix(s, "model_output_table") if s else out,
+                              "model_output_table")
+    oid = cat.relation_oid(out) or oid  # the locked table (the same unless it was replaced)
     cols = cat.columns(oid)
     if "model_weights" not in cols:
         raise invalid(f'"{out}" has no model_weights column')

@@ -547,3 +547,158 @@ def test_a_call_writes_only_into_tables_its_caller_owns(world, admin):
     # her own calls on her own tables still work (and her trigger runs as herself)
     q(ce, "SELECT load_keras_model('arch', %s)", (mlp_json(),))
     assert q(ce, "SELECT who FROM trap_log") == [(eve,)]
+
+
+def _trap(admin, ce, eve: str, schema: str) -> str:
+    """A schema of eve's that PUBLIC may use, with a log table any role may write and a
+    function logging who runs it; returns the log's name."""
+    q(admin, f'CREATE SCHEMA IF NOT EXISTS "{schema}" AUTHORIZATION "{eve}"')
+    q(ce, f'CREATE TABLE IF NOT EXISTS "{schema}".log (who text)')
+    q(ce, f'GRANT INSERT, SELECT ON "{schema}".log TO PUBLIC')
+    q(ce, f'GRANT USAGE ON SCHEMA "{schema}" TO PUBLIC')
+    q(ce, f"""CREATE OR REPLACE FUNCTION "{schema}".probe() RETURNS boolean LANGUAGE plpgsql
+              AS $$ BEGIN INSERT INTO "{schema}".log VALUES (current_user); RETURN true;
+              END $$""")
+    return f'"{schema}".log'
+
+
+def test_a_selection_tables_architecture_table_is_not_found_along_the_callers_path(
+        world, admin):
+    """A selection table's _summary names its architecture table unqualified (as MADlib
+    stores it). Looked up along the caller's search_path first, eve's view of that name in
+    a schema on the path ran her function as a superuser fitting alice's table (a red-team
+    pass). Now the table beside the selection table comes first, and a table found along
+    the path must be the caller's, the selection table owner's or a superuser's."""
+    alice, eve, ca, ce = world["alice"], world["eve"], world["ca"], world["ce"]
+    log = _trap(admin, ce, eve, f"{eve}_s")
+    q(ce, f'CREATE VIEW "{eve}_s".arch AS SELECT * FROM "{eve}".arch WHERE "{eve}_s".probe()')
+    q(ce, f'CREATE VIEW "{eve}_s".arch2 AS SELECT * FROM "{eve}".arch WHERE "{eve}_s".probe()')
+    q(ce, f'GRANT SELECT ON "{eve}_s".arch, "{eve}_s".arch2, "{eve}".arch TO PUBLIC')
+    q(ce, f'GRANT USAGE ON SCHEMA "{eve}" TO PUBLIC')
+    q(ca, f'SET search_path = "{eve}_s", "{alice}", cerebro_db')
+    try:
+        q(ca, f"""SELECT madlib_keras_fit_multiple_model('"{alice}".packed', '"{alice}".out_p',
+                  '"{alice}".mst', 1)""")
+        assert q(admin, f"SELECT who FROM {log}") == []
+        # a name only the path finds, in a schema of another role: refused, nothing read
+        q(ca, f'UPDATE "{alice}".mst_summary SET model_arch_table = \'arch2\'')
+        e = err(ca, f"""SELECT madlib_keras_fit_multiple_model('"{alice}".packed',
+                        '"{alice}".out_q', '"{alice}".mst', 1)""")
+        assert e.pgcode == "42501", e.pgerror
+        assert f'belongs to role "{eve}"' in e.pgerror
+        assert q(admin, f"SELECT who FROM {log}") == []
+    finally:
+        q(ca, f'UPDATE "{alice}".mst_summary SET model_arch_table = \'arch\'')
+        q(ca, f'SET search_path = "{alice}", cerebro_db')
+
+
+def test_a_table_replaced_by_its_schemas_owner_after_the_check_is_not_written(world, admin):
+    """require_own_table checked the owner, then the write named the table again: the owner
+    of the schema (who may drop any table in it) replaced alice's table by one with a
+    trigger while alice's call waited on its lock, and the trigger ran as alice (a red-team
+    pass, as a superuser). The table is now locked after the check and checked again."""
+    alice, eve, ca, ce = world["alice"], world["eve"], world["ca"], world["ce"]
+    schema = f"{eve}_r"
+    log = _trap(admin, ce, eve, schema)
+    q(ce, f'GRANT CREATE ON SCHEMA "{schema}" TO "{alice}"')
+    q(ca, "SELECT load_keras_model(%s, %s)", (f'"{schema}".aarch', mlp_json()))
+    q(ce, f"""CREATE OR REPLACE FUNCTION "{schema}".trig() RETURNS trigger LANGUAGE plpgsql
+              AS $$ BEGIN PERFORM "{schema}".probe(); RETURN NEW; END $$""")
+    swap = connect_as(world["roles"].dbname, eve)
+    swap.autocommit = False
+    result: dict[str, BaseException | None] = {}
+    try:
+        with swap.cursor() as cur:
+            cur.execute(f'DROP TABLE "{schema}".aarch')
+            cur.execute(f'CREATE TABLE "{schema}".aarch (model_id serial PRIMARY KEY, '
+                        "model_arch json, model_weights bytea, name text, description text, "
+                        "__internal_madlib_id__ text)")
+            cur.execute(f'GRANT ALL ON "{schema}".aarch TO PUBLIC')
+            cur.execute(f'GRANT ALL ON SEQUENCE "{schema}".aarch_model_id_seq TO PUBLIC')
+            cur.execute(f'CREATE TRIGGER t BEFORE INSERT ON "{schema}".aarch FOR EACH ROW '
+                        f'EXECUTE FUNCTION "{schema}".trig()')
+
+        def call() -> None:
+            try:
+                q(ca, "SELECT load_keras_model(%s, %s)", (f'"{schema}".aarch', mlp_json()))
+                result["e"] = None
+            except psycopg2.Error as e:
+                result["e"] = e
+
+        t = threading.Thread(target=call)
+        t.start()
+        for _ in range(200):  # alice's call waits on eve's lock
+            if q(admin, "SELECT count(*) FROM pg_stat_activity WHERE usename = %s AND "
+                        "wait_event_type = 'Lock'", (alice,))[0][0]:
+                break
+            threading.Event().wait(0.05)
+        else:
+            pytest.fail("alice's call never waited on the swap's lock")
+        swap.commit()
+        t.join(60)
+    finally:
+        swap.close()
+    e = result["e"]
+    assert e is not None and e.pgcode == "42501", e and e.pgerror
+    assert f'belongs to role "{eve}"' in e.pgerror
+    assert q(admin, f"SELECT who FROM {log}") == []
+    assert q(admin, f'SELECT count(*) FROM "{schema}".aarch')[0][0] == 0
+
+
+def test_another_roles_temporary_relation_in_the_callers_session_is_not_read(world, admin):
+    """eve's SECURITY DEFINER function, called by a superuser, made a temporary view named
+    like the superuser's selection table in the superuser's session; the session's
+    temporary schema comes first on every path, so the fit read it and ran eve's function
+    as the superuser (a red-team pass). Such a relation is now refused (42501)."""
+    alice, eve, ce = world["alice"], world["eve"], world["ce"]
+    log = _trap(admin, ce, eve, f"{eve}_t")
+    q(ce, f'GRANT SELECT ON "{eve}".mst TO PUBLIC')
+    q(ce, f"""CREATE FUNCTION "{eve}_t".hello() RETURNS text LANGUAGE plpgsql SECURITY DEFINER
+              AS $$ BEGIN EXECUTE 'CREATE TEMP VIEW mst AS SELECT * FROM "{eve}".mst
+              WHERE "{eve}_t".probe()'; RETURN 'hello'; END $$""")
+    q(ce, f'GRANT EXECUTE ON FUNCTION "{eve}_t".hello() TO PUBLIC')
+    su = connect_as(world["roles"].dbname, q(admin, "SELECT current_user")[0][0])
+    try:
+        q(su, f'SET search_path = "{alice}", cerebro_db')
+        q(su, f'SELECT "{eve}_t".hello()')
+        e = err(su, f"""SELECT madlib_keras_fit_multiple_model('"{alice}".packed',
+                        '"{alice}".out_t', 'mst', 1)""")
+        assert e.pgcode == "42501", e.pgerror
+        assert f'temporary relation of role "{eve}"' in e.pgerror
+        assert q(admin, f"SELECT who FROM {log}") == []
+        q(su, "DISCARD TEMP")
+    finally:
+        su.close()
+
+
+def test_another_roles_view_on_an_object_table_does_not_block_deleting_from_it(world, admin):
+    """delete_custom_function drops the object table once it is empty; eve's view on it
+    (its SELECT is PUBLIC's) made the call fail and roll back. The table is now kept."""
+    alice, eve, ca, ce = world["alice"], world["eve"], world["ca"], world["ce"]
+    q(ca, f"""SELECT load_top_k_accuracy_function('"{alice}".objs_v', 3)""")
+    q(ca, f'GRANT USAGE ON SCHEMA "{alice}" TO "{eve}"')
+    try:
+        q(ce, f'CREATE VIEW "{eve}".on_objs AS SELECT * FROM "{alice}".objs_v')
+        del ca.notices[:]
+        q(ca, f"""SELECT delete_custom_function('"{alice}".objs_v', name => 'top_3_accuracy')""")
+        assert q(ca, f'SELECT count(*) FROM "{alice}".objs_v')[0][0] == 0
+        assert any("is kept: other objects depend on it" in n for n in ca.notices)
+    finally:
+        q(ce, f'DROP VIEW IF EXISTS "{eve}".on_objs')
+        q(ca, f'DROP TABLE IF EXISTS "{alice}".objs_v')
+        q(ca, f'REVOKE USAGE ON SCHEMA "{alice}" FROM "{eve}"')
+
+
+def test_predict_on_a_model_without_weights_is_a_clear_error(world):
+    ca, alice = world["ca"], world["alice"]
+    q(ca, 'CREATE TABLE nw AS SELECT * FROM "out" LIMIT 1')
+    q(ca, 'CREATE TABLE nw_summary AS SELECT * FROM "out_summary"')
+    q(ca, "UPDATE nw SET model_weights = NULL")
+    try:
+        e = err(ca, "SELECT madlib_keras_predict('nw', 'raw', 'id', 'x', 'nw_pred', "
+                    "mst_key => (SELECT mst_key FROM nw))")
+        assert e.pgcode == "22004", e.pgerror
+        assert "model_weights of mst_key" in e.pgerror and "is NULL" in e.pgerror
+        assert q(ca, "SELECT to_regclass('nw_pred')") == [(None,)]
+    finally:
+        q(ca, f'DROP TABLE IF EXISTS "{alice}".nw, "{alice}".nw_summary, "{alice}".nw_pred')
