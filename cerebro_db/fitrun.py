@@ -364,9 +364,9 @@ def training_metrics(cat: Catalog) -> str:
     """``cerebro_db.training_metrics``, checked: ``'evaluated'`` (the default, MADlib's: after
     each evaluated epoch, the epoch's final model does a forward pass over every training
     row, in the evaluation units) or ``'running'`` (what Keras' ``fit`` reports: the means
-    the training units measured as they trained, weighted by rows; no pass over the training
-    rows, so a fit with metrics every epoch saves 15-21% of its time, bench/metrics_bench.py; the values
-    mix the model's states through the epoch)."""
+    the training units measured as they trained, weighted by rows; no pass over the
+    training rows, so a fit with metrics every epoch saves 15-21% of its time,
+    ``bench/metrics_bench.py``; the values mix the model's states through the epoch)."""
     raw = cat.setting(TRAINING_METRICS_SETTING)
     value = (raw or "").strip().lower() or "evaluated"
     if value not in TRAINING_METRICS:
