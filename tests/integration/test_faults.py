@@ -191,23 +191,31 @@ def test_worker_sessions_killed_mid_unit_and_during_save(fl, baseline, dbname, d
     assert worker_sessions_gone(fl)
 
 
-def test_retry_bound_fails_the_fit_then_resume_finishes_it(fl, baseline, dbname, tables):
-    """With max_unit_retries = 1 a unit whose session dies twice fails the fit (a clear
-    error); madlib_keras_fit_resume then finishes it from the catalog."""
-    tables += ["fl_bound", "fl_bound_info"]
-    hook(fl, {"point": "before_train", "mst_key": 2, "epoch": 2, "attempt": 0, "seconds": 60},
+def fail_by_retry_bound(conn, dbname: str, call) -> pytest.ExceptionInfo:
+    """Run ``call`` (a fit) with cerebro_db.max_unit_retries = 1 while configuration 2's
+    epoch-2 unit loses its worker session twice (a hook holds it, :class:`Killer` ends the
+    session): the fit fails; returns what it raised."""
+    hook(conn, {"point": "before_train", "mst_key": 2, "epoch": 2, "attempt": 0, "seconds": 60},
          {"point": "before_train", "mst_key": 2, "epoch": 2, "attempt": 1, "seconds": 60})
-    q(fl, "SET cerebro_db.max_unit_retries = 1")
+    q(conn, "SET cerebro_db.max_unit_retries = 1")
     killer = Killer(dbname)
     killer.start()
     try:
         with pytest.raises(psycopg2.Error) as e:
-            run_fit(fl, "fl_bound")
+            call()
     finally:
         killer.stop.set()
         killer.join()
-        q(fl, "RESET cerebro_db.test_hook")
-        q(fl, "RESET cerebro_db.max_unit_retries")
+        q(conn, "RESET cerebro_db.test_hook")
+        q(conn, "RESET cerebro_db.max_unit_retries")
+    return e
+
+
+def test_retry_bound_fails_the_fit_then_resume_finishes_it(fl, baseline, dbname, tables):
+    """With max_unit_retries = 1 a unit whose session dies twice fails the fit (a clear
+    error); madlib_keras_fit_resume then finishes it from the catalog."""
+    tables += ["fl_bound", "fl_bound_info"]
+    e = fail_by_retry_bound(fl, dbname, lambda: run_fit(fl, "fl_bound"))
     assert e.value.pgcode == "08006", e.value.pgerror
     assert "lost its worker session 2 times" in e.value.pgerror
     fit_id = last_fit(fl, "fl_bound")

@@ -12,16 +12,19 @@ import math
 import pytest
 
 from ..helpers import error_of, q, worker_sessions_gone
-from .test_faults import Killer, fl, hook, last_fit  # noqa: F401 - fl is a fixture
+from .test_faults import (  # noqa: F401 - fl: a fixture
+    CONFIGS,
+    ITERATIONS,
+    PARTITIONS,
+    SEED,
+    fail_by_retry_bound,
+    fl,
+    last_fit,
+)
 
 psycopg2 = pytest.importorskip("psycopg2")
 
 pytestmark = pytest.mark.db
-
-SEED = 11
-ITERATIONS = 2
-PARTITIONS = 2
-CONFIGS = 2
 
 
 def fit(conn, out, setting="running", validation="fl_v"):
@@ -170,19 +173,7 @@ def test_a_resumed_fit_keeps_its_running_metrics(fl, running, dbname, tables):  
     with the setting back at its default: the fit goes on with running metrics, and its
     models and series equal the uninterrupted running fit's."""
     tables += ["rm_res", "rm_res_info"]
-    hook(fl, {"point": "before_train", "mst_key": 2, "epoch": 2, "attempt": 0, "seconds": 60},
-         {"point": "before_train", "mst_key": 2, "epoch": 2, "attempt": 1, "seconds": 60})
-    q(fl, "SET cerebro_db.max_unit_retries = 1")
-    killer = Killer(dbname)
-    killer.start()
-    try:
-        with pytest.raises(psycopg2.Error) as e:
-            fit(fl, "rm_res")
-    finally:
-        killer.stop.set()
-        killer.join()
-        q(fl, "RESET cerebro_db.test_hook")
-        q(fl, "RESET cerebro_db.max_unit_retries")
+    e = fail_by_retry_bound(fl, dbname, lambda: fit(fl, "rm_res"))
     assert e.value.pgcode == "08006", e.value.pgerror
     fit_id = last_fit(fl, "rm_res")
     done = q(fl, "SELECT count(*) FROM cerebro_db.units WHERE fit_id = %s AND kind = 'train'",
