@@ -237,16 +237,12 @@ class Catalog(DblinkMixin):
                 self.set_local("search_path", pinned)
         schema = None
         if existing and row["oid"] is not None:
-            found = self.query(
-                "SELECT n.nspname::text AS s, "
-                "pg_catalog.pg_get_userbyid(c.relowner) AS owner, "
-                "c.relowner OPERATOR(pg_catalog.=) (SELECT r.oid FROM pg_catalog.pg_roles r "
-                "WHERE r.rolname OPERATOR(pg_catalog.=) current_user) AS mine "
-                "FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n "
-                "ON n.oid OPERATOR(pg_catalog.=) c.relnamespace "
-                "WHERE c.oid OPERATOR(pg_catalog.=) $1", [row["oid"]], ["oid"])[0]
-            schema = found["s"]
-            if schema.startswith("pg_temp_") and not found["mine"]:
+            schema = self.query("SELECT n.nspname::text AS s FROM pg_catalog.pg_class c JOIN "
+                                "pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
+                                "WHERE c.oid = $1", [row["oid"]], ["oid"])[0]["s"]
+            rel = self.relation_owner(TableName(schema, t.name, t.given)) \
+                if schema.startswith("pg_temp_") else None
+            if rel is not None and not rel["mine"]:
                 # the session's own temporary schema comes first in every search_path: a
                 # relation another role made there (its SECURITY DEFINER function, called by
                 # this session) would shadow the caller's table, and reading a view runs its
@@ -254,7 +250,7 @@ class Catalog(DblinkMixin):
                 # superuser's fit run her function)
                 raise CerebroError(
                     f'{what} "{t.given}" is found as a temporary relation of role '
-                    f'"{found["owner"]}" in this session, not of the calling role',
+                    f'"{rel["owner"]}" in this session, not of the calling role',
                     INSUFFICIENT_PRIVILEGE,
                     hint="Another role's function made it in your session; DISCARD TEMP (or a "
                     "new session) removes it. Qualify the name to reach your own table.")
