@@ -138,14 +138,15 @@ class AutoMLFit(FitHooks):
         else:
             results, done, spent, replayed = restore(cat, run.ex, book, hooks, sink,
                                                      run.fit_id, saved, run.workers,
-                                                     eval_kinds)
+                                                     eval_kinds, req.running_metrics)
             cat.notice(f"fit {run.fit_id}: madlib_keras_automl ({self.method}) resumes with "
                        f"{len(book.trials)} trials launched and {done} training units done "
                        f"({replayed} of them reported to the procedure only now); watch: "
                        f"SELECT * FROM {cat.schema}.automl_trials WHERE fit_id = {run.fit_id}")
         return run_automl(hooks, run.units(), random_state=self.seed, notice=cat.notice,
                           max_unit_retries=run.max_unit_retries, results=results,
-                          done_units=done, elapsed_before=spent)
+                          done_units=done, elapsed_before=spent,
+                          running_metrics=req.running_metrics)
 
     def trained(self, run: FitRun) -> None:
         assert self.hooks is not None
@@ -174,11 +175,12 @@ def forget_trials(cat: Catalog, ex: DblinkExecutor, fit_id: int, known: set[int]
 
 def restore(cat: Catalog, ex: DblinkExecutor, book: TrialBook, hooks: CatalogHooks,
             sink: CatalogSink, fit_id: int, saved: tuple[str, dict[str, Any]],
-            workers: dict[int, Any], eval_kinds: Sequence[str]
+            workers: dict[int, Any], eval_kinds: Sequence[str], running: bool = False
             ) -> tuple[dict[int, ConfigResult], int, float, int]:
     """Bring ``book`` (and its tuner) back to the last saved step, rebuild the scheduling
     progress and results from the unit log, then report to the procedure, in commit order,
     the units committed after that step (the procedure decides on them as it would have).
+    ``running``: the training metrics are the training units' (:func:`progress_from_log`).
     Returns results, training units done, seconds spent, units reported now."""
     state, kept = saved
     book.tuner = tuner_from_state_json(state)
@@ -200,7 +202,7 @@ def restore(cat: Catalog, ex: DblinkExecutor, book: TrialBook, hooks: CatalogHoo
             logged[r["mst_key"]].add(r["epoch"])
     eval_map = {c: set(wanted[c]) | logged[c] for c in targets}
     progress, results, done, spent = progress_from_log(cat, fit_id, targets, p, workers,
-                                                       eval_map, rows)
+                                                       eval_map, rows, running)
     progress._eval_epochs = EvalEpochs(book)
     book.progress = progress
     freed = {c for c, t in book.trials.items() if t.freed}

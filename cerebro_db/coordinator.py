@@ -128,10 +128,12 @@ def run_fit(policy: Policy, progress: Progress, executor: Executor, *,
     ``pool``: worker sessions can join and leave while the fit runs (see the module).
     ``running_metrics``: the training metrics are what each training unit measured as it
     trained (recorded as the epoch's 'eval_train' parts; ``eval_kinds`` then has no
-    'eval_train'). Not under AutoML, whose hooks learn an epoch's end from its evaluation.
+    'eval_train'). Under AutoML only with validation: its hooks learn an epoch's end from
+    its evaluation, then the validation's.
     """
-    if running_metrics and hooks is not None:
-        raise CerebroError("running training metrics are not for AutoML runs", INTERNAL_ERROR)
+    if running_metrics and hooks is not None and list(eval_kinds) != ["eval_valid"]:
+        raise CerebroError("running training metrics under AutoML need validation",
+                           INTERNAL_ERROR)
     start = clock() - elapsed_before
     results = results if results is not None else {}
     for c in progress.targets:

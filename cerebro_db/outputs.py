@@ -192,12 +192,15 @@ def write_fit(run: FitRun) -> None:
 
 def _automl_info_rows(book: TrialBook, tuner: Tuner, configs: Mapping[int, Config],
                       outcome: FitOutcome, sizes: Mapping[int, int], fit_id: int,
-                      validation: bool, num_partitions: int) -> list[list[Any]]:
+                      validation: bool, num_partitions: int, evaluated: str
+                      ) -> list[list[Any]]:
+    """``evaluated``: the kind whose complete epochs are the evaluated ones ('eval_train';
+    'eval_valid' when the training metrics are the running ones, logged every epoch)."""
     rows = []
     for k in book.outputs():
         r = outcome.results.get(k, ConfigResult())
         epochs = sorted(e for (e, kind), parts in r.evals.items()
-                        if kind == "eval_train" and len(parts) == num_partitions)
+                        if kind == evaluated and len(parts) == num_partitions)
         info = tuner.info(k)
         rows.append(info_row(configs[k], r, epochs, sizes[k], fit_id, validation, True)
                     + [info.get(name) for name, _ in tuner.info_columns()])
@@ -210,7 +213,13 @@ def _most_epochs(run: FitRun) -> int | None:
     Hyperband, num_iterations for Hyperopt)."""
     assert run.outcome is not None
     return max((e for r in run.outcome.results.values() for (e, kind) in r.evals
-                if kind == "eval_train"), default=None)
+                if kind == _evaluated_kind(run.request)), default=None)
+
+
+def _evaluated_kind(req: FitRequest) -> str:
+    """The evaluation kind an AutoML run computes at every evaluated epoch (the training
+    metrics' when evaluated, else the validation's)."""
+    return "eval_valid" if req.running_metrics else "eval_train"
 
 
 def _defaults_of(tuner: Tuner) -> str:
@@ -239,7 +248,8 @@ def write_automl(run: FitRun, book: TrialBook, configs: Mapping[int, Config], me
                INFO_TYPES + [SQL_TYPES.get(t, "text") for _, t in extra],
                _automl_info_rows(book, tuner, configs, run.outcome,
                                  sizes, run.fit_id,
-                                 req.validation is not None, req.source.partitions))
+                                 req.validation is not None, req.source.partitions,
+                                 _evaluated_kind(req)))
     best = configs[book.ranking()[0]]
     mst = req.mst_table
     assert mst is not None

@@ -95,15 +95,17 @@ def run_automl(hooks: AutoMLHooks, executor: Executor, *, random_state: int,
                notice: Callable[[str], None] = lambda m: None,
                clock: Callable[[], float] = time.monotonic, max_unit_retries: int = 3,
                results: dict[int, ConfigResult] | None = None, done_units: int = 0,
-               elapsed_before: float = 0.0) -> FitOutcome:
+               elapsed_before: float = 0.0, running_metrics: bool = False) -> FitOutcome:
     """Run the trials of ``hooks.book`` until its procedure is done (see the module).
 
     The keyword arguments are :func:`~cerebro_db.coordinator.run_fit`'s; a resumed run
-    passes what its unit log holds (``results``, ``done_units``, ``elapsed_before``)."""
+    passes what its unit log holds (``results``, ``done_units``, ``elapsed_before``).
+    ``running_metrics`` needs validation (``hooks.eval_kinds`` ``['eval_valid']``): an epoch
+    is reported to the procedure when its validation is complete."""
     book = hooks.book
     evals = EvalEpochs(book)
     return run_fit(automl_policy(random_state), book.progress, executor,
                    eval_kinds=hooks.eval_kinds, num_partitions=book.progress.num_partitions,
                    snapshot_epochs=lambda c, e: e in evals[c], notice=notice, clock=clock,
                    max_unit_retries=max_unit_retries, results=results, done_units=done_units,
-                   elapsed_before=elapsed_before, hooks=hooks)
+                   elapsed_before=elapsed_before, hooks=hooks, running_metrics=running_metrics)

@@ -123,10 +123,7 @@ def madlib_keras_automl(
                       f"automl_params ({epochs}), got {metrics_compute_frequency}")
     outputs_absent(cat, out, ("", "_summary", "_info"), False, can_warm=False)
     _say_if_space_is_short(cat, tuner, space)
-    if fitrun.training_metrics(cat) == "running":
-        cat.notice(f"madlib_keras_automl: {fitrun.TRAINING_METRICS_SETTING} = 'running' applies "
-                   "to madlib_keras_fit and madlib_keras_fit_multiple_model only; AutoML "
-                   "evaluates its trials' training metrics after each evaluated epoch")
+    training_metrics = _training_metrics(cat, method, val is not None)
     require_output_schema(cat, mst, "model_selection_table")
     _selection_absent(cat, mst)
     require_arch_table(cat, arch, "model_arch_table")
@@ -148,7 +145,8 @@ def madlib_keras_automl(
                        "fit_params_grid": fit_params_grid},
         random_state=seed, num_workers=src.partitions, use_caching=use_caching,
         mst_table=mst, arch_table=arch, name=name, description=description, checks=checks,
-        object_table=str(obj) if obj else None, custom_functions=refs)
+        object_table=str(obj) if obj else None, custom_functions=refs,
+        training_metrics=training_metrics)
     run, hooks = _run(cat, req, AutoMLFit(tuner, archs, method, seed), automl_params,
                       bool(use_gpus))
     assert hooks.book is not None and run.outcome is not None
@@ -156,6 +154,25 @@ def madlib_keras_automl(
                f"{len(hooks.book.trials)} configurations ({len(hooks.book.freed())} freed) in "
                f"{run.outcome.seconds:.1f} s; best mst_key {run.written}; results in {out} and "
                f"{out.with_suffix('_info', 'model_output_table')}")
+
+
+def _training_metrics(cat: Catalog, method: str, validation: bool) -> str:
+    """``cerebro_db.training_metrics`` for an AutoML run: ``'running'`` (the training units'
+    running means; evaluation units compute the validation metrics only) where the procedure
+    decides on validation metrics, i.e. with a validation table and a method other than
+    MLtuner (whose convergence test needs the evaluated training loss); otherwise a NOTICE
+    says the run evaluates."""
+    if fitrun.training_metrics(cat) != "running":
+        return "evaluated"
+    why = None if validation else "without a validation_table its procedure decides on them"
+    if method == "mltuner":
+        why = "MLtuner's convergence test compares evaluated training losses"
+    if why is None:
+        return "running"
+    cat.notice(f"madlib_keras_automl: {fitrun.TRAINING_METRICS_SETTING} = 'running' ignored, "
+               f"the run evaluates its trials' training metrics after each evaluated epoch: "
+               f"{why}")
+    return "evaluated"
 
 
 def _say_if_space_is_short(cat: Catalog, tuner: Any, space: SearchSpace) -> None:
@@ -215,7 +232,8 @@ def resume_automl(cat: Catalog, f: Mapping[str, Any], opts: Mapping[str, Any],
         num_workers=src.partitions, use_caching=opts.get("use_caching"), mst_table=mst,
         arch_table=arch, name=opts.get("name"), description=opts.get("description"),
         object_table=opts.get("object_table"),
-        custom_functions=dict(opts.get("custom_functions") or {}))
+        custom_functions=dict(opts.get("custom_functions") or {}),
+        training_metrics=opts.get("training_metrics") or "evaluated")
     run, hooks = _run(cat, req, AutoMLFit(tuner, archs, method, seed), automl_params,
                       bool(pp.get("use_gpus")), ResumePoint(fit_id, opts.get("executor_tag")))
     assert hooks.book is not None and run.outcome is not None

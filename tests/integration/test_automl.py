@@ -36,12 +36,20 @@ def am(session_conn):
 
 
 def automl(conn, out, method, params, seed=11, validation="am_v", ids=(1, 2),
-           cgrid=CGRID, fgrid=FGRID, freq=None):
+           cgrid=CGRID, fgrid=FGRID, freq=None, training_metrics=None):
+    """One run; ``training_metrics``: ``cerebro_db.training_metrics`` for the call."""
     q(conn, f"DROP TABLE IF EXISTS {out}, {out}_info, {out}_summary, {out}_mst, "
             f"{out}_mst_summary")
-    q(conn, "SELECT madlib_keras_automl('am_p', %s, 'am_arch', %s, %s, %s, %s, %s, %s, %s, "
-            "NULL, FALSE, %s, %s)",
-      (out, out + "_mst", list(ids), cgrid, fgrid, method, params, seed, validation, freq))
+    if training_metrics is not None:
+        q(conn, "SELECT set_config('cerebro_db.training_metrics', %s, false)",
+          (training_metrics,))
+    try:
+        q(conn, "SELECT madlib_keras_automl('am_p', %s, 'am_arch', %s, %s, %s, %s, %s, %s, %s, "
+                "NULL, FALSE, %s, %s)",
+          (out, out + "_mst", list(ids), cgrid, fgrid, method, params, seed, validation, freq))
+    finally:
+        if training_metrics is not None and not conn.closed:
+            q(conn, "RESET cerebro_db.training_metrics")
     return q(conn, f"SELECT max(fit_id) FROM {out}_info")[0][0]
 
 
@@ -390,3 +398,83 @@ def test_a_call_without_automl_params_records_the_defaults(am) -> None:
              "[{'optimizer': ['Adam'], 'lr': [0.01]}], 'metrics': ['accuracy']}")
     automl(am, "am_dflt", "grid", None, ids=(1,), cgrid=cgrid, fgrid="{'batch_size': [64]}")
     assert q(am, "SELECT automl_params FROM am_dflt_summary") == [("num_iterations=5",)]
+
+
+def unit_kinds(conn, fit_id):
+    return [k for (k,) in q(conn, "SELECT DISTINCT kind FROM cerebro_db.units WHERE fit_id = %s "
+                                  "ORDER BY 1", (fit_id,))]
+
+
+def running_means(conn, fit_id, mst_key, epochs):
+    """The row-weighted mean loss of ``mst_key``'s training units at each of ``epochs``."""
+    rows = q(conn, "SELECT epoch, sum(loss * rows) / sum(rows) FROM cerebro_db.units WHERE "
+                   "fit_id = %s AND mst_key = %s AND kind = 'train' GROUP BY 1", (fit_id, mst_key))
+    by = dict(rows)
+    return [by[e] for e in epochs]
+
+
+def test_hyperband_with_running_training_metrics(am, hb) -> None:
+    """``cerebro_db.training_metrics = 'running'`` with a validation table: the evaluation
+    units compute the validation metrics only, the procedure decides exactly as with
+    evaluated training metrics (it ranks by validation loss), the models are bitwise the
+    same, and ``_info``'s training losses are the training units' running means."""
+    del am.notices[:]
+    fit_id = automl(am, "am_hbr", "hyperband", "R=3, eta=3", training_metrics="running")
+    assert not [m for m in am.notices if "ignored" in m], am.notices
+    assert unit_kinds(am, fit_id) == ["eval_valid", "train"]
+    assert unit_kinds(am, hb) == ["eval_train", "eval_valid", "train"]
+    assert q(am, "SELECT options->>'training_metrics' FROM cerebro_db.fits WHERE fit_id = %s",
+             (fit_id,)) == [("running",)]
+    assert decisions(am, fit_id) == decisions(am, hb)
+    got, want = info(am, "am_hbr"), info(am, "am_hb")
+    assert [(r["mst_key"], r["s"], r["i"], r["metrics_iters"], r["validation_loss"])
+            for r in got] == [(r["mst_key"], r["s"], r["i"], r["metrics_iters"],
+                               r["validation_loss"]) for r in want]
+    for r, w in zip(got, want):
+        assert r["training_loss"] == pytest.approx(
+            running_means(am, fit_id, r["mst_key"], r["metrics_iters"]), rel=1e-12)
+        assert r["training_loss"] != pytest.approx(w["training_loss"], rel=1e-6)
+    weights = "SELECT mst_key, model_weights FROM {} ORDER BY 1"
+    assert [(k, bytes(w)) for k, w in q(am, weights.format("am_hbr"))] == \
+        [(k, bytes(w)) for k, w in q(am, weights.format("am_hb"))]
+    assert q(am, "SELECT mst_key FROM am_hbr_mst") == q(am, "SELECT mst_key FROM am_hb_mst")
+    assert q(am, "SELECT metrics_compute_frequency FROM am_hbr_summary") == \
+        q(am, "SELECT metrics_compute_frequency FROM am_hb_summary")
+
+
+def test_killed_running_metrics_run_resumes_with_them(am, dbname, tables) -> None:
+    """Killed mid-unit and resumed from a session whose setting is the default, a run with
+    running training metrics goes on with them and ends as the uninterrupted one."""
+    tables += ["am_rres", "am_rres_info", "am_rres_mst"]
+    fit_id = kill_and_resume(am, dbname, "am_rres", "hyperband", "R=3, eta=3",
+                             training_metrics="running")
+    assert unit_kinds(am, fit_id) == ["eval_valid", "train"]
+    if q(am, "SELECT to_regclass('am_hbr_info')") == [(None,)]:  # run alone
+        automl(am, "am_hbr", "hyperband", "R=3, eta=3", training_metrics="running")
+    base = q(am, "SELECT max(fit_id) FROM am_hbr_info")[0][0]
+    assert sorted(decisions(am, fit_id)) == sorted(decisions(am, base))
+    cols = "mst_key, metrics_iters, training_loss, validation_loss"
+    for a, b in zip(info(am, "am_rres", cols), info(am, "am_hbr", cols), strict=True):
+        assert (a["mst_key"], a["metrics_iters"]) == (b["mst_key"], b["metrics_iters"])
+        np.testing.assert_allclose(a["training_loss"], b["training_loss"], rtol=1e-9)
+        np.testing.assert_allclose(a["validation_loss"], b["validation_loss"], rtol=1e-5)
+
+
+@pytest.mark.parametrize("method, params, validation, why", [
+    ("grid", "num_iterations=1", None, "without a validation_table"),
+    ("mltuner", "num_iterations=2, num_branches=1, search_steps=1, max_trial_epochs=1",
+     "am_v", "MLtuner's convergence test"),
+])
+def test_running_training_metrics_are_ignored_where_the_procedure_needs_them(
+        am, tables, method, params, validation, why) -> None:
+    tables += ["am_rig", "am_rig_info", "am_rig_mst"]
+    del am.notices[:]
+    cgrid = ("{'loss': ['categorical_crossentropy'], 'optimizer': ['Adam'], "
+             "'metrics': ['accuracy']}")
+    fit_id = automl(am, "am_rig", method, params, validation=validation, ids=(1,), cgrid=cgrid,
+                    fgrid="{'batch_size': [64]}", training_metrics="running")
+    said = [m for m in am.notices if "= 'running' ignored" in m]
+    assert len(said) == 1 and why in said[0], am.notices
+    assert "eval_train" in unit_kinds(am, fit_id)
+    assert q(am, "SELECT options->>'training_metrics' FROM cerebro_db.fits WHERE fit_id = %s",
+             (fit_id,)) == [("evaluated",)]
