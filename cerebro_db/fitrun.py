@@ -625,7 +625,11 @@ def progress_from_log(cat: Catalog, fit_id: int, targets: dict[int, int], p: int
     done, spent = 0, 0.0
     for i, r in enumerate(rows):
         spent = max(spent, float(r["at"]))
-        res = results[r["mst_key"]]
+        res = results.get(r["mst_key"])
+        if res is None:  # the role may write its own fit's unit log
+            raise CerebroError(f"fit {fit_id} cannot be resumed: its unit log names mst_key "
+                               f"{r['mst_key']}, which is none of its configurations",
+                               OBJECT_NOT_IN_PREREQUISITE_STATE)
         metrics = {str(k): v for k, v in enumerate(r["metrics"] or [])}
         part = {"loss": r["loss"], "rows": r["rows"], "metrics": metrics}
         if r["kind"] == TRAIN:

@@ -432,10 +432,13 @@ def iter_chunks(data: BytesLike, chunk_size: int) -> Iterator[bytearray]:
 def join_chunks(chunks: Iterable[BytesLike]) -> bytearray:
     """Reassemble the bytes cut by :func:`split_chunks`; chunks must come in index order.
 
-    ``chunks`` may be any iterable (a cursor's rows): each chunk's body is copied into one
-    buffer of the whole state's length, allocated from the first chunk's header, so a
-    caller that drops each chunk once it is read holds the state once plus one chunk (a
-    list of chunks and their join held it twice).
+    ``chunks`` may be any iterable (a cursor's rows): each chunk's body is appended to one
+    buffer as it arrives, so a caller that drops each chunk once it is read holds the state
+    once plus one chunk (a list of chunks and their join held it twice). The buffer grows
+    with the bytes that came, never to a length a header claims: the headers are caller
+    data (a role may edit its own states' rows), and a buffer allocated from a forged
+    length was zero-filled to gigabytes before the chunks' count was checked (a red-team
+    pass).
 
     Raises :class:`CerebroError` (22000) when a chunk is missing, duplicated, out of order,
     from another state, truncated or corrupt, or has a bad magic number or version.
@@ -466,7 +469,6 @@ def join_chunks(chunks: Iterable[BytesLike]) -> bytearray:
             if total > count * MAX_CHUNK_SIZE:  # a forged length must not allocate
                 raise _chunk_error("state chunk header gives a length its chunks cannot hold")
             first = ident
-            out = bytearray(total)
         elif ident != first:
             raise _chunk_error(f"state chunk at position {pos} belongs to another state")
         if index != pos:
@@ -481,7 +483,7 @@ def join_chunks(chunks: Iterable[BytesLike]) -> bytearray:
             raise _chunk_error(f"state chunk {index} is corrupt or truncated: checksum mismatch")
         if pos >= count or filled + len(body) > total:
             raise _chunk_error(f"state has {count} chunks but more were given")
-        out[filled:filled + len(body)] = body
+        out += body
         filled += len(body)
     if first is None:
         raise _chunk_error("no state chunks given")

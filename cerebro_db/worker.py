@@ -170,8 +170,19 @@ def _runtime(threads: int | None) -> None:
     """This worker's TensorFlow: imported (in a :func:`dedicated_session`, without
     :data:`UNUSED_BY_WORKERS`, and with the collector frozen afterwards) and its thread
     pools set, once per process; the garbage collector is paused during the import
-    (:func:`_collector_paused`)."""
+    (:func:`_collector_paused`).
+
+    ``threads`` is caller data (a fit row's options, a check's spec: the role may edit
+    both) and is kept within 1 .. this machine's cores: TensorFlow makes its pools at once
+    and aborts the process when a thread cannot be created, and a backend that aborts
+    makes the postmaster restart every session of the server (a red-team pass did that
+    with 1,000)."""
     global _runtime_done
+    if threads is not None:
+        if isinstance(threads, bool) or not isinstance(threads, int):
+            raise CerebroError(f"worker_threads must be an integer, got {threads!r}",
+                               INVALID_PARAMETER_VALUE)
+        threads = max(1, min(threads, os.cpu_count() or 1))
     if not _runtime_done:
         with _collector_paused(freeze=_dedicated), \
                 _without(UNUSED_BY_WORKERS if _dedicated else ()):

@@ -405,6 +405,15 @@ RETURNS TEXT LANGUAGE plpython3u IMMUTABLE AS $python$
 @usage cerebro_db_fit_workers@
 $python$;
 
+-- @entrypoint
+CREATE OR REPLACE FUNCTION @extschema@.cerebro_db_forget_role(
+    role_name TEXT
+) RETURNS BIGINT LANGUAGE plpython3u VOLATILE AS $python$
+@plpython cerebro_db_forget_role@
+$python$;
+COMMENT ON FUNCTION @extschema@.cerebro_db_forget_role(TEXT) IS
+'Superusers: delete every catalog row of a dropped role (fits, states, jobs and their pg_cron entries, run history), which a role created later under its name would otherwise see as its own; returns the number of fits deleted';
+
 CREATE OR REPLACE FUNCTION @extschema@.cerebro_db_close_workers()
 RETURNS INTEGER LANGUAGE plpython3u VOLATILE AS $python$
 @plpython cerebro_db_close_workers@

@@ -276,7 +276,50 @@ class Catalog(DblinkMixin):
         )[0]["k"]
         if kind not in ("r", "v", "m", "p", "f"):
             raise CerebroError(f'{what} "{table}" is not a table or view', WRONG_OBJECT_TYPE)
-        return oid
+        return self.require_readable(table, what) or oid
+
+    def require_readable(self, table: TableName, what: str) -> int | None:
+        """A relation the call reads runs no other role's code as the caller: one that
+        belongs to the calling role itself or to a superuser may be anything
+        :meth:`require_table` takes; another role's must be a plain, partitioned or
+        materialized table without row-level security that applies to the caller. Reading a
+        view runs the functions in its query as the reader, and a row security policy's
+        expressions too (a red-team pass made itself superuser with a view as its model's
+        ``_summary``, read by a superuser's ``madlib_keras_predict``). Such a relation is
+        then locked (ACCESS SHARE, as the read would) and checked again, so it cannot be
+        swapped for a view before the reads (the worker sessions' included). Returns the
+        oid checked, None when there is no such relation."""
+        rel = self.relation_owner(table)
+        if rel is None or rel["mine"] or rel["owner_super"]:
+            return None if rel is None else int(rel["oid"])
+        self._foreign_readable(table, what, rel)
+        self.lock_table(table)
+        again = self.relation_owner(table)
+        if again is not None and again["oid"] != rel["oid"]:
+            if not (again["mine"] or again["owner_super"]):
+                self._foreign_readable(table, what, again)
+            return int(again["oid"])
+        return int(rel["oid"])
+
+    def _foreign_readable(self, table: TableName, what: str, rel: dict[str, Any]) -> None:
+        """Raise unless ``rel``, another role's relation, runs none of its code when read."""
+        hint = ("A view or a row security policy of another role runs that role's functions as "
+                "you. Ask its owner for a plain table (CREATE TABLE ... AS SELECT), or copy "
+                "it into a table of your own.")
+        if rel["kind"] not in ("r", "p", "m"):
+            raise CerebroError(
+                f'{what} "{table}" is a view or foreign table of role "{rel["owner"]}"; '
+                "cerebro_db reads only plain tables of other roles", INSUFFICIENT_PRIVILEGE,
+                hint=hint)
+        row = self.query(
+            "SELECT c.relrowsecurity AS rls, (SELECT r.rolsuper OR r.rolbypassrls FROM "
+            "pg_catalog.pg_roles r WHERE r.rolname OPERATOR(pg_catalog.=) current_user) AS "
+            "bypass FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) $1",
+            [rel["oid"]], ["oid"])[0]
+        if row["rls"] and not row["bypass"]:
+            raise CerebroError(
+                f'{what} "{table}" of role "{rel["owner"]}" has row-level security, whose '
+                "policies would run as you", INSUFFICIENT_PRIVILEGE, hint=hint)
 
     def relation_owner(self, table: TableName) -> dict[str, Any] | None:
         """``oid``, ``kind`` (pg_class.relkind), ``owner`` (the role's name), ``mine``

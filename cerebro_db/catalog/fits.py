@@ -405,3 +405,34 @@ def conninfo(cat: Catalog, params: Sequence[tuple[str, str]]) -> str:
 
 def clear_stat_snapshot(cat: Catalog) -> None:
     cat.query("SELECT pg_catalog.pg_stat_clear_snapshot()")
+
+
+# -- a dropped role's rows (cerebro_db_forget_role) -----------------------------------------
+OWNED_TABLES = ("job_runs", "jobs", "unit_postings", "worker_tickets", "fit_workers", "units",
+                "unit_failures", "model_states", "automl_decisions", "automl_trials",
+                "automl_state", "fit_configs", "fits")
+"""The catalog tables with an ``owner`` column, children before their parents."""
+
+
+def role_exists(cat: Catalog, role: str) -> bool:
+    return bool(cat.query("SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname "
+                          "OPERATOR(pg_catalog.=) $1::name) AS e", [role], ["text"])[0]["e"])
+
+
+def role_jobs(cat: Catalog, role: str) -> list[dict[str, Any]]:
+    """The jobs ``role`` owns: job_id, job_name, cron_jobid."""
+    return [dict(r) for r in cat.query(
+        f"SELECT job_id, job_name, cron_jobid FROM {cat.ext('jobs')} WHERE owner "
+        "OPERATOR(pg_catalog.=) $1::name ORDER BY job_id", [role], ["text"])]
+
+
+def forget_role(cat: Catalog, role: str) -> dict[str, int]:
+    """Delete every catalog row ``role`` owns (a superuser's call: it bypasses row-level
+    security); the rows deleted per table."""
+    out = {}
+    for t in OWNED_TABLES:
+        out[t] = int(cat.query(
+            f"WITH d AS (DELETE FROM {cat.ext(t)} WHERE owner OPERATOR(pg_catalog.=) "
+            "$1::name RETURNING 1) SELECT pg_catalog.count(*) AS n FROM d", [role],
+            ["text"])[0]["n"])
+    return out

@@ -17,7 +17,10 @@ from ..catalog import Catalog, session
 from ..errors import (
     INSUFFICIENT_PRIVILEGE,
     INTERNAL_ERROR,
+    INVALID_PARAMETER_VALUE,
     INVALID_SCHEMA_NAME,
+    INVALID_TEXT_REPRESENTATION,
+    NULL_VALUE_NOT_ALLOWED,
     OUT_OF_MEMORY,
     CerebroError,
     out_of_memory,
@@ -52,6 +55,45 @@ def entrypoint(fn: Callable[..., Any]) -> Callable[..., Any]:
             )
 
     return wrapper
+
+
+def internal(*nullable: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Wrap an internal function's implementation (``__run_unit``, ``__run_slot``,
+    ``__job_step``, ``__check_fit``: PUBLIC may call them, as the worker sessions and jobs do)
+    so that a NULL argument (other than ``nullable``) is 22004 and a
+    :class:`~cerebro_db.errors.CerebroError` keeps its SQLSTATE, as at the entry points; a
+    red-team pass got Python tracebacks (38000) from NULLs and malformed JSON."""
+
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def wrapper(plpy: Any, schema: str, **kwargs: Any) -> Any:
+            try:
+                for k, v in kwargs.items():
+                    if v is None and k not in nullable:
+                        raise CerebroError(f"{k} must not be NULL", NULL_VALUE_NOT_ALLOWED)
+                return fn(plpy, schema, **kwargs)
+            except CerebroError as e:
+                extra = {k: v for k, v in (("detail", e.detail), ("hint", e.hint)) if v}
+                plpy.error(e.message, sqlstate=e.sqlstate, **extra)
+
+        return wrapper
+
+    return wrap
+
+
+def json_object(text: str | None, what: str) -> dict[str, Any]:
+    """``text`` parsed as a JSON object (empty or NULL: ``{}``), else 22P02 / 22023."""
+    import json
+
+    try:
+        value = json.loads(text or "{}")
+    except ValueError as e:
+        raise CerebroError(f"{what} is not valid JSON: {e}", INVALID_TEXT_REPRESENTATION) \
+            from None
+    if not isinstance(value, dict):
+        raise CerebroError(f"{what} must be a JSON object, got {type(value).__name__}",
+                           INVALID_PARAMETER_VALUE)
+    return value
 
 
 CALLER_PATH_SETTING = "cerebro_db.caller_search_path"

@@ -383,6 +383,7 @@ def madlib_keras_evaluate(cat: Catalog, *, model_table: str, test_table: str, ou
     require_output_schema(cat, out, "output_table")
     info_t = t.with_suffix("_info", "model_table")
     if row["mst_key"] is not None and cat.relation_oid(info_t) is not None:
+        cat.require_table(info_t, "model_table's _info")
         cfg = stmts.compile_params_of(cat, info_t, row["mst_key"])
     elif "compile_params" in summ:
         cfg = {"compile_params": summ["compile_params"]}

@@ -45,7 +45,7 @@ from ..errors import (
     invalid,
 )
 from ..names import NAMEDATALEN, TableName, split_column_list
-from . import entrypoint, require_output_schema
+from . import entrypoint, internal, require_output_schema
 
 METHODS = {"fit": "madlib_keras_fit_multiple_model", "automl": "madlib_keras_automl"}
 # Arguments of the training function the job sets itself.
@@ -384,6 +384,34 @@ def unschedule_model_selection(cat: Catalog, *, job_name: str) -> bool:
     return True
 
 
+@entrypoint
+def cerebro_db_forget_role(cat: Catalog, *, role_name: str) -> int:
+    """Delete every catalog row of a dropped role (superusers only): its fits with their
+    configurations, unit log, model states and AutoML state, its jobs (their pg_cron
+    entries too) and run history, its worker tickets. Catalog rows name their owner (so a
+    dump restores into another server's roles); ``DROP OWNED BY`` leaves them, and a role
+    created later under the same name would see and write them as its own. Returns the
+    number of fits deleted."""
+    from ..catalog import fits as fits_sql
+
+    if role_name is None:
+        raise CerebroError("role_name must not be NULL", NULL_VALUE_NOT_ALLOWED)
+    if not session.is_superuser(cat):
+        raise CerebroError("cerebro_db_forget_role is for superusers", INSUFFICIENT_PRIVILEGE)
+    if fits_sql.role_exists(cat, role_name):
+        raise CerebroError(f'role "{role_name}" still exists', OBJECT_NOT_IN_PREREQUISITE_STATE,
+                           hint="Drop the role first (DROP OWNED BY ...; DROP ROLE ...): its "
+                           "rows are its own while it exists.")
+    for job in fits_sql.role_jobs(cat, role_name):
+        if job["cron_jobid"] is not None and _cron_database(cat) is not None:
+            _cron(cat, stmts.cron_unschedule(int(job["cron_jobid"])))
+    gone = fits_sql.forget_role(cat, role_name)
+    shown = ", ".join(f"{n} {t}" for t, n in gone.items() if n)
+    cat.notice(f'cerebro_db_forget_role: role "{role_name}": '
+               + (f"deleted {shown}" if shown else "no catalog rows"))
+    return gone["fits"]
+
+
 # -- a run --------------------------------------------------------------------------------
 def _caller_path(cat: Catalog) -> str:
     """The search_path the job's tables are named under (the scheduling call's)."""
@@ -392,6 +420,7 @@ def _caller_path(cat: Catalog) -> str:
     return session.search_path(cat)
 
 
+@internal("run_id")
 def job_step(plpy: Any, schema: str, *, job_name: str, run_id: int | None, step: str) -> Any:
     """One step of ``run_model_selection_job`` (see the module doc). The job's table names
     are resolved under the search_path of the call that scheduled it (:meth:`Catalog.table`),

@@ -473,6 +473,7 @@ def read_training_summary(cat: Catalog, training_table: str) -> tuple[TableName,
         raise CerebroError(
             f'training_preprocessor_table "{tt}" has no summary table "{summ}"', UNDEFINED_TABLE,
             hint="Pass a table made by training_preprocessor_dl.")
+    cat.require_table(summ, "training_preprocessor_table's summary")
     rows = stmts.summary_rows(cat, summ)
     need = {"dependent_varname", "independent_varname", "normalizing_const", "num_classes",
             "num_partitions", "dependent_kind", "dependent_vartype"}

@@ -9,6 +9,7 @@ for ``madlib_keras_automl``); both run the fit service with a
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from ..catalog import Catalog
 from ..catalog import fits as sql
@@ -57,6 +58,7 @@ def madlib_keras_fit_resume(cat: Catalog, *, fit_id: int) -> None:
     if "executor_tag" not in opts:
         raise CerebroError(f"fit {fit_id} was made by an older version and cannot be resumed",
                            FEATURE_NOT_SUPPORTED)
+    check_recorded_options(fit_id, f["kind"], opts)
     src = fit_inputs.packed_table(cat, display_name(f["source_table"], "source_table"),
                                   "source_table")
     vname = f["validation_table"] and display_name(f["validation_table"], "validation_table")
@@ -71,3 +73,66 @@ def madlib_keras_fit_resume(cat: Catalog, *, fit_id: int) -> None:
     assert out is not None
     resume = resume_automl if f["kind"] == "automl" else resume_fit
     resume(cat, f, opts, src, val, out)
+
+
+_OPTION_TYPES: dict[str, tuple[type, ...]] = {
+    "executor_tag": (str,), "tables": (dict,), "arch_table": (str,), "num_workers": (int,),
+    "frequency": (int,), "policy_params": (dict,), "use_caching": (bool,), "name": (str,),
+    "description": (str,), "replicas": (int,), "object_table": (str,),
+    "custom_functions": (dict,), "training_metrics": (str,), "warm_start": (bool,),
+    "source_name": (str,), "validation_name": (str,),
+}
+"""The recorded options a resume reads, and their JSON types (NULL allowed but where
+:data:`_REQUIRED_OPTIONS` says)."""
+_REQUIRED_OPTIONS = ("arch_table", "num_workers")
+_TABLE_KEYS = ("output", "arch", "mst")
+_AUTOML_OPTIONS: dict[str, tuple[type, ...]] = {
+    "model_id_list": (list,), "automl_method": (str,), "compile_params_grid": (str,),
+    "fit_params_grid": (str,), "automl_params": (str, type(None)),
+}
+
+
+def check_recorded_options(fit_id: int, kind: str, opts: dict[str, Any]) -> None:
+    """The options a fit recorded, as a resume reads them, or 55000 naming what is wrong: a
+    role may edit its own fit rows, and a resume of an edited row answered Python's
+    KeyError, ValueError or IndexError (a red-team pass)."""
+    def damaged(what: str) -> CerebroError:
+        return CerebroError(f"fit {fit_id} cannot be resumed: its catalog row is damaged "
+                            f"({what})", OBJECT_NOT_IN_PREREQUISITE_STATE,
+                            hint="Start a new fit instead.")
+
+    def typed(v: Any, types: tuple[type, ...]) -> bool:
+        # JSON has no integer subtype of bool: true is not a number of workers
+        return isinstance(v, types) and not (isinstance(v, bool) and bool not in types)
+
+    for key, types in _OPTION_TYPES.items():
+        v = opts.get(key)
+        if v is None:
+            if key in _REQUIRED_OPTIONS:
+                raise damaged(f"options.{key} is missing")
+        elif not typed(v, types):
+            raise damaged(f"options.{key} is {json.dumps(v)[:80]}, not of type "
+                          f"{types[0].__name__}")
+    for key in ("num_workers", "replicas", "frequency"):
+        if opts.get(key) is not None and opts[key] < 1:
+            raise damaged(f"options.{key} is {opts[key]}")
+    tables = opts.get("tables") or {}
+    for key in _TABLE_KEYS:
+        rec = tables.get(key)
+        if rec is not None and not (isinstance(rec, list) and len(rec) == 3
+                                    and all(x is None or isinstance(x, str) for x in rec)
+                                    and isinstance(rec[1], str) and isinstance(rec[2], str)):
+            raise damaged(f"options.tables.{key} is {json.dumps(rec)[:80]}")
+    for key in ("source_oid", "validation_oid"):
+        if tables.get(key) is not None and not typed(tables[key], (int,)):
+            raise damaged(f"options.tables.{key} is {json.dumps(tables[key])[:80]}")
+    funcs = opts.get("custom_functions") or {}
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in funcs.items()):
+        raise damaged("options.custom_functions maps names to text")
+    if kind == "automl":
+        pp = opts.get("policy_params") or {}
+        for key, types in _AUTOML_OPTIONS.items():
+            if key in pp and not typed(pp[key], types):
+                raise damaged(f"options.policy_params.{key} is {json.dumps(pp[key])[:80]}")
+        if not all(typed(m, (int,)) for m in pp.get("model_id_list") or []):
+            raise damaged("options.policy_params.model_id_list holds integers")

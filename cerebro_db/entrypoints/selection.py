@@ -140,6 +140,7 @@ def _existing(cat: Catalog, mst: TableName, summary: TableName, arch: TableName
         raise invalid(f'model_selection_table "{mst}" is not a model selection table')
     if cat.relation_oid(summary) is None:
         return None
+    cat.require_table(summary, "model_selection_table's summary")
     srow = cat.select(summary, ["model_arch_table"])
     their = srow[0]["model_arch_table"] if srow else None
     same = their is not None and cat.relation_oid(

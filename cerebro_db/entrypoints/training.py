@@ -317,9 +317,14 @@ def resume_fit(cat: Catalog, f: dict[str, Any], opts: dict[str, Any], src: Packe
         outputs_absent(cat, out, suffixes, False, resume=True)
     arch = stored_table(cat, opts, "arch", opts["arch_table"], "model_arch_table")
     assert arch is not None
+    configs = fitrun.stored_configs(cat, fit_id)
+    if not configs:
+        raise CerebroError(f"fit {fit_id} cannot be resumed: its catalog row is damaged (it "
+                           "has no configurations)", OBJECT_NOT_IN_PREREQUISITE_STATE,
+                           hint="Start a new fit instead.")
     req = FitRequest(
         kind=f["kind"], source=src, validation=val, output=out,
-        configs=fitrun.stored_configs(cat, fit_id), num_iterations=f["num_iterations"],
+        configs=configs, num_iterations=f["num_iterations"],
         frequency=opts.get("frequency"), policy=f["policy"],
         policy_params=dict(opts.get("policy_params") or {}),
         random_state=int(f["random_state"]), num_workers=int(opts["num_workers"]),

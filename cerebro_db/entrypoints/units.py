@@ -6,6 +6,7 @@ from typing import Any
 
 from ..catalog import Catalog
 from ..errors import INVALID_PARAMETER_VALUE
+from . import internal, json_object
 
 _catalogs: dict[str, Catalog] = {}
 """A worker session's :class:`Catalog` per extension schema, kept between its units so the
@@ -20,6 +21,7 @@ def _catalog(plpy: Any, schema: str) -> Catalog:
     return cat
 
 
+@internal("options")
 def run_unit(plpy: Any, schema: str, *, fit_id: int, mst_key: int, epoch: int, partition: int,
              worker: int, kind: str, options: str) -> str:
     """Run one unit; the JSON result says ok or carries the error (never raises). When
@@ -34,7 +36,7 @@ def run_unit(plpy: Any, schema: str, *, fit_id: int, mst_key: int, epoch: int, p
     from ..wakeup import poke
 
     w.dedicated_session()
-    opts = json.loads(options or "{}")
+    opts = json_object(options, "__run_unit: options")
     then = _bundle_units(plpy, opts.pop("then", None))
     cat = _catalog(plpy, schema)
     res = w.run_unit(cat, fit_id, mst_key, epoch, partition, worker, kind, opts)
@@ -90,6 +92,7 @@ def _slot_wait(cat: Catalog) -> float:
     return SLOT_WAIT
 
 
+@internal("wake")
 def run_slot(plpy: Any, schema: str, *, tag: str, fit_id: int, worker: int, seq: int,
              last: int, wake: str | None) -> str:
     """One slot of a worker session's chain (pipelined dispatch, see
@@ -147,6 +150,7 @@ def run_slot(plpy: Any, schema: str, *, tag: str, fit_id: int, worker: int, seq:
     return out
 
 
+@internal("spec")
 def check_fit(plpy: Any, schema: str, *, spec: str) -> str:
     """The checks of a fit that need Keras (``fit_checks.check_configs``), run in a
     worker session before the fit writes anything; the JSON answer says ok or carries the
@@ -159,7 +163,7 @@ def check_fit(plpy: Any, schema: str, *, spec: str) -> str:
 
     worker.dedicated_session()
     try:
-        check_configs(json.loads(spec or "{}"), Catalog(plpy, schema))
+        check_configs(json_object(spec, "__check_fit: spec"), Catalog(plpy, schema))
     except CerebroError as e:
         return json.dumps({"ok": False, "message": e.message, "sqlstate": e.sqlstate,
                            "hint": e.hint, "detail": e.detail})

@@ -702,3 +702,133 @@ def test_predict_on_a_model_without_weights_is_a_clear_error(world):
         assert q(ca, "SELECT to_regclass('nw_pred')") == [(None,)]
     finally:
         q(ca, f'DROP TABLE IF EXISTS "{alice}".nw, "{alice}".nw_summary, "{alice}".nw_pred')
+
+
+def test_another_roles_model_is_read_only_when_reading_it_runs_none_of_its_code(world, admin):
+    """A model table (or its _summary) of another role that is a view, or has row-level
+    security, runs that role's functions as the reader: a red-team pass made itself
+    superuser with a view as its model's _summary, read by a superuser's
+    madlib_keras_predict. Such relations of another (non-superuser) role are refused
+    (42501) before anything is written; its plain tables are still read, and a superuser,
+    whom no policy applies to, reads a table with row-level security."""
+    alice, eve, ca, ce = world["alice"], world["eve"], world["ca"], world["ce"]
+    log = _trap(admin, ce, eve, f"{eve}_m")
+    q(ce, "SELECT madlib_keras_fit('packed', 'emodel', 'arch', 1, %s, 'batch_size=64', 1)",
+      (COMPILE,))
+    q(ce, f'GRANT USAGE ON SCHEMA "{eve}" TO PUBLIC')
+    q(ce, "ALTER TABLE emodel_summary RENAME TO emodel_summary_t")
+    q(ce, f'CREATE VIEW emodel_summary AS SELECT * FROM emodel_summary_t WHERE "{eve}_m".probe()')
+    q(ce, f'CREATE VIEW emodel2 AS SELECT * FROM emodel WHERE "{eve}_m".probe()')
+    q(ce, "CREATE TABLE emodel2_summary AS SELECT * FROM emodel_summary_t")
+    q(ce, "GRANT SELECT ON emodel, emodel2, emodel_summary, emodel_summary_t, emodel2_summary "
+          "TO PUBLIC")
+    su = connect_as(world["roles"].dbname, q(admin, "SELECT current_user")[0][0])
+    predict = "SELECT madlib_keras_predict(%s, %s, 'id', 'x', %s)"
+    try:
+        q(su, f'SET search_path = "{alice}", cerebro_db')
+        for conn in (ca, su):
+            for model, why in (("emodel", 'emodel_summary" is a view'),
+                               ("emodel2", 'emodel2" is a view')):
+                e = err(conn, predict, (f'"{eve}".{model}', f'"{alice}".raw',
+                                        f'"{alice}".pred_v'))
+                assert e.pgcode == "42501", e.pgerror
+                assert why in e.pgerror and f'of role "{eve}"' in e.pgerror, e.pgerror
+                assert q(admin, f"SELECT who FROM {log}") == []
+                assert q(admin, f"SELECT to_regclass('\"{alice}\".pred_v')") == [(None,)]
+        # a plain summary with a row security policy calling her function
+        q(ce, "DROP VIEW emodel_summary")
+        q(ce, "ALTER TABLE emodel_summary_t RENAME TO emodel_summary")
+        q(ce, "ALTER TABLE emodel_summary ENABLE ROW LEVEL SECURITY")
+        q(ce, f'CREATE POLICY p ON emodel_summary USING ("{eve}_m".probe())')
+        e = err(ca, predict, (f'"{eve}".emodel', f'"{alice}".raw', f'"{alice}".pred_r'))
+        assert e.pgcode == "42501" and "row-level security" in e.pgerror, e.pgerror
+        q(su, predict, (f'"{eve}".emodel', f'"{alice}".raw', f'"{alice}".pred_r'))
+        assert q(su, f'SELECT count(DISTINCT id) FROM "{alice}".pred_r')[0][0] == 300
+        # without the policy, alice reads eve's plain tables
+        q(ce, "ALTER TABLE emodel_summary DISABLE ROW LEVEL SECURITY")
+        q(ca, predict, (f'"{eve}".emodel', f'"{alice}".raw', f'"{alice}".pred_p'))
+        assert q(ca, "SELECT count(DISTINCT id) FROM pred_p")[0][0] == 300
+        assert q(admin, f"SELECT who FROM {log}") == []
+    finally:
+        su.close()
+        q(admin, f'DROP TABLE IF EXISTS "{alice}".pred_r, "{alice}".pred_p')
+
+
+def test_a_dropped_roles_catalog_rows_are_forgotten_before_its_name_is_reused(admin, rel_db):
+    """Catalog rows name their owner; DROP OWNED BY leaves them, and a role created later
+    under the same name saw and could write them as its own (a red-team pass).
+    cerebro_db_forget_role (superusers, a dropped role only) deletes them."""
+    import uuid
+
+    name = f"sec_gone_{uuid.uuid4().hex[:8]}"
+
+    def make():
+        q(admin, f'CREATE ROLE "{name}" LOGIN')
+        q(admin, f'GRANT USAGE ON SCHEMA cerebro_db TO "{name}"')
+        return connect_as(rel_db, name)
+
+    c = make()
+    try:
+        q(c, "INSERT INTO cerebro_db.fits (kind, source_table, model_output_table, policy, "
+             "num_partitions, num_iterations, metrics_compute_frequency, random_state, "
+             "total_units, message) VALUES ('fit', 'x', 'y', 'mop', 1, 1, 1, 1, 1, 'secret')")
+        e = err(c, "SELECT cerebro_db.cerebro_db_forget_role(current_user)")
+        assert e.pgcode == "42501", e.pgerror
+        e = err(admin, "SELECT cerebro_db.cerebro_db_forget_role(%s)", (name,))
+        assert e.pgcode == "55000" and "still exists" in e.pgerror, e.pgerror
+        e = err(admin, "SELECT cerebro_db.cerebro_db_forget_role(NULL)")
+        assert e.pgcode == "22004", e.pgerror
+    finally:
+        c.close()
+    q(admin, f'DROP OWNED BY "{name}"')
+    q(admin, f'DROP ROLE "{name}"')
+    assert q(admin, "SELECT count(*) FROM cerebro_db.fits WHERE owner = %s", (name,)) == [(1,)]
+    assert q(admin, "SELECT cerebro_db.cerebro_db_forget_role(%s)", (name,)) == [(1,)]
+    assert q(admin, "SELECT count(*) FROM cerebro_db.fits WHERE owner = %s", (name,)) == [(0,)]
+    c = make()
+    try:
+        assert q(c, "SELECT count(*) FROM cerebro_db.fits") == [(0,)]
+    finally:
+        c.close()
+        q(admin, f'DROP OWNED BY "{name}"')
+        q(admin, f'DROP ROLE "{name}"')
+
+
+def test_internal_functions_and_a_resume_of_an_edited_fit_row_give_clear_errors(world):
+    """PUBLIC may call the internal functions the worker sessions and jobs call, and a role
+    may edit its own fit rows; a red-team pass got Python tracebacks (38000, XX000) from
+    NULLs, malformed JSON and a resume of an edited row."""
+    ce = world["ce"]
+    for sql, code in (
+            ("SELECT cerebro_db.__run_unit(1, 1, 1, 0, 0, 'train', 'not json')", "22P02"),
+            ("SELECT cerebro_db.__run_unit(1, 1, 1, 0, 0, 'train', '[1]')", "22023"),
+            ("SELECT cerebro_db.__run_slot(NULL, NULL, NULL, NULL, NULL, NULL)", "22004"),
+            ("SELECT cerebro_db.__job_step('no_such_job', 1, 'pack')", "42704")):
+        e = err(ce, sql)
+        assert e.pgcode == code, (sql, e.pgerror)
+        # PL/Python says plpy.Error for a function without a PL/pgSQL wrapper; no other
+        # exception type reaches the message
+        first = e.pgerror.split("\n")[0].replace("plpy.Error: ", "")
+        assert "Error" not in first and "Exception" not in first, e.pgerror
+    (answer,) = q(ce, "SELECT cerebro_db.__check_fit('[]')")[0]
+    assert json.loads(answer)["sqlstate"] == "22023", answer
+    fit_id = q(ce, "INSERT INTO cerebro_db.fits (kind, source_table, model_output_table, "
+                   "policy, num_partitions, num_iterations, metrics_compute_frequency, "
+                   "random_state, total_units, status, options) VALUES ('fit_multiple', "
+                   "'packed', 'edited_out', 'mop', 1, 1, 1, 1, 1, 'failed', "
+                   """'{"executor_tag": "x"}') RETURNING fit_id""")[0][0]
+    try:
+        for opts, says in (
+                ({}, "options.arch_table is missing"),
+                ({"arch_table": "arch", "num_workers": "abc"}, "options.num_workers is"),
+                ({"arch_table": "arch", "num_workers": 0}, "options.num_workers is 0"),
+                ({"arch_table": "arch", "num_workers": 1, "tables": {"output": [1]}},
+                 "options.tables.output"),
+                ({"arch_table": "arch", "num_workers": 1}, "it has no configurations")):
+            q(ce, "UPDATE cerebro_db.fits SET options = %s WHERE fit_id = %s",
+              (json.dumps({"executor_tag": "x", **opts}), fit_id))
+            e = err(ce, "SELECT madlib_keras_fit_resume(%s)", (fit_id,))
+            assert e.pgcode == "55000", (opts, e.pgerror)
+            assert "catalog row is damaged" in e.pgerror and says in e.pgerror, e.pgerror
+    finally:  # a role cannot delete its fit rows; the module's roles.drop() does
+        q(ce, "UPDATE cerebro_db.fits SET status = 'done' WHERE fit_id = %s", (fit_id,))

@@ -316,3 +316,27 @@ def test_a_shape_whose_size_wraps_int64_is_not_taken_for_a_small_one():
     data = struct.pack("<8sHHI", MAGIC, 1, 0, len(meta)) + meta
     with pytest.raises(CerebroError, match="truncated"):
         decode_state(data, verify=False)
+
+
+def test_a_forged_chunk_header_allocates_nothing_it_claims():
+    """A chunk whose header claims a 512 MiB state of 4 chunks (headers are caller data: a
+    role may edit its own states' rows) made join_chunks allocate and zero-fill the claimed
+    length before finding the other chunks missing (a red-team pass: 3 GiB from 52 bytes).
+    The buffer now grows with the bytes that arrive."""
+    import tracemalloc
+
+    from cerebro_db.state import _CHUNK_HEADER
+
+    (chunk,) = split_chunks(b"x" * 16, 16)
+    magic, version, r, index, _, _, whole_crc, crc = _CHUNK_HEADER.unpack_from(chunk)
+    forged = _CHUNK_HEADER.pack(magic, version, r, index, 4, 512 << 20, whole_crc, crc) + \
+        bytes(chunk[_CHUNK_HEADER.size:])
+    tracemalloc.start()
+    try:
+        with pytest.raises(CerebroError, match="4 chunks but 1 were given") as exc:
+            join_chunks([forged])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert exc.value.sqlstate == "22000"
+    assert peak < 1 << 20, peak

@@ -87,3 +87,30 @@ def test_a_collector_that_was_off_stays_off_and_a_failure_restores_it(collector)
     with pytest.raises(RuntimeError), worker._collector_paused(False):
         raise RuntimeError("boom")
     assert gc.isenabled()
+
+
+@pytest.mark.parametrize("given, used", [(10**6, "cores"), (0, 1), (-5, 1), (1, 1), (None, None)])
+def test_the_thread_count_stays_within_the_machines_cores(monkeypatch, given, used):
+    """worker_threads is caller data (a fit row's options, a check's spec); TensorFlow
+    aborts the process when it cannot create a pool's thread, and the postmaster then
+    restarts every session (a red-team pass, with 1,000). _runtime keeps it in
+    1 .. cores."""
+    import os
+
+    from cerebro_db import training
+
+    seen = []
+    monkeypatch.setattr(training, "configure_runtime", lambda threads: seen.append(threads))
+    monkeypatch.setattr(worker, "_runtime_done", False)
+    worker._runtime(given)
+    assert seen == [os.cpu_count() if used == "cores" else used]
+
+
+@pytest.mark.parametrize("given", ["1000", 2.5, True, [4]])
+def test_a_thread_count_that_is_not_an_integer_is_refused(monkeypatch, given):
+    from cerebro_db.errors import CerebroError
+
+    monkeypatch.setattr(worker, "_runtime_done", False)
+    with pytest.raises(CerebroError) as e:
+        worker._runtime(given)
+    assert e.value.sqlstate == "22023"
