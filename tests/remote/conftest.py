@@ -151,11 +151,14 @@ class DaskCluster:
         dask = shutil.which("dask", path=str(Path(sys.executable).parent))
         assert dask, "dask is not installed in the venv (pip install 'cerebro_db[dask]')"
         self.dask = dask
+        # --no-dashboard drops the dashboard's pages only: the scheduler's and each worker's
+        # HTTP server (health, metrics) listen on every address unless told otherwise
         self._start([dask, "scheduler", "--host", "127.0.0.1", "--port", str(self.port),
-                     "--no-dashboard"])
+                     "--no-dashboard", "--dashboard-address", "127.0.0.1:0"])
         for _ in range(workers):
             self._start([dask, "worker", self.address, "--nthreads", "1", "--nworkers", "1",
-                         "--host", "127.0.0.1", "--no-dashboard", "--memory-limit", "0"])
+                         "--host", "127.0.0.1", "--no-dashboard", "--dashboard-address",
+                         "127.0.0.1:0", "--memory-limit", "0"])
         self.wait_workers(workers)
 
     def _start(self, cmd: list[str]) -> None:
@@ -180,6 +183,39 @@ class DaskCluster:
     def worker_pids(self) -> dict[str, int]:
         with self.client() as c:
             return c.run(os.getpid)
+
+    def listening(self) -> set[str]:
+        """The addresses (host:port) the cluster's processes (each started in a process
+        group of its own, children included) listen on, from /proc."""
+        groups = {p.pid for p in self.procs}
+        inodes: set[str] = set()
+        for d in Path("/proc").iterdir():
+            if not d.name.isdigit():
+                continue
+            try:
+                stat = (d / "stat").read_text()
+                pgid = int(stat.rsplit(")", 1)[1].split()[2])
+                if pgid not in groups:
+                    continue
+                for fd in (d / "fd").iterdir():
+                    link = os.readlink(fd)
+                    if link.startswith("socket:["):
+                        inodes.add(link[8:-1])
+            except OSError:  # a process that ended meanwhile
+                continue
+        found = set()
+        for name, width in (("tcp", 8), ("tcp6", 32)):
+            for line in Path(f"/proc/net/{name}").read_text().splitlines()[1:]:
+                f = line.split()
+                if f[3] != "0A" or f[9] not in inodes:  # 0A: LISTEN
+                    continue
+                host, port = f[1].split(":")
+                raw = bytes.fromhex(host)
+                # /proc holds the address as 32-bit words in host (little-endian) order
+                words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+                ip = socket.inet_ntop(socket.AF_INET if width == 8 else socket.AF_INET6, words)
+                found.add(f"{ip}:{int(port, 16)}")
+        return found
 
     def stop(self) -> None:
         for p in reversed(self.procs):

@@ -35,6 +35,15 @@ def sessions_weights(role):
     return w
 
 
+def test_the_test_cluster_listens_on_loopback_only(dask_cluster):
+    """Test servers listen on loopback only: ``--no-dashboard`` alone left the scheduler's
+    HTTP server on 0.0.0.0:8787 and each worker's on 0.0.0.0 (an outside pass; the
+    README's commands said the same)."""
+    addrs = dask_cluster.listening()
+    assert len(addrs) >= 3, addrs  # the scheduler and each worker, at least
+    assert {a.rsplit(":", 1)[0] for a in addrs} <= {"127.0.0.1", "::ffff:127.0.0.1"}, addrs
+
+
 def test_dask_fit_equals_sessions_fit(role, radmin, dask_cluster, sessions_weights):
     c = role.connect()
     use(c, "dask://" + dask_cluster.address.split("://")[1])
