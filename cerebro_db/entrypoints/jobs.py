@@ -190,10 +190,12 @@ def _cron_database(cat: Catalog) -> str | None:
         return UNREADABLE
 
 
-def _cron(cat: Catalog, stmt: stmts.CronStatement) -> tuple[Any, str]:
+def _cron(cat: Catalog, stmt: stmts.CronStatement, job_name: str | None = None
+          ) -> tuple[Any, str]:
     """Run one statement on pg_cron's database: here when it is this database, else over a
     dblink session (superusers only: pg_cron lives in another database). Returns the
-    statement's value and pg_cron's database."""
+    statement's value and pg_cron's database. ``job_name``: the job a schedule is for (the
+    hint of a role that may not schedule there says how to remove the entry)."""
     db = _cron_database(cat)
     if db is None:
         raise CerebroError(
@@ -204,7 +206,7 @@ def _cron(cat: Catalog, stmt: stmts.CronStatement) -> tuple[Any, str]:
             "scheduler.")
     here = session.current_database(cat)
     if db == UNREADABLE:  # pg_cron here, or somewhere this role cannot reach
-        db = here if stmts.pg_cron_installed(cat) else "(cron.database_name)"
+        db = here if stmts.pg_cron_installed(cat) else "(pg_cron's database, cron.database_name)"
     missing = CerebroError(
         f'pg_cron is loaded but its extension is not created in database "{db}"',
         OBJECT_NOT_IN_PREREQUISITE_STATE,
@@ -220,7 +222,10 @@ def _cron(cat: Catalog, stmt: stmts.CronStatement) -> tuple[Any, str]:
             f'pg_cron runs in another database; only a superuser can schedule from "{here}"',
             INSUFFICIENT_PRIVILEGE,
             hint=f"Pass schedule => NULL (nothing was made now), then have a superuser run "
-            f"in {db}: {stmt.text(cat)};")
+            f"in {db if db.startswith('(') else repr(db)}: {stmt.text(cat)}; (to remove that "
+            "entry later, a superuser runs there: SELECT cron.unschedule(jobid) FROM cron.job "
+            f"WHERE jobname = {_cron_job_name(cat, job_name)!r})" if job_name else
+            f"Have a superuser run in {db}: {stmt.text(cat)};")
     row = session.socket_login(cat)
     info = session.conninfo(dbname=db, user=row["u"], port=row["p"],
                             host=row["s"].strip() or "localhost")
@@ -342,7 +347,7 @@ def schedule_model_selection(
             raise invalid("schedule must not be empty", hint="Pass NULL for no schedule.")
         cron_id, cron_db = _cron(cat, stmts.cron_schedule(
             _cron_job_name(cat, job_name), schedule, stmts.run_job_command(cat, job_name),
-            session.current_database(cat), session.current_user(cat)))
+            session.current_database(cat), session.current_user(cat)), job_name)
         stmts.set_cron_job(cat, job_id, int(cron_id), cron_db)
         cat.notice(f'schedule_model_selection: job "{job_name}" runs on "{schedule}" '
                    f"(pg_cron job {cron_id} in database {cron_db})")
@@ -371,10 +376,12 @@ def unschedule_model_selection(cat: Catalog, *, job_name: str) -> bool:
         # defined with schedule => NULL: a superuser may have scheduled its CALL with the
         # statement the definition printed; that entry is not the job's to remove (an outside
         # pass saw it fail every minute after the job was gone)
+        # by id: pg_cron's unschedule by name matches only the caller's own entries, and the
+        # entry runs as the job's owner (an outside pass got "could not find valid entry")
         cat.notice(f'unschedule_model_selection: job "{job_name}" has no pg_cron entry of '
-                   "its own; if a superuser scheduled its CALL, remove that entry too: "
-                   f"SELECT cron.unschedule({_cron_job_name(cat, job_name)!r}) in pg_cron's "
-                   "database")
+                   "its own; if a superuser scheduled its CALL, have a superuser remove that "
+                   "entry too, in pg_cron's database: SELECT cron.unschedule(jobid) FROM "
+                   f"cron.job WHERE jobname = {_cron_job_name(cat, job_name)!r}")
     elif _cron_database(cat) is None:
         cat.notice(f'unschedule_model_selection: pg_cron is not loaded; its job '
                    f'{job["cron_jobid"]} was not removed')

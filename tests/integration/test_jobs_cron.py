@@ -100,3 +100,56 @@ def test_pg_cron_runs_the_job(tiny, cron_conn):
                            "ORDER BY runid", (cron_id,))
     assert details and details[0][1].endswith("run_model_selection_job\"('cron_run')")
     assert details[0][0] in ("running", "succeeded")
+
+
+def test_a_plain_roles_job_is_scheduled_and_removed_as_the_messages_say(tiny, cron_conn):
+    """pg_cron lives in another database, so a role that is not a superuser cannot schedule;
+    the hint gives the statement a superuser runs there, and unscheduling the job says how
+    to remove that entry. The entry runs as the role, and pg_cron's unschedule by name
+    matches only the caller's own entries: the removal the notice gave before failed for
+    the superuser (an outside pass)."""
+    import re
+    import uuid
+
+    conn = tiny
+    db = q(conn, "SELECT current_database()")[0][0]
+    role = f"cron_role_{uuid.uuid4().hex[:8]}"
+    q(conn, f'CREATE ROLE "{role}" LOGIN')
+    q(conn, f'GRANT USAGE ON SCHEMA cerebro_db TO "{role}"')
+    q(conn, f'CREATE SCHEMA "{role}" AUTHORIZATION "{role}"')
+    q(conn, f'GRANT SELECT ON jsrc, jarch, jmst, jmst_summary TO "{role}"')
+    rc = connect(db, role, autocommit=True)
+    jobname = f"cerebro_db:{db}:cron_plain"
+    try:
+        q(rc, f'SET search_path = "{role}", public, cerebro_db')
+        call = ("SELECT schedule_model_selection('cron_plain', {}, 'public.jsrc', 'cpk', 'y', "
+                "'x', 'cout', 'public.jmst', fit_options => '{{\"num_iterations\": 1}}')")
+        with pytest.raises(psycopg2.Error) as e:
+            q(rc, call.format("'30 3 * * *'"))
+        assert e.value.pgcode == "42501", e.value.pgerror
+        hint = e.value.diag.message_hint
+        made = re.search(r"run in [^:]*: (SELECT cron\.schedule_in_database\(.*?\));", hint)
+        gone = re.search(r"runs there: (SELECT cron\.unschedule\(jobid\) FROM cron\.job WHERE "
+                         r"jobname = '[^']*')", hint)
+        assert made and gone, hint
+        q(rc, call.format("NULL"))
+        q(cron_conn, made.group(1))
+        assert q(cron_conn, "SELECT username FROM cron.job WHERE jobname = %s",
+                 (jobname,)) == [(role,)]
+        del rc.notices[:]
+        assert q(rc, "SELECT unschedule_model_selection('cron_plain')") == [(True,)]
+        said = re.search(r"pg_cron's database: (SELECT cron\.unschedule\(jobid\) .*)$",
+                         " ".join(rc.notices).strip())
+        assert said, rc.notices
+        assert said.group(1).strip() == gone.group(1)
+        q(cron_conn, said.group(1).strip())
+        assert q(cron_conn, "SELECT count(*) FROM cron.job WHERE jobname = %s",
+                 (jobname,)) == [(0,)]
+    finally:
+        rc.close()
+        q(cron_conn, "SELECT cron.unschedule(jobid) FROM cron.job WHERE jobname = %s",
+          (jobname,))
+        for t in ("fits", "jobs", "job_runs"):
+            q(conn, f"DELETE FROM cerebro_db.{t} WHERE owner = %s", (role,))
+        q(conn, f'DROP OWNED BY "{role}" CASCADE')
+        q(conn, f'DROP ROLE "{role}"')
