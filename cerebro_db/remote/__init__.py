@@ -58,7 +58,7 @@ def parse_executor(text: str | None) -> ExecutorURL | None:
     address; a 22023 error for an unknown scheme or a malformed address (credentials in the
     address are refused: nodes have their own)."""
     raw = (text or "").strip()
-    if raw in ("", "sessions"):
+    if raw.lower() in ("", "sessions"):
         return None
     if "://" not in raw:
         raise _bad(raw, "not a URL")
@@ -72,7 +72,9 @@ def parse_executor(text: str | None) -> ExecutorURL | None:
         raise _bad(raw, "expected scheme://host:port")
     own, _, _ = SCHEMES[scheme]
     engine = scheme.split("+", 1)[0]
-    return ExecutorURL(engine, f"{own}://{m.group('host')}:{int(m.group('port'))}", raw)
+    # host names are case-insensitive: 'LOCALHOST' in the DBA's list allows 'localhost'
+    host = m.group("host").lower()
+    return ExecutorURL(engine, f"{own}://{host}:{int(m.group('port'))}", raw)
 
 
 def require_package(url: ExecutorURL) -> None:

@@ -57,6 +57,9 @@ ALLOWED_SETTING = "cerebro_db.allowed_executors"
 CONNINFO_SETTING = "cerebro_db.remote_conninfo"
 CANNOT_CONNECT = SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION
 
+_SET_BY_CEREBRO = frozenset({"user", "dbname", "host", "hostaddr", "port", "service"})
+"""libpq keywords ``cerebro_db.remote_conninfo`` may not hold: who and where the remote
+workers log in is the fit's (the calling role, its database, ``remote_dbhost``)."""
 _OPTION = re.compile(r"\s*([A-Za-z_]+)\s*=\s*('(?:[^'\\]|\\.)*'|[^\s']+)")
 
 
@@ -73,6 +76,14 @@ def parse_conninfo(text: str | None) -> dict[str, str]:
                                INVALID_PARAMETER_VALUE,
                                hint="Use libpq keyword=value pairs, e.g. 'sslmode=verify-full'.")
         key, value = m.group(1).lower(), m.group(2)
+        if key in _SET_BY_CEREBRO:
+            # the workers log in as the calling role to the fit's database on
+            # remote_dbhost; a user= here ran every role's units as that user (an outside
+            # pass)
+            raise CerebroError(f"{CONNINFO_SETTING} may not set {key}: cerebro_db sets it",
+                               INVALID_PARAMETER_VALUE,
+                               hint="The remote workers connect as the calling role to the "
+                               f"fit's database; set the host in {DBHOST_SETTING}.")
         if key == "password" or "password" in key:
             raise CerebroError(f"{CONNINFO_SETTING} may not hold a password",
                                INVALID_PARAMETER_VALUE,
@@ -106,19 +117,24 @@ def require_allowed(url: ExecutorURL, allowed: str | None) -> None:
     the clusters the DBA lists in ``cerebro_db.allowed_executors`` (postgresql.conf or ALTER
     SYSTEM, comma-separated ``cerebro_db.executor`` values; a value a role SETs is ignored):
     42501 for any other, before any work."""
-    listed = set()
+    listed, malformed = set(), []
     for text in (allowed or "").split(","):
         if text.strip():
             try:
                 u = parse_executor(text)
             except CerebroError:
-                continue  # a malformed entry allows nothing
+                malformed.append(text.strip())  # a malformed entry allows nothing
+                continue
             if u is not None:
                 listed.add((u.engine, u.address))
     if (url.engine, url.address) not in listed:
+        # the DBA's typo (a missing comma, a trailing '/') is said, not silently dropped
+        detail = (f"{ALLOWED_SETTING} has entries that are not executor URLs and allow "
+                  f"nothing: {'; '.join(repr(t[:80]) for t in malformed[:5])}"
+                  if malformed else None)
         raise CerebroError(
             f'{EXECUTOR_SETTING} "{url}" is not a cluster this server may use',
-            INSUFFICIENT_PRIVILEGE,
+            INSUFFICIENT_PRIVILEGE, detail=detail,
             hint=f"A superuser lists the clusters fits may run on in {ALLOWED_SETTING} "
             "(ALTER SYSTEM or postgresql.conf, then SELECT pg_reload_conf()); list only "
             "clusters as trusted as the database server itself: a cluster's nodes can run code "

@@ -64,3 +64,35 @@ def test_conninfo():
         assert "s3cret" not in e.value.message
     with pytest.raises(CerebroError):
         parse_conninfo("sslmode")
+
+
+@pytest.mark.parametrize("bad", ["user=postgres", "sslmode=require dbname=other",
+                                 "host=10.1.1.1", "HOSTADDR=10.1.1.1", "port=5433",
+                                 "service=prod"])
+def test_conninfo_may_not_say_who_or_where(bad):
+    """The remote workers log in as the calling role to the fit's database (host:
+    remote_dbhost); a user= in remote_conninfo made every role's units run as that user (an
+    outside pass)."""
+    with pytest.raises(CerebroError) as e:
+        parse_conninfo(bad)
+    assert e.value.sqlstate == "22023" and "cerebro_db sets it" in e.value.message
+
+
+def test_host_names_and_sessions_compare_case_insensitively():
+    assert parse_executor("SESSIONS") is None
+    assert parse_executor("dask://LOCALHOST:8786").address == "tcp://localhost:8786"
+
+
+def test_a_malformed_allowed_entry_is_said_when_nothing_allows_the_cluster():
+    from cerebro_db.remote.executor import require_allowed
+
+    url = parse_executor("dask://127.0.0.1:18786")
+    require_allowed(url, "ray://h:1, DASK://127.0.0.1:18786")  # listed (scheme case)
+    with pytest.raises(CerebroError) as e:  # a forgotten comma
+        require_allowed(url, "dask://127.0.0.1:18786 ray://127.0.0.1:20001, garbage")
+    assert e.value.sqlstate == "42501"
+    assert "'dask://127.0.0.1:18786 ray://127.0.0.1:20001'" in e.value.detail
+    assert "'garbage'" in e.value.detail
+    with pytest.raises(CerebroError) as e:  # well formed, just not listed: no detail
+        require_allowed(url, "dask://127.0.0.1:1")
+    assert e.value.detail is None
