@@ -301,6 +301,13 @@ def fit_row(cat: Catalog, fit_id: int) -> dict[str, Any] | None:
     return rows[0] if rows else None
 
 
+def job_run_of_fit(cat: Catalog, fit_id: int) -> dict[str, Any] | None:
+    """The job run (job_name, run) that trained the fit, if a job's run did."""
+    rows = cat.query(f"SELECT job_name, run FROM {cat.ext('job_runs')} WHERE fit_id = $1 "
+                     "ORDER BY run_id DESC LIMIT 1", [fit_id], ["int8"])
+    return dict(rows[0]) if rows else None
+
+
 def fit_status(cat: Catalog, fit_id: int) -> str | None:
     rows = cat.query(f"SELECT status FROM {cat.ext('fits')} WHERE fit_id = $1", [fit_id],
                      ["int8"])

@@ -48,6 +48,17 @@ def madlib_keras_fit_resume(cat: Catalog, *, fit_id: int) -> None:
                            INSUFFICIENT_PRIVILEGE,
                            hint=f"A fit is resumed by its owner: SET ROLE "
                                 f"{quote_ident(f['owner'])} first.")
+    job = sql.job_run_of_fit(cat, fit_id)
+    if job is not None or "__cerebro_job_" in (f["model_output_table"] or ""):
+        # its outputs go to the job's staging names, which only the job's run publishes (an
+        # outside pass resumed one as its message said: the tables stayed unpublished)
+        which = f'run {job["run"]} of model selection job "{job["job_name"]}"' if job else \
+            "a model selection job's run"
+        raise CerebroError(
+            f"fit {fit_id} is {which}: a job's fit is not resumed by hand",
+            OBJECT_NOT_IN_PREREQUISITE_STATE,
+            hint="Run the job again (CALL run_model_selection_job('<job name>')); a failed "
+            "run is retried by the job as its retries setting says.")
     if f["status"] == "done":
         raise CerebroError(f"fit {fit_id} is already done", OBJECT_NOT_IN_PREREQUISITE_STATE)
     if f["status"] == "running" and f["live"]:

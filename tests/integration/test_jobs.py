@@ -133,6 +133,11 @@ def test_first_run_packs_trains_publishes_and_records(job):
     view = q(conn, "SELECT last_run, last_status, packed_rows, packed_through "
                    "FROM cerebro_db.model_selection_jobs WHERE job_id = %s", (job_id,))[0]
     assert view == (1, "succeeded", 300, "299")
+    # a job's fit is not resumed by hand: its outputs go to staging names only the job's run
+    # publishes (an outside pass resumed a cancelled run's fit; its tables stayed unpublished)
+    e = error_of(conn, f"SELECT madlib_keras_fit_resume({r['fit_id']})")
+    assert e.pgcode == "55000", e.pgerror
+    assert 'is run 1 of model selection job "nightly"' in e.pgerror, e.pgerror
 
 
 def test_incremental_repack_equals_a_full_repack_and_warm_start(job):
