@@ -239,7 +239,7 @@ class FitHooks:
         total = len(req.configs) * req.num_iterations * p
         cat.notice(f"fit {run.fit_id} {'resumes' if run.resume else 'starts'}: "
                    f"{len(req.configs)} configurations x {req.num_iterations} iterations on "
-                   f"{p} partitions, {len(run.workers)} worker sessions"
+                   f"{p} partitions, {len(run.workers)} {_workers_word(run.ex)}"
                    f"{f' ({req.replicas} replicas)' if req.replicas > 1 else ''}, "
                    f"policy {req.policy}"
                    + (f", {done}/{total} training units already done" if run.resume else "")
@@ -522,6 +522,18 @@ def data_digest(cat: Catalog, t: PackedTable) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def _executor_name(ex: Any) -> str:
+    """What ran the fit's units, as ``cerebro_db.executor`` names it: ``'sessions'`` or the
+    remote cluster's URL (never a credential: such URLs refuse them)."""
+    url = getattr(ex, "url", None)
+    return "sessions" if url is None else str(url)
+
+
+def _workers_word(ex: Any) -> str:
+    return "worker sessions" if getattr(ex, "url", None) is None else \
+        f"remote workers on {ex.url}"
+
+
 def register(cat: Catalog, ex: DblinkExecutor, req: FitRequest, total: int,
              digests: tuple[str, str | None]) -> int:
     """The fit's catalog rows (the fit and its configurations); returns its fit_id."""
@@ -538,7 +550,8 @@ def register(cat: Catalog, ex: DblinkExecutor, req: FitRequest, total: int,
             "replicas": req.replicas,
             "frequency": req.frequency, "arch_table": str(req.arch_table),
             "warm_start": req.warm_start, "name": req.name, "description": req.description,
-            "executor_tag": ex.tag, "source_name": str(req.source.table),
+            "executor_tag": ex.tag, "executor": _executor_name(ex),
+            "source_name": str(req.source.table),
             "validation_name": str(req.validation.table) if req.validation else None,
             "tables": _table_records(cat, req, digests),
             "object_table": req.object_table, "custom_functions": req.custom_functions}

@@ -46,12 +46,17 @@ def test_the_test_cluster_listens_on_loopback_only(dask_cluster):
 
 def test_dask_fit_equals_sessions_fit(role, radmin, dask_cluster, sessions_weights):
     c = role.connect()
-    use(c, "dask://" + dask_cluster.address.split("://")[1])
+    url = "dask://" + dask_cluster.address.split("://")[1]
+    use(c, url)
     try:
         fit_id = fit(c, "eq_dask")
     finally:
         use(c, None)
     assert any("units of this fit run on dask://" in n for n in c.notices), c.notices
+    # the catalog says what ran the units, and so does the fit's start notice
+    assert q(radmin, "SELECT options->>'executor' FROM cerebro_db.fits WHERE fit_id = %s",
+             (fit_id,)) == [(url,)]
+    assert any(f"2 remote workers on {url}" in n for n in c.notices), c.notices
     assert weights(c, "eq_dask") == sessions_weights
     # every unit once, run by the Dask worker processes' connections as the calling role
     rows = q(radmin, "SELECT kind, count(*), count(DISTINCT (mst_key, epoch, partition)), "
