@@ -150,6 +150,44 @@ def _options(cat: Catalog, raw: Any, fn: str, reserved: set[str], what: str
     return opts, types
 
 
+def _check_option_values(cat: Catalog, method: str, fopts: dict[str, Any],
+                         popts: dict[str, Any]) -> None:
+    """The option values the functions check before any work, checked when the job is
+    defined (an outside pass defined jobs with 0 iterations, a missing validation table or a
+    misspelt policy, which failed only at their first run, perhaps at 03:00)."""
+    import os
+
+    from ..automl.registry import get_tuner
+    from .fit_inputs import check_fit_args
+    from .models import require_arch_table
+    from .preprocessing import _check_partitions
+    from .training import _policy
+
+    p = popts.get("num_partitions")
+    if p is not None:
+        _check_partitions(int(p))
+    b = popts.get("buffer_size")
+    if b is not None and int(b) < 1:
+        raise invalid(f"preprocess_options: buffer_size must be at least 1, got {b}")
+    v = fopts.get("validation_table")
+    if v is not None:
+        cat.require_table(cat.table(str(v), "validation_table"), "validation_table")
+    if method == "fit":
+        check_fit_args(cat, int(fopts["num_iterations"]), fopts.get("metrics_compute_frequency"),
+                       fopts.get("use_gpus"))
+        _policy(fopts.get("scheduling_policy"), fopts.get("policy_params"),
+                fopts.get("random_state"))
+        return
+    require_arch_table(cat, cat.table(str(fopts["model_arch_table"]), "model_arch_table"),
+                       "model_arch_table")
+    get_tuner(fopts.get("automl_method") or "hyperband", fopts.get("automl_params"),
+              model_ids=[int(i) for i in fopts["model_id_list"]],
+              compile_grid=str(fopts["compile_params_grid"]),
+              fit_grid=str(fopts["fit_params_grid"]),
+              num_workers=int(p) if p is not None else (os.cpu_count() or 1),
+              random_state=fopts.get("random_state"))
+
+
 def _call(cat: Catalog, fn: str, fixed: list[tuple[str, Any, str]], opts: dict[str, Any],
           types: dict[str, str]) -> None:
     """Call the extension's function ``fn`` by named arguments, the values bound."""
@@ -331,6 +369,7 @@ def schedule_model_selection(
     popts, _ = _options(cat, preprocess_options, "training_preprocessor_dl",
                         {"source_table", "output_table", "dependent_varname",
                          "independent_varname"}, "preprocess_options")
+    _check_option_values(cat, m, fopts, popts)
     job_id = stmts.insert_job(
         cat, job_name=job_name, schedule=schedule, method=m, source_table=source_table,
         key_column=key_column, packed_table=packed_table, dependent_varname=dependent_varname,

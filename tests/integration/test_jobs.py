@@ -100,6 +100,27 @@ def test_schedule_checks_its_arguments_and_leaves_nothing(job):
          "fit_options => '{\"num_iterations\": 1}')"), "42P07"),  # output exists
         ((f"SELECT schedule_model_selection('j2', NULL, {base}, "
          "fit_options => '{\"num_iterations\": 1}', retries => -1)"), "22023"),
+        # values the functions refuse at once are refused when the job is defined, not at
+        # its first run (an outside pass)
+        ((f"SELECT schedule_model_selection('j2', NULL, {base}, "
+         "fit_options => '{\"num_iterations\": 0}')"), "22023"),
+        ((f"SELECT schedule_model_selection('j2', NULL, {base}, "
+         "fit_options => '{\"num_iterations\": 1, \"validation_table\": \"no_such\"}')"),
+         "42P01"),
+        ((f"SELECT schedule_model_selection('j2', NULL, {base}, "
+         "fit_options => '{\"num_iterations\": 1, \"scheduling_policy\": \"rnig\"}')"),
+         "22023"),
+        ((f"SELECT schedule_model_selection('j2', NULL, {base}, "
+         "fit_options => '{\"num_iterations\": 1, \"policy_params\": \"bogus=1\"}')"),
+         "22023"),
+        ((f"SELECT schedule_model_selection('j2', NULL, {base}, "
+         "fit_options => '{\"num_iterations\": 1}', "
+         "preprocess_options => '{\"num_partitions\": -1}')"), "22023"),
+        (("SELECT schedule_model_selection('j2', NULL, 'jsrc', 'jp2', 'y', 'x', 'jo2', 'jmst2', "
+          "method => 'automl', fit_options => '{\"model_arch_table\": \"jarch\", "
+          "\"model_id_list\": [1], \"compile_params_grid\": \"{}\", "
+          "\"fit_params_grid\": \"{}\", \"automl_method\": \"hyperbandit\"}')"),
+         "22023"),
     ]
     for sql, state in cases:
         assert error_of(conn, sql).pgcode == state, sql
