@@ -370,6 +370,11 @@ def schedule_model_selection(
                         {"source_table", "output_table", "dependent_varname",
                          "independent_varname"}, "preprocess_options")
     _check_option_values(cat, m, fopts, popts)
+    if "random_state" not in popts:
+        # one packing seed for every run, drawn now and recorded with the job: a seed drawn
+        # per run packed unchanged data differently, so a fixed fit random_state gave a
+        # different model every run (an outside pass)
+        popts["random_state"] = secrets.randbelow(2**31 - 1) + 1
     job_id = stmts.insert_job(
         cat, job_name=job_name, schedule=schedule, method=m, source_table=source_table,
         key_column=key_column, packed_table=packed_table, dependent_varname=dependent_varname,

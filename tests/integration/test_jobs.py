@@ -431,6 +431,17 @@ def test_an_automl_job_publishes_the_best_configuration(session_conn, dbname):
         assert q(conn, "SELECT model_output_table, model_selection_table FROM cerebro_db.fits "
                        "WHERE fit_id = %s", (r["fit_id"],))[0] == ("aout", "amst")
         assert staging_tables(conn) == []
+        # one packing seed, drawn when the job was defined: a run on unchanged data trains
+        # the same models (a seed drawn per run gave another model every run)
+        seed = q(conn, "SELECT (preprocess_options->>'random_state')::int FROM cerebro_db.jobs "
+                       "WHERE job_name = 'tuned'")[0][0]
+        assert seed is not None
+        assert q(conn, "SELECT random_state FROM apacked_summary")[0][0] == seed
+        first = q(conn, "SELECT mst_key, training_loss_final FROM aout_info ORDER BY 1")
+        q(conn, "CALL run_model_selection_job('tuned')")
+        assert runs(conn, "tuned")[-1]["status"] == "succeeded"
+        assert q(conn, "SELECT mst_key, training_loss_final FROM aout_info ORDER BY 1") == first
+        r = runs(conn, "tuned")[-1]
         # the AutoML timeline of the job's fit: a bar per training unit, a mark per decision
         from cerebro_db.client import Client
 
