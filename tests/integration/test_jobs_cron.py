@@ -123,11 +123,12 @@ def test_a_plain_roles_job_is_scheduled_and_removed_as_the_messages_say(tiny, cr
     try:
         q(rc, f'SET search_path = "{role}", public, cerebro_db')
         call = ("SELECT schedule_model_selection('cron_plain', {}, 'public.jsrc', 'cpk', 'y', "
-                "'x', 'cout', 'public.jmst', fit_options => '{{\"num_iterations\": 1}}')")
+                "'x', 'cron_plain_out', 'public.jmst', fit_options => '{{\"num_iterations\": 1}}')")
         with pytest.raises(psycopg2.Error) as e:
             q(rc, call.format("'30 3 * * *'"))
         assert e.value.pgcode == "42501", e.value.pgerror
         hint = e.value.diag.message_hint
+        assert hint, e.value.pgerror
         made = re.search(r"run in [^:]*: (SELECT cron\.schedule_in_database\(.*?\));", hint)
         gone = re.search(r"runs there: (SELECT cron\.unschedule\(jobid\) FROM cron\.job WHERE "
                          r"jobname = '[^']*')", hint)
