@@ -23,8 +23,9 @@ def fits(progress: str, fits_rel: str) -> str:
     """Every fit with its progress, newest first (``:status`` NULL for all, ``:limit``)."""
     return (f"SELECT p.fit_id, f.kind, p.status, p.model_output_table, f.source_table, "
             f"f.validation_table, p.policy, p.num_partitions, f.num_iterations, "
-            f"p.units_done, p.total_units, p.percent, p.best_loss, p.best_mst_key, "
-            f"f.started_at, f.ended_at, p.elapsed, p.eta, f.message "
+            f"p.units_done, p.total_units, p.percent, p.best_loss, p.best_loss_kind, "
+            f"p.best_mst_key, "
+            f"f.started_at, f.ended_at, p.elapsed, p.eta, f.message, p.owner "
             f"FROM {progress} p JOIN {fits_rel} f USING (fit_id) "
             "WHERE (CAST(:status AS text) IS NULL OR p.status = :status) "
             "ORDER BY p.fit_id DESC LIMIT :limit")

@@ -33,7 +33,7 @@ EXIT_CODES = f"""exit codes:
 """
 
 FIT_COLUMNS = ["fit_id", "kind", "status", "model_output_table", "units_done", "total_units",
-               "percent", "best_loss", "started_at", "elapsed"]
+               "percent", "best_loss", "best_loss_kind", "started_at", "elapsed"]
 
 
 FIT_STATUSES = ("running", "done", "failed", "interrupted", "cancelled")
@@ -142,8 +142,10 @@ def _run(args: argparse.Namespace) -> int:
         return EXIT_NOT_FOUND
     if args.verb == "fits":
         df = client.fits(status=args.status, limit=args.limit)
-        _print(df if args.all_columns or args.format != "table" else df[FIT_COLUMNS],
-               args.format)
+        # a superuser sees every role's fits: say whose (an outside pass could not tell)
+        cols = FIT_COLUMNS[:1] + ["owner"] + FIT_COLUMNS[1:] \
+            if "owner" in df and df["owner"].nunique() > 1 else FIT_COLUMNS
+        _print(df if args.all_columns or args.format != "table" else df[cols], args.format)
     elif args.verb == "watch":
         try:
             p = client.watch(args.fit_id, interval=args.interval, timeout=args.timeout,

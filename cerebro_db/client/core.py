@@ -384,13 +384,17 @@ def _td(v: Any) -> str:
 
 
 def progress_line(p: dict[str, Any], width: int = 30) -> str:
-    """``fit 7 [#######.......] 12/40 units  30.0%  best loss 0.5120  ETA 0:01:23  running``."""
+    """``fit 7 [#######.......] 12/40 units  30.0%  best validation loss 0.5120  ETA 0:01:23
+    running``: the best loss says which it is (``fit_progress.best_loss_kind``: a validation
+    loss once one is evaluated, a training loss before)."""
     done, total = int(p.get("units_done") or 0), int(p.get("total_units") or 0)
     fill = round(width * done / total) if total else 0
     bar = "#" * fill + "." * (width - fill)
     best = p.get("best_loss")
     best_s = "-" if best is None or pd.isna(best) else f"{best:.4f}"
     pct = 100.0 * done / total if total else 0.0
-    return (f"fit {p['fit_id']} [{bar}] {done}/{total} units {pct:5.1f}%  best loss {best_s}  "
+    kind = p.get("best_loss_kind")
+    which = f"best {kind} loss" if isinstance(kind, str) else "best loss"
+    return (f"fit {p['fit_id']} [{bar}] {done}/{total} units {pct:5.1f}%  {which} {best_s}  "
             f"ETA {_td(p.get('eta')) if p['status'] == 'running' else '-'}  "
             f"elapsed {_td(p.get('elapsed'))}  {p['status']}")

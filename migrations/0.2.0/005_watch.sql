@@ -8,8 +8,10 @@
 -- evaluation (without validation data: what the fit's notice and _info report; a user found
 -- the smallest unit loss of one partition there before), else, before any evaluation, the
 -- smallest training loss of a unit. New columns at the end: best_valid_loss,
--- best_train_loss, best_mst_key (the configuration with the best loss), last_unit_at and
--- best_eval_train_loss.
+-- best_train_loss, best_mst_key (the configuration with the best loss), last_unit_at,
+-- best_eval_train_loss and best_loss_kind (which of the three best_loss is: 'validation',
+-- 'training' or 'training units'; an outside pass saw best_loss rise as it turned from a
+-- training to a validation loss).
 CREATE OR REPLACE VIEW @extschema@.fit_progress AS
 SELECT f.fit_id, f.owner, f.model_output_table,
        -- a 'running' fit whose coordinator session is gone shows as 'interrupted' (003)
@@ -31,7 +33,10 @@ SELECT f.fit_id, f.owner, f.model_output_table,
             WHEN t.best_eval_train_loss IS NOT NULL THEN t.mst_key
             ELSE u.best_train_mst_key END AS best_mst_key,
        u.last_unit_at,
-       t.best_eval_train_loss
+       t.best_eval_train_loss,
+       CASE WHEN v.best_valid_loss IS NOT NULL THEN 'validation'
+            WHEN t.best_eval_train_loss IS NOT NULL THEN 'training'
+            WHEN u.best_train_loss IS NOT NULL THEN 'training units' END AS best_loss_kind
   FROM @extschema@.fits f
   LEFT JOIN LATERAL (
       SELECT count(*) FILTER (WHERE kind = 'train') AS done,

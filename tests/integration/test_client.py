@@ -84,7 +84,7 @@ def test_watch_shows_a_progress_bar_from_another_connection(fit):
     lines = fit["watch"].strip().splitlines()
     assert lines[-1].startswith(f"fit {fit['fit_id']} [") and lines[-1].endswith("done")
     assert " 8/8 units " in lines[-1]  # 2 configs x 2 epochs x 2 partitions
-    assert "best loss " in lines[-1] and "ETA" in lines[-1]
+    assert "best validation loss " in lines[-1] and "ETA" in lines[-1]
     assert any("running" in ln for ln in lines)
 
 

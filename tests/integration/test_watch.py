@@ -117,6 +117,8 @@ def test_another_session_watches_a_running_fit(watched, dsn):
     best_info = min((loss, k) for k, losses in info for loss in losses)
     assert best == best_valid == pytest.approx(best_info[0], rel=1e-6)
     assert best_key == best_info[1]
+    assert q(watcher, "SELECT best_loss_kind FROM cerebro_db.fit_progress WHERE fit_id = %s",
+             (fit_id,)) == [("validation",)]
     cfg = q(watcher, "SELECT epochs_done, units_done, current_epoch FROM "
                      "cerebro_db.fit_config_progress WHERE fit_id = %s", (fit_id,))
     assert cfg == [(ITERATIONS, ITERATIONS * PARTITIONS, ITERATIONS)] * CONFIGS
@@ -138,6 +140,8 @@ def test_without_validation_the_best_loss_is_an_evaluated_training_loss(watched)
     best_info = min((loss, k) for k, losses in info for loss in losses)
     assert best == evaluated == pytest.approx(best_info[0], rel=1e-6)
     assert key == best_info[1]
+    assert q(conn, "SELECT best_loss_kind FROM cerebro_db.fit_progress WHERE fit_id = %s",
+             (fit_id,)) == [("training",)]
     per_config = dict(q(conn, "SELECT mst_key, best_eval_train_loss FROM "
                               "cerebro_db.fit_config_progress WHERE fit_id = %s", (fit_id,)))
     assert per_config == pytest.approx({k: min(losses) for k, losses in info}, rel=1e-6)

@@ -29,6 +29,10 @@ def test_progress_line():
                     "elapsed 0:00:35  running")
     done = progress_line({**p, "status": "done", "units_done": 40, "best_loss": None}, 10)
     assert "[##########] 40/40 units 100.0%  best loss -  ETA -" in done
+    # which loss it is, once the view says (a best loss that turned from a training to a
+    # validation loss looked like a best that got worse)
+    for kind in ("validation", "training", "training units"):
+        assert f"  best {kind} loss 0.5123  " in progress_line({**p, "best_loss_kind": kind})
 
 
 def test_automl_timeline_draws_units_decisions_and_branches():
