@@ -20,6 +20,7 @@ from .catalog import fits as sql
 from .coordinator import ConfigResult, FitOutcome
 from .errors import (
     INTERNAL_ERROR,
+    OBJECT_NOT_IN_PREREQUISITE_STATE,
     CerebroError,
 )
 from .executors import DblinkExecutor
@@ -183,8 +184,15 @@ def restore(cat: Catalog, ex: DblinkExecutor, book: TrialBook, hooks: CatalogHoo
     ``running``: the training metrics are the training units' (:func:`progress_from_log`).
     Returns results, training units done, seconds spent, units reported now."""
     state, kept = saved
-    book.tuner = tuner_from_state_json(state)
-    targets = book.restore(kept)
+    try:
+        book.tuner = tuner_from_state_json(state)
+        targets = book.restore(kept)
+    except (CerebroError, KeyError, TypeError, ValueError, AttributeError, IndexError) as bad:
+        # the role that owns the fit may edit its saved state (a red-team pass got XX000)
+        raise CerebroError(f"fit {fit_id} cannot be resumed: its saved AutoML state is "
+                           f"damaged ({type(bad).__name__}: {str(bad)[:200]})",
+                           OBJECT_NOT_IN_PREREQUISITE_STATE,
+                           hint="Start a new fit instead.") from None
     forget_trials(cat, ex, fit_id, set(targets), book.seq)
     sink.configs.update((c.mst_key, c) for c in stored_configs(cat, fit_id))
     missing = sorted(set(targets) - set(sink.configs))

@@ -579,10 +579,7 @@ def unit_data(cat: Catalog, fopts: dict[str, Any], table: str, partition: int,
     caching = fopts.get("use_caching", True)
     xy = None
     if caching is None:
-        budget = fopts.get("cache_memory")
-        if budget is None:
-            budget = cache_memory(None, int(fopts.get("num_workers") or 1))
-        xy = partition_data(cat, table, xcol, ycol, partition, budget=int(budget),
+        xy = partition_data(cat, table, xcol, ycol, partition, budget=_budget(fopts),
                             partition_mod=mod)
     elif caching:
         xy = partition_data(cat, table, xcol, ycol, partition, partition_mod=mod)
@@ -590,6 +587,20 @@ def unit_data(cat: Catalog, fopts: dict[str, Any], table: str, partition: int,
         return partition_buffers(cat, table, xcol, ycol, partition, compile_params, mod,
                                  overlap=kind != "train" and spare_core(fopts)), None
     return xy[0], labels_for(compile_params, xy[1])
+
+
+def _budget(fopts: dict[str, Any]) -> int:
+    """The fit's recorded ``cache_memory``, within what :func:`cache_memory` lets a setting
+    ask for (the machine's memory over the workers): the role that owns a fit may edit its
+    row, and a budget past the memory gets a backend killed, which restarts every session
+    of the server (a red-team pass). Not a whole number: the default."""
+    workers = fopts.get("num_workers")
+    workers = workers if isinstance(workers, int) and not isinstance(workers, bool) else 1
+    workers = min(max(workers, 1), 1 << 16)
+    budget = fopts.get("cache_memory")
+    if not isinstance(budget, int) or isinstance(budget, bool):
+        return cache_memory(None, workers)
+    return max(0, min(budget, physical_memory() // workers))
 
 
 def spare_core(fopts: dict[str, Any]) -> bool:

@@ -266,7 +266,12 @@ class TrialBook:
         ``progress`` (from the unit log) with those targets, then reports what the log holds
         beyond ``reported_units`` / ``reported_epochs`` as if it had just happened."""
         from .base import TrialSpec
+        from .options import MAX_EPOCHS, MAX_TRIALS
 
+        # the saved state is a catalog row its role may edit: a target of 10**12 epochs
+        # allocated per epoch on resume (a red-team pass); ValueError for the caller to name
+        if not isinstance(data.get("trials"), list) or len(data["trials"]) > MAX_TRIALS:
+            raise ValueError(f"trials is not a list of at most {MAX_TRIALS}")
         self.seq = int(data["seq"])
         targets: dict[int, int] = {}
         self.trials, self.reported_units, self.reported_epochs = {}, {}, {}
@@ -279,6 +284,9 @@ class TrialBook:
                 None if d.get("last_epoch") is None else int(d["last_epoch"]),
                 None if score is None else float(score), dict(d.get("meta") or {}))
             targets[c] = int(d["target"])
+            if not 0 <= targets[c] <= MAX_EPOCHS:
+                raise ValueError(f"trial {c}'s target is {targets[c]} epochs, not 0 to "
+                                 f"{MAX_EPOCHS}")
             self.reported_units[c] = int(d.get("units") or 0)
             self.reported_epochs[c] = {int(e) for e in d.get("epochs") or ()}
         return targets

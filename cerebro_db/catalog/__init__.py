@@ -281,24 +281,36 @@ class Catalog(DblinkMixin):
     def require_readable(self, table: TableName, what: str) -> int | None:
         """A relation the call reads runs no other role's code as the caller: one that
         belongs to the calling role itself or to a superuser may be anything
-        :meth:`require_table` takes; another role's must be a plain, partitioned or
-        materialized table without row-level security that applies to the caller. Reading a
-        view runs the functions in its query as the reader, and a row security policy's
-        expressions too (a red-team pass made itself superuser with a view as its model's
-        ``_summary``, read by a superuser's ``madlib_keras_predict``). Such a relation is
-        then locked (ACCESS SHARE, as the read would) and checked again, so it cannot be
-        swapped for a view before the reads (the worker sessions' included). Returns the
-        oid checked, None when there is no such relation."""
+        :meth:`require_table` takes; another role's must be a plain or partitioned table
+        without row-level security that applies to the caller. Reading a view runs the
+        functions in its query as the reader, and a row security policy's expressions too
+        (a red-team pass made itself superuser with a view as its model's ``_summary``,
+        read by a superuser's ``madlib_keras_predict``). Such a relation is then locked
+        (ACCESS SHARE, as the read would) and checked again, whatever its oid: it cannot be
+        swapped for a view, or made one in place (``CREATE RULE "_RETURN"`` on an empty
+        table keeps the oid: a later red-team pass), before the reads (the worker
+        sessions' included). Another role's materialized view cannot be locked (LOCK TABLE
+        takes tables and views only), so it is refused too.
+
+        Whoever owns the relation, none of its columns may be of a type of another role
+        that is not a superuser (a domain, at any depth of domains and arrays, a composite,
+        enum or range type): casting to a domain runs its CHECK constraints, and casting
+        from a type runs the casts its owner made, as the caller (the same pass ran a
+        function through a domain's CHECK, cast to in predict's output table, and through a
+        cast to text). Returns the oid checked, None when there is no such relation."""
         rel = self.relation_owner(table)
-        if rel is None or rel["mine"] or rel["owner_super"]:
-            return None if rel is None else int(rel["oid"])
-        self._foreign_readable(table, what, rel)
-        self.lock_table(table)
-        again = self.relation_owner(table)
-        if again is not None and again["oid"] != rel["oid"]:
+        if rel is None:
+            return None
+        if not (rel["mine"] or rel["owner_super"]):
+            self._foreign_readable(table, what, rel)
+            self.lock_table(table)
+            again = self.relation_owner(table)
+            if again is None:
+                return None
             if not (again["mine"] or again["owner_super"]):
                 self._foreign_readable(table, what, again)
-            return int(again["oid"])
+            rel = again
+        self._foreign_types(table, what, int(rel["oid"]))
         return int(rel["oid"])
 
     def _foreign_readable(self, table: TableName, what: str, rel: dict[str, Any]) -> None:
@@ -306,7 +318,13 @@ class Catalog(DblinkMixin):
         hint = ("A view or a row security policy of another role runs that role's functions as "
                 "you. Ask its owner for a plain table (CREATE TABLE ... AS SELECT), or copy "
                 "it into a table of your own.")
-        if rel["kind"] not in ("r", "p", "m"):
+        if rel["kind"] == "m":
+            raise CerebroError(
+                f'{what} "{table}" is a materialized view of role "{rel["owner"]}"; '
+                "cerebro_db reads only plain tables of other roles (a materialized view "
+                "cannot be locked against being replaced by a view)", INSUFFICIENT_PRIVILEGE,
+                hint=hint)
+        if rel["kind"] not in ("r", "p"):
             raise CerebroError(
                 f'{what} "{table}" is a view or foreign table of role "{rel["owner"]}"; '
                 "cerebro_db reads only plain tables of other roles", INSUFFICIENT_PRIVILEGE,
@@ -320,6 +338,36 @@ class Catalog(DblinkMixin):
             raise CerebroError(
                 f'{what} "{table}" of role "{rel["owner"]}" has row-level security, whose '
                 "policies would run as you", INSUFFICIENT_PRIVILEGE, hint=hint)
+
+    def _foreign_types(self, table: TableName, what: str, oid: int) -> None:
+        """Raise when a column of relation ``oid`` is of a type (or built on a domain or
+        array element type) of another role that is not a superuser."""
+        rows = self.query(
+            "WITH RECURSIVE chain(col, typ) AS ("
+            " SELECT a.attname::text, a.atttypid FROM pg_catalog.pg_attribute a"
+            "  WHERE a.attrelid OPERATOR(pg_catalog.=) $1 AND a.attnum OPERATOR(pg_catalog.>) 0"
+            "    AND NOT a.attisdropped"
+            " UNION"
+            " SELECT c.col, CASE WHEN t.typtype OPERATOR(pg_catalog.=) 'd'"
+            "                    THEN t.typbasetype ELSE t.typelem END"
+            "   FROM chain c JOIN pg_catalog.pg_type t ON t.oid OPERATOR(pg_catalog.=) c.typ"
+            "  WHERE t.typtype OPERATOR(pg_catalog.=) 'd'"
+            "     OR t.typcategory OPERATOR(pg_catalog.=) 'A')"
+            " SELECT c.col, pg_catalog.format_type(t.oid, NULL) AS type,"
+            "        pg_catalog.pg_get_userbyid(t.typowner) AS owner"
+            "   FROM chain c JOIN pg_catalog.pg_type t ON t.oid OPERATOR(pg_catalog.=) c.typ"
+            "   JOIN pg_catalog.pg_roles o ON o.oid OPERATOR(pg_catalog.=) t.typowner"
+            "  WHERE NOT o.rolsuper AND o.rolname OPERATOR(pg_catalog.<>) current_user"
+            "  ORDER BY 1 LIMIT 1", [oid], ["oid"])
+        if rows:
+            r = rows[0]
+            raise CerebroError(
+                f'{what} "{table}": column "{r["col"]}" is of type {r["type"]} of role '
+                f'"{r["owner"]}", whose constraints and casts would run as you',
+                INSUFFICIENT_PRIVILEGE,
+                hint="cerebro_db reads only columns of built-in types or of types of your "
+                "own or of a superuser; copy the data into a table of your own with a "
+                "built-in type (CREATE TABLE ... AS SELECT c::<base type> ...).")
 
     def relation_owner(self, table: TableName) -> dict[str, Any] | None:
         """``oid``, ``kind`` (pg_class.relkind), ``owner`` (the role's name), ``mine``

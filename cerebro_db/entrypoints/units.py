@@ -150,6 +150,34 @@ def run_slot(plpy: Any, schema: str, *, tag: str, fit_id: int, worker: int, seq:
     return out
 
 
+_SPEC_ITEM = {"mst_key": int, "model_id": int, "compile_params": str, "what": str}
+
+
+def _check_spec(spec: dict[str, Any]) -> dict[str, Any]:
+    """``__check_fit``'s spec has the shape :func:`fitrun.check_spec` gives it, or 22023:
+    PUBLIC may call the function (the worker sessions do), and a malformed spec answered
+    a Python TypeError with its traceback (a red-team pass)."""
+    from ..errors import CerebroError
+
+    def bad(what: str) -> CerebroError:
+        return CerebroError(f"__check_fit: spec.{what}", INVALID_PARAMETER_VALUE,
+                            hint="It is called by cerebro_db's worker sessions, not by hand.")
+
+    if not isinstance(spec.get("columns"), list):
+        raise bad("columns is not a list")
+    if not isinstance(spec.get("configs") or [], list):
+        raise bad("configs is not a list")
+    if not isinstance(spec.get("custom_functions") or {}, dict):
+        raise bad("custom_functions is not an object")
+    for i, item in enumerate(spec.get("configs") or []):
+        if not isinstance(item, dict) or "arch" not in item:
+            raise bad(f"configs[{i}] is not an object with an arch")
+        for key, typ in _SPEC_ITEM.items():
+            if not isinstance(item.get(key), typ) or isinstance(item.get(key), bool):
+                raise bad(f"configs[{i}].{key} is not of type {typ.__name__}")
+    return spec
+
+
 @internal("spec")
 def check_fit(plpy: Any, schema: str, *, spec: str) -> str:
     """The checks of a fit that need Keras (``fit_checks.check_configs``), run in a
@@ -163,7 +191,8 @@ def check_fit(plpy: Any, schema: str, *, spec: str) -> str:
 
     worker.dedicated_session()
     try:
-        check_configs(json_object(spec, "__check_fit: spec"), Catalog(plpy, schema))
+        check_configs(_check_spec(json_object(spec, "__check_fit: spec")),
+                      Catalog(plpy, schema))
     except CerebroError as e:
         return json.dumps({"ok": False, "message": e.message, "sqlstate": e.sqlstate,
                            "hint": e.hint, "detail": e.detail})

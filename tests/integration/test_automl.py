@@ -324,13 +324,29 @@ def kill_and_resume(am, dbname, out, method, params, **kw) -> int:
     with pytest.raises(psycopg2.Error) as e:  # its outputs' names are taken
         q(am, f"CREATE TABLE {out}_mst (x int); SELECT madlib_keras_fit_resume(%s)", (fit_id,))
     assert e.value.pgcode == "42P07"
+    # its role may edit the saved state: a trial's target of 10**12 epochs was allocated
+    # on resume, a malformed book answered XX000 (a red-team pass); each is 55000, and the
+    # fit resumes once the state is put back
+    book = q(am, "SELECT book::text FROM cerebro_db.automl_state WHERE fit_id = %s",
+             (fit_id,))[0][0]
+    for edit in ("jsonb_set(book, '{trials,0,target}', '1000000000000')",
+                 "jsonb_set(book, '{trials}', '5')", "'{}'::jsonb"):
+        q(am, f"UPDATE cerebro_db.automl_state SET book = {edit} WHERE fit_id = %s", (fit_id,))
+        with pytest.raises(psycopg2.Error) as e:
+            q(am, "SELECT madlib_keras_fit_resume(%s)", (fit_id,))
+        assert e.value.pgcode == "55000", (edit, e.value.pgerror)
+        assert "saved AutoML state is damaged" in e.value.pgerror, e.value.pgerror
+        # the refused resume had claimed the fit: it is failed again, saying why
+        assert q(am, "SELECT status, message LIKE '%%state is damaged%%' FROM "
+                     "cerebro_db.fits WHERE fit_id = %s", (fit_id,)) == [("failed", True)]
+        q(am, "UPDATE cerebro_db.automl_state SET book = %s WHERE fit_id = %s", (book, fit_id))
     del am.notices[:]
     q(am, "SELECT madlib_keras_fit_resume(%s)", (fit_id,))
     said = " ".join(am.notices)
     m = re.search(r"\((\d+) of them reported to the procedure only now\)", said)
     assert m and int(m.group(1)) >= 1, said
     assert q(am, "SELECT status, resumes FROM cerebro_db.fits WHERE fit_id = %s",
-             (fit_id,)) == [("done", 1)]
+             (fit_id,)) == [("done", 4)]  # three refused attempts, then this one
     # every unit once, every decision once, every output trial in _info
     assert q(am, "SELECT count(*) = count(DISTINCT (mst_key, epoch, partition, kind)) FROM "
                  "cerebro_db.units WHERE fit_id = %s", (fit_id,))[0][0]

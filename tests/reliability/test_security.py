@@ -754,6 +754,75 @@ def test_another_roles_model_is_read_only_when_reading_it_runs_none_of_its_code(
         q(admin, f'DROP TABLE IF EXISTS "{alice}".pred_r, "{alice}".pred_p')
 
 
+def test_another_roles_types_materialized_views_and_tables_made_views_are_not_read(
+        world, admin):
+    """A later red-team pass ran its function as the caller (a superuser included) through
+    a column of its domain, whose CHECK runs when predict casts the id column to its type,
+    and through a table it made a view in place (CREATE RULE "_RETURN", same oid) while
+    the caller waited on its lock; another role's materialized view failed on LOCK with a
+    bare 42809. Each is refused (42501) before anything is written, and nothing of hers
+    runs."""
+    import time
+
+    alice, eve, ca, ce = world["alice"], world["eve"], world["ca"], world["ce"]
+    s = f"{eve}_t"
+    log = _trap(admin, ce, eve, s)
+    q(ca, "SELECT madlib_keras_fit('packed', 'amodel_t', 'arch', 1, %s, 'batch_size=64', 1)",
+      (COMPILE,))
+    q(ce, f'GRANT USAGE ON SCHEMA "{eve}" TO PUBLIC')
+    q(ce, f'CREATE DOMAIN "{s}".did AS integer CHECK ("{s}".probe())')
+    q(ce, f"CREATE TYPE \"{s}\".tag AS ENUM ('a')")
+    q(ce, f'CREATE TABLE dtab AS SELECT id::"{s}".did AS id, x FROM raw')
+    q(ce, f'CREATE TABLE etab AS SELECT id, x, ARRAY[]::"{s}".tag[] AS tags FROM raw')
+    q(ce, "CREATE MATERIALIZED VIEW emv AS SELECT id, x FROM raw")
+    q(ce, "CREATE TABLE conv AS SELECT id, x FROM raw WITH NO DATA")
+    q(ce, "GRANT SELECT ON dtab, etab, emv, conv, raw TO PUBLIC")
+    q(admin, f"DELETE FROM {log}")
+    su = connect_as(world["roles"].dbname, q(admin, "SELECT current_user")[0][0])
+    predict = "SELECT madlib_keras_predict(%s, %s, 'id', 'x', %s)"
+    model = f'"{alice}".amodel_t'
+    try:
+        for conn, table, says in (
+                (ca, "dtab", f'column "id" is of type {s}.did of role "{eve}"'),
+                (su, "dtab", f'column "id" is of type {s}.did of role "{eve}"'),
+                (ca, "etab", f'column "tags" is of type {s}.tag'),
+                (ca, "emv", f'is a materialized view of role "{eve}"')):
+            e = err(conn, predict, (model, f'"{eve}".{table}', f'"{alice}".pred_t'))
+            assert e.pgcode == "42501" and says in e.pgerror, (table, e.pgerror)
+            assert q(admin, f"SELECT to_regclass('\"{alice}\".pred_t')") == [(None,)]
+        # eve makes her empty table a view while alice's predict waits on its lock
+        ce2 = connect_as(world["roles"].dbname, eve)
+        ce2.autocommit = False
+        q(ce2, "LOCK TABLE conv IN ACCESS EXCLUSIVE MODE")
+        q(ce2, f'CREATE RULE "_RETURN" AS ON SELECT TO conv DO INSTEAD '
+               f'SELECT id, x FROM raw WHERE "{s}".probe()')
+        pid = ca.get_backend_pid()
+        got: list[BaseException] = []
+
+        def call() -> None:
+            try:
+                q(ca, predict, (model, f'"{eve}".conv', f'"{alice}".pred_t'))
+            except BaseException as x:  # noqa: BLE001 - the test reads it
+                got.append(x)
+
+        t = threading.Thread(target=call)
+        t.start()
+        end = time.monotonic() + 120
+        while q(admin, "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s",
+                (pid,)) != [("Lock",)]:
+            assert time.monotonic() < end and t.is_alive(), got
+            time.sleep(0.05)
+        ce2.commit()
+        ce2.close()
+        t.join(120)
+        assert got and getattr(got[0], "pgcode", None) == "42501", got
+        assert 'conv" is a view' in got[0].pgerror, got[0].pgerror
+        assert q(admin, f"SELECT to_regclass('\"{alice}\".pred_t')") == [(None,)]
+        assert q(admin, f"SELECT who FROM {log}") == []
+    finally:
+        su.close()
+
+
 def test_a_dropped_roles_catalog_rows_are_forgotten_before_its_name_is_reused(admin, rel_db):
     """Catalog rows name their owner; DROP OWNED BY leaves them, and a role created later
     under the same name saw and could write them as its own (a red-team pass).
@@ -810,8 +879,12 @@ def test_internal_functions_and_a_resume_of_an_edited_fit_row_give_clear_errors(
         # exception type reaches the message
         first = e.pgerror.split("\n")[0].replace("plpy.Error: ", "")
         assert "Error" not in first and "Exception" not in first, e.pgerror
-    (answer,) = q(ce, "SELECT cerebro_db.__check_fit('[]')")[0]
-    assert json.loads(answer)["sqlstate"] == "22023", answer
+    for spec in ('[]', '{"configs": 5, "columns": []}', ('{"columns": [], "configs": '
+                 '[{"mst_key": "1", "model_id": 1, "compile_params": "", "what": "", '
+                 '"arch": {}}]}'), '{"columns": [], "configs": [7]}'):
+        (answer,) = q(ce, "SELECT cerebro_db.__check_fit(%s)", (spec,))[0]
+        assert json.loads(answer)["sqlstate"] == "22023", (spec, answer)
+        assert "Traceback" not in answer, answer
     fit_id = q(ce, "INSERT INTO cerebro_db.fits (kind, source_table, model_output_table, "
                    "policy, num_partitions, num_iterations, metrics_compute_frequency, "
                    "random_state, total_units, status, options) VALUES ('fit_multiple', "

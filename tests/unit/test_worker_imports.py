@@ -114,3 +114,20 @@ def test_a_thread_count_that_is_not_an_integer_is_refused(monkeypatch, given):
     with pytest.raises(CerebroError) as e:
         worker._runtime(given)
     assert e.value.sqlstate == "22023"
+
+
+@pytest.mark.parametrize("budget, workers, used", [
+    (10**15, 2, "memory/2"), (10**15, 10**9, "memory/65536"), (-5, 1, 0), (1 << 20, 2, 1 << 20),
+    ("1TB", 2, "default/2"), (True, 1, "default/1"), (None, None, "default/1"),
+    (2.5, 4, "default/4")])
+def test_a_fits_cache_budget_stays_within_the_machines_memory(monkeypatch, budget, workers,
+                                                              used):
+    """cache_memory is a fit row's option, which its role may edit: a budget past the
+    memory gets a backend killed and the server restarts every session (a red-team pass).
+    The worker keeps it within the memory over the workers; what is not a whole number
+    gets the default budget."""
+    monkeypatch.setattr(worker, "physical_memory", lambda: 1 << 34)
+    kind, _, n = str(used).partition("/")
+    want = {"memory": (1 << 34) // int(n or 1),
+            "default": (1 << 34) // (2 * int(n or 1))}.get(kind, used)
+    assert worker._budget({"cache_memory": budget, "num_workers": workers}) == want
