@@ -163,13 +163,16 @@ def cron_schedule(name: str, schedule: str, command: str, database: str,
         (name, schedule, command, database, username), ("text",) * 5)
 
 
-def cron_unschedule(cron_jobid: int) -> CronStatement:
+def cron_unschedule(cron_jobid: int, jobname: str, username: str) -> CronStatement:
+    """Remove pg_cron's entry ``cron_jobid`` if it is the job's: named ``jobname`` and run
+    as ``username`` (the job's owner). A role may edit its own job rows, and a superuser's
+    removal by a forged id took a DBA's own entry (a red-team pass)."""
     return CronStatement(
-        "SELECT CASE WHEN EXISTS (SELECT 1 FROM cron.job WHERE jobid = $1) "
-        "THEN cron.unschedule($1) END AS r",
-        "SELECT CASE WHEN EXISTS (SELECT 1 FROM cron.job WHERE jobid = %L::int8) "
-        "THEN cron.unschedule(%L::int8) END AS r",
-        (cron_jobid, cron_jobid), ("int8", "int8"))
+        "SELECT CASE WHEN EXISTS (SELECT 1 FROM cron.job WHERE jobid = $1 AND jobname = $2 "
+        "AND username = $3) THEN cron.unschedule($1) END AS r",
+        "SELECT CASE WHEN EXISTS (SELECT 1 FROM cron.job WHERE jobid = %L::int8 AND "
+        "jobname = %L AND username = %L) THEN cron.unschedule(%L::int8) END AS r",
+        (cron_jobid, jobname, username, cron_jobid), ("int8", "text", "text", "int8"))
 
 
 # -- a run's history row ----------------------------------------------------------------------
@@ -243,9 +246,10 @@ def attempts(cat: Any, run_id: int) -> int:
                          [run_id], ["int8"])[0]["attempts"])
 
 
-def record_rows(cat: Any, run_id: int, new_rows: int, rows_trained: int) -> None:
-    cat.query(f"UPDATE {cat.ext('job_runs')} SET new_rows = $2, rows_trained = $3 "
-              "WHERE run_id = $1", [run_id, new_rows, rows_trained], ["int8", "int8", "int8"])
+def record_rows(cat: Any, run_id: int, new_rows: int) -> None:
+    """The rows the pack step packed (``rows_trained`` is the train step's, once it ends)."""
+    cat.query(f"UPDATE {cat.ext('job_runs')} SET new_rows = $2 WHERE run_id = $1",
+              [run_id, new_rows], ["int8", "int8"])
 
 
 def run_outcome(cat: Any, run_id: int) -> dict[str, Any] | None:
@@ -265,15 +269,15 @@ def record_failure(cat: Any, run_id: int, message: str, fit_id: int | None,
         [run_id, message, fit_id, retry], ["int8", "text", "int8", "bool"])
 
 
-def record_success(cat: Any, run_id: int, *, fit_id: int | None, best_mst_key: int | None,
-                   best_config: str | None, best_metric_name: str | None,
-                   best_metric: float | None) -> None:
+def record_success(cat: Any, run_id: int, *, fit_id: int | None, rows: int,
+                   best_mst_key: int | None, best_config: str | None,
+                   best_metric_name: str | None, best_metric: float | None) -> None:
     cat.query(
         f"UPDATE {cat.ext('job_runs')} SET status = 'succeeded', ended_at = clock_timestamp(), "
         "fit_id = $2, best_mst_key = $3, best_config = $4, best_metric_name = $5, "
-        "best_metric = $6 WHERE run_id = $1",
-        [run_id, fit_id, best_mst_key, best_config, best_metric_name, best_metric],
-        ["int8", "int8", "int4", "text", "text", "float8"])
+        "best_metric = $6, rows_trained = $7 WHERE run_id = $1",
+        [run_id, fit_id, best_mst_key, best_config, best_metric_name, best_metric, rows],
+        ["int8", "int8", "int4", "text", "text", "float8", "int8"])
 
 
 def last_fit(cat: Any, run_id: int, model_output_table: str) -> int | None:
@@ -285,13 +289,14 @@ def last_fit(cat: Any, run_id: int, model_output_table: str) -> int | None:
 
 
 def publish_fit(cat: Any, fit_id: int | None, model_output_table: str,
-                model_selection_table: str | None) -> None:
-    """The fit's outputs are now under the job's stable names (the model selection table
-    too when given, for AutoML)."""
+                model_selection_table: str | None, source_table: str) -> None:
+    """The fit's outputs and data are now under the job's stable names (the model selection
+    table too when given, for AutoML)."""
     cat.query(f"UPDATE {cat.ext('fits')} SET model_output_table = $2, model_selection_table = "
-              "CASE WHEN $3 THEN $4 ELSE model_selection_table END WHERE fit_id = $1",
+              "CASE WHEN $3 THEN $4 ELSE model_selection_table END, source_table = $5 "
+              "WHERE fit_id = $1",
               [fit_id, model_output_table, model_selection_table is not None,
-               model_selection_table], ["int8", "text", "bool", "text"])
+               model_selection_table, source_table], ["int8", "text", "bool", "text", "text"])
 
 
 # -- packing and publishing tables ------------------------------------------------------------

@@ -10,11 +10,15 @@ A run has four steps, each one transaction:
 * ``pack``: packs the source again into the job's packed table; with a key column only the
   rows whose key is above the largest key packed so far (``jobs.packed_through``), appended
   as new buffers spread over the same partitions with the same class values and normalizing
-  constant; committed before training because the fit's worker sessions read it;
+  constant; committed before training because the fit's worker sessions read it. Packing
+  every row again (no key column, or new rows that cannot be appended, e.g. a new class
+  value) when a packed table exists goes to a staging table that the train step publishes
+  with the outputs (:data:`_PENDING`): a run whose training fails leaves the packed table
+  and ``packed_through`` as they were;
 * ``train``: trains into staging tables and, in the same transaction, drops the previous
   outputs and renames the staging tables to the stable names, so readers see the old tables
-  until the commit and the new ones after it;
-* ``end``: marks the run failed if nothing ended it.
+  until the commit and the new ones after it; records the rows trained on;
+* ``end``: marks the run failed if nothing ended it, and drops a repack it left staged.
 
 ``pack`` and ``train`` catch every error (in a subtransaction, so nothing half-made stays),
 record it in the history row and answer ``retry`` while the job has retries left.
@@ -54,6 +58,14 @@ REQUIRED = {"fit": {"num_iterations"},
             "automl": {"model_arch_table", "model_id_list", "compile_params_grid",
                        "fit_params_grid"}}
 MAX_JOB_NAME = 48
+_PENDING: dict[tuple[int, int], tuple[TableName, str | None, int]] = {}
+"""Repacks waiting for their run's train step, by (job_id, run_id): the staging table, the
+key it packed through, its rows. The pack step commits a repack of an existing packed table
+under a staging name (the fit's worker sessions read it) instead of publishing it: an
+outside pass added a class value the architectures cannot output, the repack was published
+and every later run failed, also after the rows were deleted. Kept in this backend's memory:
+the procedure runs all steps of a run in one session; the end step drops what a failed run
+staged, and the next pack step what a session that died left."""
 
 
 def _stage(t: TableName, job: dict[str, Any], what: str) -> TableName:
@@ -430,7 +442,8 @@ def unschedule_model_selection(cat: Catalog, *, job_name: str) -> bool:
         cat.notice(f'unschedule_model_selection: pg_cron is not loaded; its job '
                    f'{job["cron_jobid"]} was not removed')
     elif job["cron_jobid"] is not None:
-        _cron(cat, stmts.cron_unschedule(int(job["cron_jobid"])))
+        _cron(cat, stmts.cron_unschedule(int(job["cron_jobid"]),
+                                         _cron_job_name(cat, job_name), str(job["owner"])))
     stmts.delete_job(cat, job["job_id"])
     return True
 
@@ -455,7 +468,8 @@ def cerebro_db_forget_role(cat: Catalog, *, role_name: str) -> int:
                            "rows are its own while it exists.")
     for job in fits_sql.role_jobs(cat, role_name):
         if job["cron_jobid"] is not None and _cron_database(cat) is not None:
-            _cron(cat, stmts.cron_unschedule(int(job["cron_jobid"])))
+            _cron(cat, stmts.cron_unschedule(int(job["cron_jobid"]),
+                                             _cron_job_name(cat, job["job_name"]), role_name))
     gone = fits_sql.forget_role(cat, role_name)
     shown = ", ".join(f"{n} {t}" for t, n in gone.items() if n)
     cat.notice(f'cerebro_db_forget_role: role "{role_name}": '
@@ -494,12 +508,13 @@ def job_step(plpy: Any, schema: str, *, job_name: str, run_id: int | None, step:
         with plpy.subtransaction():
             _own_tables(cat, job, step)
             if step == "pack":
-                new, total = _pack(cat, job)
-                stmts.record_rows(cat, run_id, new, total)
+                stmts.record_rows(cat, run_id, _pack(cat, job, run_id))
             elif step == "train":
                 _train_and_publish(cat, job, run_id)
             else:
                 raise invalid(f"unknown step {step!r}")
+        if step == "train":
+            _PENDING.pop((int(job["job_id"]), run_id), None)
         return "ok"
     except errors as e:
         if step == "train":
@@ -530,6 +545,11 @@ def _end(cat: Catalog, job: dict[str, Any], run_id: int | None) -> str:
     so that pg_cron's ``job_run_details`` says failed too)."""
     if run_id is None:
         return "ok"
+    pending = _PENDING.pop((int(job["job_id"]), run_id), None)
+    if pending is not None:  # the run did not publish it
+        for t in (pending[0].with_suffix("_summary", "packed_table"), pending[0]):
+            if cat.relation_oid(t) is not None:
+                _try_drop(cat, job, t)
     stmts.fail_unfinished_run(cat, run_id)
     out = stmts.run_outcome(cat, run_id)
     if out is not None and out["status"] == "failed":
@@ -569,12 +589,17 @@ def _key_type(cat: Catalog, src: TableName, key: str) -> str:
     return cat.require_column(src, cols, key, "key_column").type_name
 
 
-def _pack(cat: Catalog, job: dict[str, Any]) -> tuple[int, int]:
-    """Pack the source; returns (rows packed now, rows in the packed table)."""
+def _pack(cat: Catalog, job: dict[str, Any], run_id: int) -> int:
+    """Pack the source; returns the rows packed now. A repack of an existing packed table
+    waits in :data:`_PENDING` for the train step."""
     jid = int(job["job_id"])
     src = cat.table(job["source_table"], "source_table")
     packed = cat.table(job["packed_table"], "packed_table")
     psumm = packed.with_suffix("_summary", "packed_table")
+    # what an earlier attempt of this run or a run whose session died staged
+    _drop_leftovers(cat, job, [packed], ("_repack",))
+    _PENDING.pop((jid, run_id), None)
+    had = cat.relation_oid(packed) is not None or cat.relation_oid(psumm) is not None
     popts = job["preprocess_options"]
     popts = json.loads(popts) if isinstance(popts, str) else dict(popts or {})
     ptypes = _fn_args(cat, "training_preprocessor_dl")
@@ -589,7 +614,7 @@ def _pack(cat: Catalog, job: dict[str, Any]) -> tuple[int, int]:
         exists = cat.relation_oid(packed) is not None and cat.relation_oid(psumm) is not None
         if have is not None and exists:
             if not stmts.key_greater(cat, hwm, have, ktype):
-                return 0, int(job["packed_rows"] or 0)
+                return 0
             view = stmts.create_key_view(cat, f"__cerebro_job_{jid}_src", src, key, ktype,
                                          have, hwm)
             try:
@@ -604,11 +629,11 @@ def _pack(cat: Catalog, job: dict[str, Any]) -> tuple[int, int]:
                 stmts.drop_view(cat, view)
                 total = int(job["packed_rows"] or 0) + n
                 stmts.set_packed_through(cat, jid, hwm, total)
-                return n, total
+                return n
             stmts.drop_view(cat, view)
         source = stmts.create_key_view(cat, f"__cerebro_job_{jid}_src", src, key, ktype,
                                        None, hwm)
-    stage = _stage(packed, job, "packed")
+    stage = _stage(packed, job, "repack" if had else "packed")
     _call(cat, "training_preprocessor_dl",
           [("source_table", str(source), "text"), ("output_table", stage.sql, "text"),
            ("dependent_varname", job["dependent_varname"], "text"),
@@ -618,11 +643,13 @@ def _pack(cat: Catalog, job: dict[str, Any]) -> tuple[int, int]:
     ssumm = stage.with_suffix("_summary", "packed_table")
     stmts.set_summary_column(cat, ssumm, "source_table", str(src))
     stmts.set_summary_column(cat, ssumm, "output_table", str(packed))
-    _drop_leftovers(cat, job, [packed])
+    total = stmts.summary_num_rows(cat, ssumm)
+    if had:
+        _PENDING[(jid, run_id)] = (stage, hwm, total)
+        return total
     _publish(cat, job, [(stage, packed), (ssumm, psumm)])
-    total = stmts.summary_num_rows(cat, psumm)
     stmts.set_packed_through(cat, jid, hwm, total)
-    return total, total
+    return total
 
 
 def _append(cat: Catalog, job: dict[str, Any], view: TableName, packed: TableName,
@@ -680,12 +707,14 @@ def _try_drop(cat: Catalog, job: dict[str, Any], t: TableName) -> None:
                    f"table {t.sql} ({_error_text(e)}); a later run drops it")
 
 
-def _drop_leftovers(cat: Catalog, job: dict[str, Any], tables: list[TableName]) -> None:
-    """Drop what earlier runs replaced but could not drop (see :func:`_publish`)."""
+def _drop_leftovers(cat: Catalog, job: dict[str, Any], tables: list[TableName],
+                    marks: tuple[str, ...] = ("_old",)) -> None:
+    """Drop what earlier runs replaced but could not drop (see :func:`_publish`), or with
+    ``marks`` ``("_repack",)`` the repacks that runs whose session died left staged."""
     prefix = f"__cerebro_job_{int(job['job_id'])}_"
     for schema in sorted({t.schema for t in tables if t.schema}):
         for t in stmts.job_leftovers(cat, schema, prefix):
-            if "_old" in t.name[len(prefix):]:
+            if any(m in t.name[len(prefix):] for m in marks):
                 _try_drop(cat, job, t)
 
 
@@ -697,6 +726,19 @@ def _rename_indexes(cat: Catalog, table: TableName, old_prefix: str) -> None:
             stmts.rename_index(cat, r["s"], r["n"], new[:NAMEDATALEN - 1])
 
 
+def _own_staged(cat: Catalog, t: TableName) -> None:
+    """A repack the pack step staged is still this role's plain table; locked until the
+    step ends (the owner of its schema may drop it and put a relation of its own there)."""
+    rel = cat.relation_owner(t)
+    if rel is not None and rel["mine"] and rel["kind"] == "r":
+        cat.lock_table(t)
+        again = cat.relation_owner(t)
+        if again is not None and again["oid"] == rel["oid"]:
+            return
+    raise CerebroError(f'the repack "{t}" that the pack step staged is gone or replaced',
+                       UNDEFINED_TABLE, hint="The next run packs again.")
+
+
 def _train_and_publish(cat: Catalog, job: dict[str, Any], run_id: int) -> None:
     m = job["method"]
     fn = METHODS[m]
@@ -706,7 +748,13 @@ def _train_and_publish(cat: Catalog, job: dict[str, Any], run_id: int) -> None:
     fopts = job["fit_options"]
     fopts = json.loads(fopts) if isinstance(fopts, str) else dict(fopts or {})
     packed = cat.table(job["packed_table"], "packed_table")  # as _own_tables held it
-    fixed: list[tuple[str, Any, str]] = [("source_table", packed.sql, "text"),
+    pending = _PENDING.get((int(job["job_id"]), run_id))
+    data = packed
+    if pending is not None:  # this run's repack, published below with the outputs
+        data = pending[0]
+        _own_staged(cat, data)
+        _own_staged(cat, data.with_suffix("_summary", "packed_table"))
+    fixed: list[tuple[str, Any, str]] = [("source_table", data.sql, "text"),
                                          ("model_output_table", stage.sql, "text")]
     if m == "fit":
         fixed.append(("model_selection_table", job["model_selection_table"], "text"))
@@ -733,10 +781,15 @@ def _train_and_publish(cat: Catalog, job: dict[str, Any], run_id: int) -> None:
                       else None)):
         if col in scols and val is not None:
             stmts.set_summary_column(cat, summ, col, val)
+    psumm = packed.with_suffix("_summary", "packed_table")
+    if pending is not None:
+        renames += [(data, packed), (data.with_suffix("_summary", "packed_table"), psumm)]
     _drop_leftovers(cat, job, [final for _, final in renames])
     _publish(cat, job, renames)
+    if pending is not None:
+        stmts.set_packed_through(cat, int(job["job_id"]), pending[1], pending[2])
     stmts.publish_fit(cat, fit_id, str(out),
-                      job["model_selection_table"] if m == "automl" else None)
+                      job["model_selection_table"] if m == "automl" else None, str(packed))
     b = stmts.best_model(cat, out.with_suffix("_info", ""))
     metric_name = metric = config = None
     if b is not None:
@@ -744,7 +797,8 @@ def _train_and_publish(cat: Catalog, job: dict[str, Any], run_id: int) -> None:
                                else ("training_loss", b["t"]))
         config = (f"mst_key={b['mst_key']}, model_id={b['model_id']}, "
                   f"compile_params={b['compile_params']}, fit_params={b['fit_params']}")
-    stmts.record_success(cat, run_id, fit_id=fit_id, best_mst_key=b["mst_key"] if b else None,
+    stmts.record_success(cat, run_id, fit_id=fit_id, rows=stmts.summary_num_rows(cat, psumm),
+                         best_mst_key=b["mst_key"] if b else None,
                          best_config=config, best_metric_name=metric_name, best_metric=metric)
     cat.notice(f'run_model_selection_job: job "{job["job_name"]}" published {out} '
                f"(fit {fit_id}; best {config}: {metric_name} {metric})")

@@ -343,25 +343,63 @@ def test_explicit_ids_are_replaced_by_the_sequences(job):
         q(conn, "DROP ROLE squatter")
 
 
+def test_a_class_the_models_cannot_output_fails_the_run_and_publishes_nothing(job):
+    """An outside pass: a row of a class the architectures cannot output made the pack step
+    publish a repack of every row with 4 classes; training failed, and so did every later
+    run, also once the row was deleted (nothing new to pack, the 4-class table stayed)."""
+    conn, job_id = job
+    before = weights(conn, "jout")
+    summary = q(conn, "SELECT y_class_values, num_rows FROM jpacked_summary")[0]
+    buffers = q(conn, "SELECT buffer_id, x, y FROM jpacked ORDER BY buffer_id")
+    mark = "SELECT packed_through, packed_rows FROM cerebro_db.jobs WHERE job_id = %s"
+    through = q(conn, mark, (job_id,))[0]
+    q(conn, "INSERT INTO jsrc VALUES (100000, ARRAY[1, 2, 3, 4]::real[], 7)")
+    try:
+        e = error_of(conn, "CALL run_model_selection_job('nightly')")
+        assert e.pgcode == "P0001" and 'job "nightly" failed' in e.pgerror, e.pgerror
+    finally:
+        q(conn, "DELETE FROM jsrc WHERE id = 100000")
+    r = runs(conn, "nightly")[-1]
+    assert (r["run"], r["status"], r["attempts"]) == (8, "failed", 2)
+    assert "has 3 outputs, but the labels have 4 columns" in r["message"], r["message"]
+    assert (r["new_rows"], r["rows_trained"]) == (summary[1] + 1, None)
+    assert q(conn, "SELECT y_class_values, num_rows FROM jpacked_summary")[0] == summary
+    assert q(conn, "SELECT buffer_id, x, y FROM jpacked ORDER BY buffer_id") == buffers
+    assert q(conn, mark, (job_id,))[0] == through
+    assert weights(conn, "jout") == before
+    assert staging_tables(conn) == []
+    q(conn, "CALL run_model_selection_job('nightly')")  # the row is gone: the job runs again
+    r = runs(conn, "nightly")[-1]
+    assert (r["run"], r["status"], r["new_rows"], r["rows_trained"]) == \
+        (9, "succeeded", 0, summary[1]), r["message"]
+    assert q(conn, "SELECT source_table FROM cerebro_db.fits WHERE fit_id = %s",
+             (r["fit_id"],))[0][0] == "jpacked"
+
+
 def test_unschedule_keeps_outputs_and_history(job):
     conn, _ = job
     assert q(conn, "SELECT unschedule_model_selection('nightly')")[0][0] is True
     assert q(conn, "SELECT count(*) FROM cerebro_db.model_selection_jobs")[0][0] == 0
-    assert len(runs(conn, "nightly")) == 7
+    assert len(runs(conn, "nightly")) == 9
     assert q(conn, "SELECT count(*) FROM jout")[0][0] == 2
 
 
-def pack_step(conn, job: str) -> str:
+def pack_step(conn, job: str, before_end=None) -> str:
+    """A run's begin, pack and end steps; ``before_end()`` between pack and end."""
     run = q(conn, "SELECT cerebro_db.__job_step(%s, NULL, 'begin')", (job,))[0][0]
     try:
-        return q(conn, "SELECT cerebro_db.__job_step(%s, %s, 'pack')", (job, run))[0][0]
+        said = q(conn, "SELECT cerebro_db.__job_step(%s, %s, 'pack')", (job, run))[0][0]
+        if before_end is not None:
+            before_end()
+        return said
     finally:
         q(conn, "SELECT cerebro_db.__job_step(%s, %s, 'end')", (job, run))
 
 
 def test_new_rows_with_a_new_class_or_fewer_rows_than_partitions(session_conn):
     """The pack step alone: one new row (fewer than the 2 partitions) is appended; a new
-    class value makes the run pack every row again; both equal a full repack."""
+    class value makes the run pack every row again, staged for the train step (which this
+    run does not reach: the end step drops it); both equal a full repack."""
     conn = session_conn
     q(conn, "DROP TABLE IF EXISTS jsrc, jmst2 CASCADE")
     q(conn, "CREATE TABLE jsrc (id integer PRIMARY KEY, x real[], y integer)")
@@ -382,18 +420,28 @@ def test_new_rows_with_a_new_class_or_fewer_rows_than_partitions(session_conn):
         np.testing.assert_array_equal(decoded_rows(conn, "kpacked"), decoded_rows(conn, "jfull"))
         # a class the packed table does not have: everything is packed again
         q(conn, "INSERT INTO jsrc VALUES (61, ARRAY[1, 2, 3, 4]::real[], 7)")
-        assert pack_step(conn, "packonly") == "ok"
-        assert q(conn, "SELECT y_class_values, num_rows FROM kpacked_summary")[0] == \
-            ([0, 1, 2, 7], 62)
         q(conn, "DROP TABLE IF EXISTS jfull, jfull_summary")
         q(conn, "SELECT training_preprocessor_dl('jsrc', 'jfull', 'y', 'x', NULL, 1.0, NULL, "
                 "NULL, 2, 3)")
-        # a full repack of the same rows with the same seed: the same buffers
-        assert q(conn, "SELECT __dist_key__, buffer_id, x, y FROM kpacked ORDER BY buffer_id") \
-            == q(conn, "SELECT __dist_key__, buffer_id, x, y FROM jfull ORDER BY buffer_id")
+        packed = q(conn, "SELECT __dist_key__, buffer_id, x, y FROM kpacked ORDER BY buffer_id")
+
+        def staged() -> None:
+            (stage,) = [t for t in staging_tables(conn) if t.endswith("_repack")]
+            assert q(conn, f"SELECT y_class_values, num_rows FROM {stage}_summary")[0] == \
+                ([0, 1, 2, 7], 62)
+            # a full repack of the same rows with the same seed: the same buffers
+            assert q(conn, f"SELECT __dist_key__, buffer_id, x, y FROM {stage} "
+                           "ORDER BY buffer_id") == \
+                q(conn, "SELECT __dist_key__, buffer_id, x, y FROM jfull ORDER BY buffer_id")
+
+        assert pack_step(conn, "packonly", staged) == "ok"
+        # not published: the packed table and the job's high-water mark are as they were
+        assert q(conn, "SELECT __dist_key__, buffer_id, x, y FROM kpacked "
+                       "ORDER BY buffer_id") == packed
         assert [r["new_rows"] for r in runs(conn, "packonly")] == [60, 1, 62]
+        assert [r["rows_trained"] for r in runs(conn, "packonly")] == [None] * 3
         assert q(conn, "SELECT packed_through, packed_rows FROM cerebro_db.jobs "
-                       "WHERE job_name = 'packonly'")[0] == ("61", 62)
+                       "WHERE job_name = 'packonly'")[0] == ("60", 61)
         assert staging_tables(conn) == []
     finally:
         q(conn, "DELETE FROM cerebro_db.jobs WHERE job_name = 'packonly'")

@@ -154,3 +154,49 @@ def test_a_plain_roles_job_is_scheduled_and_removed_as_the_messages_say(tiny, cr
             q(conn, f"DELETE FROM cerebro_db.{t} WHERE owner = %s", (role,))
         q(conn, f'DROP OWNED BY "{role}" CASCADE')
         q(conn, f'DROP ROLE "{role}"')
+
+
+def test_forgetting_a_dropped_role_removes_only_its_own_jobs_pg_cron_entries(tiny, cron_conn):
+    """A role may edit its own job rows; with cron_jobid pointed at a DBA's own pg_cron
+    entry, cerebro_db_forget_role (a superuser's call, after the role is dropped) removed
+    that entry by id (a red-team pass). Only an entry with the job's name, run as the role,
+    is removed."""
+    import uuid
+
+    conn = tiny
+    db = q(conn, "SELECT current_database()")[0][0]
+    role = f"cron_gone_{uuid.uuid4().hex[:8]}"
+    q(conn, f'CREATE ROLE "{role}" LOGIN')
+    q(conn, f'GRANT USAGE ON SCHEMA cerebro_db TO "{role}"')
+    q(conn, f'CREATE SCHEMA "{role}" AUTHORIZATION "{role}"')
+    q(conn, f'GRANT SELECT ON jsrc, jarch, jmst, jmst_summary TO "{role}"')
+    dba = q(cron_conn, "SELECT cron.schedule('cerebro_test_dba_own', '0 4 * * *', "
+                       "'SELECT 1')")[0][0]
+    rc = connect(db, role, autocommit=True)
+    try:
+        q(rc, f'SET search_path = "{role}", public, cerebro_db')
+        for name in ("forged", "own"):
+            q(rc, f"SELECT schedule_model_selection('{name}', NULL, 'public.jsrc', "
+                  f"'{name}_pk', 'y', 'x', '{name}_out', 'public.jmst', "
+                  """fit_options => '{"num_iterations": 1}')""")
+        # the superuser schedules the role's own job as the hint says
+        own = q(cron_conn, "SELECT cron.schedule_in_database(%s, '0 5 * * *', 'SELECT 1', %s, "
+                           "%s)", (f"cerebro_db:{db}:own", db, role))[0][0]
+        q(rc, "UPDATE cerebro_db.jobs SET cron_jobid = %s WHERE job_name = 'forged'", (dba,))
+        q(rc, "UPDATE cerebro_db.jobs SET cron_jobid = %s WHERE job_name = 'own'", (own,))
+        rc.close()
+        q(conn, f'DROP OWNED BY "{role}" CASCADE')
+        q(conn, f'DROP ROLE "{role}"')
+        q(conn, "SELECT cerebro_db.cerebro_db_forget_role(%s)", (role,))
+        assert q(cron_conn, "SELECT jobid FROM cron.job WHERE jobid IN (%s, %s)",
+                 (dba, own)) == [(dba,)]
+        assert q(conn, "SELECT count(*) FROM cerebro_db.jobs WHERE owner = %s",
+                 (role,)) == [(0,)]
+    finally:
+        rc.close()
+        q(cron_conn, "SELECT cron.unschedule(jobid) FROM cron.job WHERE jobid = %s OR "
+                     "jobname LIKE %s", (dba, f"cerebro_db:{db}:own"))
+        q(conn, "DELETE FROM cerebro_db.jobs WHERE owner = %s", (role,))
+        q(conn, f'DROP OWNED BY "{role}" CASCADE') if q(
+            conn, "SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)) else None
+        q(conn, f'DROP ROLE IF EXISTS "{role}"')
