@@ -7,16 +7,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
-def call(function: str, names: Sequence[str]) -> str:
-    """``SELECT function(name => :p0, ...)``."""
-    named = ", ".join(f"{n} => :p{i}" for i, n in enumerate(names))
-    return f"SELECT {function}({named})"
+def _arguments(positional: int, names: Sequence[str]) -> str:
+    """``:a0, ..., name => :p0, ...``: positional arguments first, as SQL wants them."""
+    return ", ".join([f":a{i}" for i in range(positional)]
+                     + [f"{n} => :p{i}" for i, n in enumerate(names)])
 
 
-def call_procedure(procedure: str, names: Sequence[str]) -> str:
-    """``CALL procedure(name => :p0, ...)``."""
-    named = ", ".join(f"{n} => :p{i}" for i, n in enumerate(names))
-    return f"CALL {procedure}({named})"
+def call(function: str, names: Sequence[str], positional: int = 0) -> str:
+    """``SELECT function(:a0, ..., name => :p0, ...)``."""
+    return f"SELECT {function}({_arguments(positional, names)})"
+
+
+def call_procedure(procedure: str, names: Sequence[str], positional: int = 0) -> str:
+    """``CALL procedure(:a0, ..., name => :p0, ...)``."""
+    return f"CALL {procedure}({_arguments(positional, names)})"
 
 
 def fits(progress: str, fits_rel: str) -> str:

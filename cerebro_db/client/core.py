@@ -73,11 +73,30 @@ def _read(c: Connection, sql: str, params: dict[str, Any]) -> pd.DataFrame:
         raise
 
 
+_INT_KEYS = ("best_mst_key", "pid", "worker_pid", "parent", "target", "last_epoch", "worker")
+
+
 def _int_keys(d: pd.DataFrame) -> pd.DataFrame:
-    """``best_mst_key`` as integers (pandas reads an integer column with NULLs as floats)."""
-    if "best_mst_key" in d.columns:
-        d["best_mst_key"] = d["best_mst_key"].astype("Int64")
+    """Keys and pids as integers where a NULL made pandas read them as floats (a stopped
+    worker's ``pid``: 12345.0 beside NaN)."""
+    for col in _INT_KEYS:
+        if col in d.columns and d[col].dtype.kind == "f":
+            d[col] = d[col].astype("Int64")
     return d
+
+
+def _bind(positional: tuple[Any, ...], named: dict[str, Any]) -> tuple[list[str],
+                                                                        dict[str, Any]]:
+    """The argument names and bound values of a call (``:a<i>`` positional, ``:p<i>``
+    named); a dict becomes its Python literal (``{'batch_size': [32, 64]}``), which the
+    parameter strings and search grids parse, where psycopg2 cannot adapt it."""
+    def value(v: Any) -> Any:
+        return repr(v) if isinstance(v, dict) else v
+
+    names = [_ident(k, "argument name") for k in named]
+    params = {f"a{i}": value(v) for i, v in enumerate(positional)}
+    params.update({f"p{i}": value(v) for i, v in enumerate(named.values())})
+    return names, params
 
 
 def _table(text: str, what: str) -> TableName:
@@ -187,30 +206,42 @@ class Client:
         with self.connection() as c:
             return _read(c, sql, params)
 
-    def call(self, function: str, /, **args: Any) -> Any:
-        """``SELECT schema.function(name => value, ...)`` with bound values; returns the
-        scalar result (None for VOID)."""
-        params = {f"p{i}": v for i, v in enumerate(args.values())}
-        names = [_ident(k, "argument name") for k in args]
+    def call(self, function: str, /, *positional: Any, **args: Any) -> Any:
+        """``SELECT schema.function(value, ..., name => value, ...)`` with bound values
+        (``call('madlib_keras_fit', 'help')`` as in SQL); returns the scalar result (None
+        for VOID). A dict is passed as the Python literal MADlib's parameter strings take
+        (a search grid), a list as an array."""
+        names, params = _bind(positional, args)
         with self.connection() as c:
             try:
                 return interruptible(c, lambda: c.execute(
-                    sa.text(stmts.call(self._sql(function), names)), params).scalar())
+                    sa.text(stmts.call(self._sql(function), names, len(positional))),
+                    params).scalar())
             except sa.exc.DBAPIError as e:
                 raise _error(e) from None
 
-    def call_procedure(self, procedure: str, /, **args: Any) -> None:
-        """``CALL schema.procedure(name => value, ...)`` (autocommit: it commits itself)."""
-        params = {f"p{i}": v for i, v in enumerate(args.values())}
-        names = [_ident(k, "argument name") for k in args]
+    def call_procedure(self, procedure: str, /, *positional: Any, **args: Any) -> None:
+        """``CALL schema.procedure(value, ..., name => value, ...)`` (autocommit: it
+        commits itself)."""
+        names, params = _bind(positional, args)
         with self.connection() as c:
             try:
                 interruptible(c, lambda: c.execute(
-                    sa.text(stmts.call_procedure(self._sql(procedure), names)), params))
+                    sa.text(stmts.call_procedure(self._sql(procedure), names,
+                                                 len(positional))), params))
             except sa.exc.DBAPIError as e:
                 raise _error(e) from None
 
     # -- the catalog as DataFrames ------------------------------------------------------
+    def _of_fit(self, fit_id: int, sql: str) -> pd.DataFrame:
+        """A fit's rows of a catalog relation; :class:`ClientError` (42704) when the fit
+        does not exist or is another role's (not an empty frame, which reads as a fit
+        that has no units yet)."""
+        d = self.df(sql, f=fit_id)
+        if d.empty:
+            self.progress(fit_id)
+        return _int_keys(d)
+
     def fits(self, status: str | None = None, limit: int | None = None) -> pd.DataFrame:
         """Every fit with its progress (``fit_progress`` plus the fit's kind, tables and
         times), newest first; ``status`` filters (as fit_progress shows it)."""
@@ -228,11 +259,11 @@ class Client:
 
     def units(self, fit_id: int) -> pd.DataFrame:
         """Every unit of a fit (training and evaluation), in the order they started."""
-        return self.df(stmts.units(self._sql("units")), f=fit_id)
+        return self._of_fit(fit_id, stmts.units(self._sql("units")))
 
     def configs(self, fit_id: int) -> pd.DataFrame:
         """Per configuration: ``fit_config_progress``."""
-        return self.df(stmts.by_config(self._sql("fit_config_progress")), f=fit_id)
+        return self._of_fit(fit_id, stmts.by_config(self._sql("fit_config_progress")))
 
     def info(self, model_output_table: str) -> pd.DataFrame:
         """The ``<model_output_table>_info`` table."""
@@ -245,14 +276,14 @@ class Client:
         return d.iloc[0].to_dict() if not d.empty else {}
 
     def automl_trials(self, fit_id: int) -> pd.DataFrame:
-        return self.df(stmts.by_config(self._sql("automl_trials")), f=fit_id)
+        return self._of_fit(fit_id, stmts.by_config(self._sql("automl_trials")))
 
     def automl_decisions(self, fit_id: int) -> pd.DataFrame:
-        return self.df(stmts.automl_decisions(self._sql("automl_decisions")), f=fit_id)
+        return self._of_fit(fit_id, stmts.automl_decisions(self._sql("automl_decisions")))
 
     def workers(self, fit_id: int) -> pd.DataFrame:
         """The availability map of a fit's worker sessions (``fit_workers``)."""
-        return self.df(stmts.workers(self._sql("fit_workers")), f=fit_id)
+        return self._of_fit(fit_id, stmts.workers(self._sql("fit_workers")))
 
     def jobs(self) -> pd.DataFrame:
         """Scheduled model selection jobs with their last run (``model_selection_jobs``)."""
@@ -349,13 +380,13 @@ class Client:
         from . import plots
 
         self.progress(fit_id)  # ClientError (42704) for a fit that does not exist
-        return plots.save(plots.gantt(self.units(fit_id), title=f"fit {fit_id}"), path)
+        return _save(plots.gantt(self.units(fit_id), title=f"fit {fit_id}"), path)
 
     def plot_curves(self, fit_id: int, path: str | None = None) -> Any:
         from . import plots
 
         p = self.progress(fit_id)
-        return plots.save(plots.learning_curves(self.units(fit_id), int(p["num_partitions"]),
+        return _save(plots.learning_curves(self.units(fit_id), int(p["num_partitions"]),
                                                 title=f"fit {fit_id}"), path)
 
     def plot_automl(self, fit_id: int, path: str | None = None) -> Any:
@@ -367,9 +398,21 @@ class Client:
             raise ClientError(f"fit {fit_id} is not an AutoML run (it is a {kind!r} fit); "
                               "plot its units with plot_gantt or plot_curves",
                               INVALID_PARAMETER_VALUE)
-        return plots.save(plots.automl_timeline(self.units(fit_id), self.automl_trials(fit_id),
+        return _save(plots.automl_timeline(self.units(fit_id), self.automl_trials(fit_id),
                                                 self.automl_decisions(fit_id),
                                                 title=f"AutoML fit {fit_id}"), path)
+
+
+def _save(fig: Any, path: str | None) -> Any:
+    """:func:`plots.save`, where a path that cannot be written is a :class:`ClientError`
+    (an outside pass got a traceback for a folder that does not exist)."""
+    from . import plots
+
+    try:
+        return plots.save(fig, path)
+    except OSError as e:
+        plots._plt().close(fig)
+        raise ClientError(f"cannot write the picture to {path}: {e.strerror or e}") from None
 
 
 def _td(v: Any) -> str:

@@ -36,7 +36,7 @@ def fit(session_conn, client):
     the client in one thread while the test watches it from another connection."""
     conn = session_conn
     q(conn, "DROP TABLE IF EXISTS csrc, cval, cp, cp_summary, cv, cv_summary, carch, cmst, "
-            "cmst_summary, cout, cout_summary, cout_info CASCADE")
+            "cmst_summary, cout, cout_summary, cout_info, cgrid, cgrid_summary CASCADE")
     for t, lo, hi in (("csrc", 0, 400), ("cval", 400, 500)):
         q(conn, f"CREATE TABLE {t} AS SELECT g AS id, ARRAY[sin(g), cos(g), sin(2 * g), "
                 f"(g % 7) / 7.0]::real[] AS x, (g % 3) AS y "
@@ -76,7 +76,7 @@ def fit(session_conn, client):
     assert not errors, errors
     yield {"fit_id": fit_id, "watch": out.getvalue(), "final": final}
     q(conn, "DROP TABLE IF EXISTS csrc, cval, cp, cp_summary, cv, cv_summary, carch, cmst, "
-            "cmst_summary, cout, cout_summary, cout_info CASCADE")
+            "cmst_summary, cout, cout_summary, cout_info, cgrid, cgrid_summary CASCADE")
 
 
 def test_watch_shows_a_progress_bar_from_another_connection(fit):
@@ -326,6 +326,22 @@ def test_bad_use_is_a_client_error_and_a_usage_exit(fit, client, url, tmp_path):
     with pytest.raises(ClientError, match="is not an AutoML run"):
         client.plot_automl(fid, str(tmp_path / "a.png"))
     assert client.progress(fid)["best_mst_key"] in (1, 2)
+    # an outside pass: these read as empty frames, a traceback and a TypeError
+    for read in (client.units, client.configs, client.workers, client.automl_trials,
+                 client.automl_decisions):
+        with pytest.raises(ClientError) as e:
+            read(987654)
+        assert e.value.sqlstate == "42704", read
+    with pytest.raises(ClientError, match="cannot write the picture to"):
+        client.plot_gantt(fid, str(tmp_path / "no" / "such" / "g.png"))
+    assert str(client.workers(fid)["pid"].dtype) in ("Int64", "int64")
+    assert "madlib_keras_fit" in client.call("madlib_keras_fit", "help")
+    client.call("generate_model_configs", "carch", "cgrid", [1],
+                {"loss": ["categorical_crossentropy"], "metrics": ["accuracy"],
+                 "optimizer_params_list": [{"optimizer": ["Adam"], "lr": [0.01, 0.1]}]},
+                {"batch_size": [8, 16], "shuffle": [True]}, search_type="grid")
+    assert client.df("SELECT count(*) AS n, bool_and(fit_params LIKE '%%shuffle=True%%') "
+                     "AS t FROM cgrid").iloc[0].tolist() == [4, True]
     for args in (["--url", "not-a-url", "fits"], ["--url", url, "--schema", "x;y", "fits"],
                  ["--url", url, "fits", "--limit", "-1"],
                  ["--url", url, "plot", "gantt", str(fid), "-o", "/no/such/dir/g.png"]):
