@@ -102,6 +102,19 @@ def test_pg_cron_runs_the_job(tiny, cron_conn):
     assert details[0][0] in ("running", "succeeded")
 
 
+def plain_role(conn, prefix: str) -> tuple[str, str]:
+    """A new login role with a schema of its own that may read the tiny job's tables;
+    returns (this database, the role)."""
+    import uuid
+
+    role = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    q(conn, f'CREATE ROLE "{role}" LOGIN')
+    q(conn, f'GRANT USAGE ON SCHEMA cerebro_db TO "{role}"')
+    q(conn, f'CREATE SCHEMA "{role}" AUTHORIZATION "{role}"')
+    q(conn, f'GRANT SELECT ON jsrc, jarch, jmst, jmst_summary TO "{role}"')
+    return q(conn, "SELECT current_database()")[0][0], role
+
+
 def test_a_plain_roles_job_is_scheduled_and_removed_as_the_messages_say(tiny, cron_conn):
     """pg_cron lives in another database, so a role that is not a superuser cannot schedule;
     the hint gives the statement a superuser runs there, and unscheduling the job says how
@@ -109,15 +122,9 @@ def test_a_plain_roles_job_is_scheduled_and_removed_as_the_messages_say(tiny, cr
     matches only the caller's own entries: the removal the notice gave before failed for
     the superuser (an outside pass)."""
     import re
-    import uuid
 
     conn = tiny
-    db = q(conn, "SELECT current_database()")[0][0]
-    role = f"cron_role_{uuid.uuid4().hex[:8]}"
-    q(conn, f'CREATE ROLE "{role}" LOGIN')
-    q(conn, f'GRANT USAGE ON SCHEMA cerebro_db TO "{role}"')
-    q(conn, f'CREATE SCHEMA "{role}" AUTHORIZATION "{role}"')
-    q(conn, f'GRANT SELECT ON jsrc, jarch, jmst, jmst_summary TO "{role}"')
+    db, role = plain_role(conn, "cron_role")
     rc = connect(db, role, autocommit=True)
     jobname = f"cerebro_db:{db}:cron_plain"
     try:
@@ -161,15 +168,8 @@ def test_forgetting_a_dropped_role_removes_only_its_own_jobs_pg_cron_entries(tin
     entry, cerebro_db_forget_role (a superuser's call, after the role is dropped) removed
     that entry by id (a red-team pass). Only an entry with the job's name, run as the role,
     is removed."""
-    import uuid
-
     conn = tiny
-    db = q(conn, "SELECT current_database()")[0][0]
-    role = f"cron_gone_{uuid.uuid4().hex[:8]}"
-    q(conn, f'CREATE ROLE "{role}" LOGIN')
-    q(conn, f'GRANT USAGE ON SCHEMA cerebro_db TO "{role}"')
-    q(conn, f'CREATE SCHEMA "{role}" AUTHORIZATION "{role}"')
-    q(conn, f'GRANT SELECT ON jsrc, jarch, jmst, jmst_summary TO "{role}"')
+    db, role = plain_role(conn, "cron_gone")
     dba = q(cron_conn, "SELECT cron.schedule('cerebro_test_dba_own', '0 4 * * *', "
                        "'SELECT 1')")[0][0]
     rc = connect(db, role, autocommit=True)
