@@ -613,24 +613,18 @@ def _pack(cat: Catalog, job: dict[str, Any], run_id: int) -> int:
         have = job["packed_through"]
         exists = cat.relation_oid(packed) is not None and cat.relation_oid(psumm) is not None
         if have is not None and exists:
-            if not stmts.key_greater(cat, hwm, have, ktype):
+            if stmts.key_greater(cat, have, hwm, ktype):
+                # the rows at the top were deleted (say ones of a class the architectures
+                # cannot output, which failed the run): their buffers go only by a repack
+                cat.notice(f'run_model_selection_job: job "{job["job_name"]}": the largest '
+                           f"key of the source ({hwm}) is below the last packed key ({have}); "
+                           "packing all rows again")
+            elif not stmts.key_greater(cat, hwm, have, ktype):
                 return 0
-            view = stmts.create_key_view(cat, f"__cerebro_job_{jid}_src", src, key, ktype,
-                                         have, hwm)
-            try:
-                with cat.db.subtransaction():
-                    n = _append(cat, job, view, packed, psumm, popts)
-            except Exception as e:  # e.g. a new class: pack everything again
-                if getattr(e, "sqlstate", None) != DATA_EXCEPTION:
-                    raise
-                cat.notice(f'run_model_selection_job: job "{job["job_name"]}": the new rows '
-                           f"cannot be appended ({_error_text(e)}); packing all rows again")
             else:
-                stmts.drop_view(cat, view)
-                total = int(job["packed_rows"] or 0) + n
-                stmts.set_packed_through(cat, jid, hwm, total)
-                return n
-            stmts.drop_view(cat, view)
+                n = _append_new(cat, job, src, key, ktype, have, hwm, packed, popts)
+                if n is not None:
+                    return n
         source = stmts.create_key_view(cat, f"__cerebro_job_{jid}_src", src, key, ktype,
                                        None, hwm)
     stage = _stage(packed, job, "repack" if had else "packed")
@@ -650,6 +644,29 @@ def _pack(cat: Catalog, job: dict[str, Any], run_id: int) -> int:
     _publish(cat, job, [(stage, packed), (ssumm, psumm)])
     stmts.set_packed_through(cat, jid, hwm, total)
     return total
+
+
+def _append_new(cat: Catalog, job: dict[str, Any], src: TableName, key: str, ktype: str,
+                have: str, hwm: str, packed: TableName, popts: dict[str, Any]) -> int | None:
+    """Append the rows with ``have < key <= hwm`` (:func:`_append`) and record the new
+    high-water mark; returns their count, or None when they cannot be appended (a class
+    value the packed table lacks: the caller packs every row again)."""
+    jid = int(job["job_id"])
+    psumm = packed.with_suffix("_summary", "packed_table")
+    view = stmts.create_key_view(cat, f"__cerebro_job_{jid}_src", src, key, ktype, have, hwm)
+    try:
+        with cat.db.subtransaction():
+            n = _append(cat, job, view, packed, psumm, popts)
+    except Exception as e:  # e.g. a new class: pack everything again
+        if getattr(e, "sqlstate", None) != DATA_EXCEPTION:
+            raise
+        cat.notice(f'run_model_selection_job: job "{job["job_name"]}": the new rows '
+                   f"cannot be appended ({_error_text(e)}); packing all rows again")
+        stmts.drop_view(cat, view)
+        return None
+    stmts.drop_view(cat, view)
+    stmts.set_packed_through(cat, jid, hwm, int(job["packed_rows"] or 0) + n)
+    return n
 
 
 def _append(cat: Catalog, job: dict[str, Any], view: TableName, packed: TableName,

@@ -374,13 +374,24 @@ def test_a_class_the_models_cannot_output_fails_the_run_and_publishes_nothing(jo
         (9, "succeeded", 0, summary[1]), r["message"]
     assert q(conn, "SELECT source_table FROM cerebro_db.fits WHERE fit_id = %s",
              (r["fit_id"],))[0][0] == "jpacked"
+    # the newest row deleted: the largest key is below the last packed one, so the run packs
+    # every row again (appending would never drop that row's buffer)
+    top = int(through[0])
+    q(conn, "DELETE FROM jsrc WHERE id = %s", (top,))
+    q(conn, "CALL run_model_selection_job('nightly')")
+    r = runs(conn, "nightly")[-1]
+    assert (r["run"], r["status"], r["new_rows"], r["rows_trained"]) == \
+        (10, "succeeded", summary[1] - 1, summary[1] - 1), r["message"]
+    assert q(conn, mark, (job_id,))[0] == (str(top - 1), summary[1] - 1)
+    assert q(conn, "SELECT num_rows FROM jpacked_summary")[0][0] == summary[1] - 1
+    assert staging_tables(conn) == []
 
 
 def test_unschedule_keeps_outputs_and_history(job):
     conn, _ = job
     assert q(conn, "SELECT unschedule_model_selection('nightly')")[0][0] is True
     assert q(conn, "SELECT count(*) FROM cerebro_db.model_selection_jobs")[0][0] == 0
-    assert len(runs(conn, "nightly")) == 9
+    assert len(runs(conn, "nightly")) == 10
     assert q(conn, "SELECT count(*) FROM jout")[0][0] == 2
 
 
