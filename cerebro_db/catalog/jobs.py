@@ -65,11 +65,12 @@ def interval_is_negative(cat: Any, text: str) -> bool:
     return bool(cat.query("SELECT $1::interval < '0' AS neg", [text], ["text"])[0]["neg"])
 
 
-def job_writes(cat: Any, packed_table: str, model_output_table: str) -> bool:
-    """Whether a job already writes this packed table or model output table."""
-    return bool(cat.query(f"SELECT 1 FROM {cat.ext('jobs')} WHERE owner = current_user AND "
-                          "(packed_table = $1 OR model_output_table = $2)",
-                          [packed_table, model_output_table], ["text", "text"]))
+def own_jobs_tables(cat: Any) -> list[dict[str, Any]]:
+    """The calling role's jobs with the names of the tables they write and the search_path
+    those names were given under."""
+    return [dict(r) for r in cat.query(
+        f"SELECT job_name, method, packed_table, model_output_table, model_selection_table, "
+        f"search_path FROM {cat.ext('jobs')} WHERE owner = current_user ORDER BY job_id")]
 
 
 def insert_job(cat: Any, *, job_name: str, schedule: str | None, method: str,
@@ -246,10 +247,13 @@ def attempts(cat: Any, run_id: int) -> int:
                          [run_id], ["int8"])[0]["attempts"])
 
 
-def record_rows(cat: Any, run_id: int, new_rows: int) -> None:
-    """The rows the pack step packed (``rows_trained`` is the train step's, once it ends)."""
-    cat.query(f"UPDATE {cat.ext('job_runs')} SET new_rows = $2 WHERE run_id = $1",
-              [run_id, new_rows], ["int8", "int8"])
+def record_rows(cat: Any, run_id: int, new_rows: int, every_row: bool) -> None:
+    """The rows the run packed: every row when it packed them all, else the rows appended
+    over its attempts (an attempt after one whose training failed finds nothing new to
+    append). ``rows_trained`` is the train step's, once it ends."""
+    cat.query(f"UPDATE {cat.ext('job_runs')} SET new_rows = CASE WHEN $3 THEN $2 ELSE "
+              "coalesce(new_rows, 0) + $2 END WHERE run_id = $1",
+              [run_id, new_rows, every_row], ["int8", "int8", "bool"])
 
 
 def run_outcome(cat: Any, run_id: int) -> dict[str, Any] | None:

@@ -114,6 +114,53 @@ def _own_tables(cat: Catalog, job: dict[str, Any], step: str) -> None:
                 "may create tables.")
 
 
+def _written(cat: Catalog, method: str, packed_table: str, model_output_table: str,
+             model_selection_table: str | None) -> list[TableName]:
+    """Every table a job's runs replace: the packed table and the outputs with their
+    ``_summary`` / ``_info``, and for AutoML the model selection table and its summary."""
+    packed = cat.table(packed_table, "packed_table")
+    out = cat.table(model_output_table, "model_output_table")
+    names = [packed, packed.with_suffix("_summary", "packed_table"), out,
+             out.with_suffix("_summary", "model_output_table"),
+             out.with_suffix("_info", "model_output_table")]
+    if method == "automl" and model_selection_table is not None:
+        mst = cat.table(model_selection_table, "model_selection_table")
+        names += [mst, mst.with_suffix("_summary", "model_selection_table")]
+    return names
+
+
+def _require_own_names(cat: Catalog, method: str, packed_table: str, model_output_table: str,
+                       model_selection_table: str | None) -> None:
+    """A job's tables are its own: none is another of its tables (a packed table named
+    like the output's ``_summary``) or a table another job of the role replaces (compared
+    as each job's search_path resolves them). An outside pass scheduled a job whose packed
+    table was another job's output: both runs succeeded, and the first job's models were
+    replaced by packed buffers. 42P07."""
+    mine = [t.sql for t in _written(cat, method, packed_table, model_output_table,
+                                    model_selection_table)]
+    if len(set(mine)) < len(mine):
+        twice = sorted({t for t in mine if mine.count(t) > 1})
+        raise CerebroError(f"the job would write {twice[0]} twice: packed_table, "
+                           "model_output_table and model_selection_table and their _summary "
+                           "and _info tables must be different tables", DUPLICATE_TABLE)
+    path = cat.caller_path
+    for job in stmts.own_jobs_tables(cat):
+        cat.caller_path = job["search_path"] or None
+        try:
+            theirs = {t.sql for t in _written(cat, job["method"], job["packed_table"],
+                                               job["model_output_table"],
+                                               job["model_selection_table"])}
+        except CerebroError:  # a name that no longer parses under its path: not ours
+            continue
+        finally:
+            cat.caller_path = path
+        both = sorted(theirs.intersection(mine))
+        if both:
+            raise CerebroError(f'model selection job "{job["job_name"]}" already writes '
+                               f"{both[0]}", DUPLICATE_TABLE,
+                               hint="Give each job tables of its own.")
+
+
 def _fn_args(cat: Catalog, fn: str) -> dict[str, str]:
     """Argument name -> SQL type of the extension's function ``fn`` (the MADlib signature)."""
     return stmts.function_args(cat, fn)
@@ -354,9 +401,7 @@ def schedule_model_selection(
         for s in ("", "_summary") + (("_info",) if t is out else ()):
             tt = t.with_suffix(s, what)
             cat.require_absent(tt, what, hint="The job creates and owns it: choose a new name.")
-    if stmts.job_writes(cat, packed_table, model_output_table):
-        raise CerebroError("another job already writes this packed_table or "
-                           "model_output_table", DUPLICATE_TABLE)
+    _require_own_names(cat, m, packed_table, model_output_table, model_selection_table)
     if m == "fit":
         if model_selection_table is None:
             raise CerebroError("model_selection_table must not be NULL for method 'fit'",
@@ -508,7 +553,7 @@ def job_step(plpy: Any, schema: str, *, job_name: str, run_id: int | None, step:
         with plpy.subtransaction():
             _own_tables(cat, job, step)
             if step == "pack":
-                stmts.record_rows(cat, run_id, _pack(cat, job, run_id))
+                stmts.record_rows(cat, run_id, *_pack(cat, job, run_id))
             elif step == "train":
                 _train_and_publish(cat, job, run_id)
             else:
@@ -545,11 +590,10 @@ def _end(cat: Catalog, job: dict[str, Any], run_id: int | None) -> str:
     so that pg_cron's ``job_run_details`` says failed too)."""
     if run_id is None:
         return "ok"
-    pending = _PENDING.pop((int(job["job_id"]), run_id), None)
-    if pending is not None:  # the run did not publish it
-        for t in (pending[0].with_suffix("_summary", "packed_table"), pending[0]):
-            if cat.relation_oid(t) is not None:
-                _try_drop(cat, job, t)
+    _PENDING.pop((int(job["job_id"]), run_id), None)
+    # a repack the run did not publish (a pack attempt that failed after dropping an earlier
+    # attempt's repack rolled the drop back); runs of a job do not overlap
+    _drop_leftovers(cat, job, [cat.table(job["packed_table"], "packed_table")], ("_repack",))
     stmts.fail_unfinished_run(cat, run_id)
     out = stmts.run_outcome(cat, run_id)
     if out is not None and out["status"] == "failed":
@@ -589,9 +633,10 @@ def _key_type(cat: Catalog, src: TableName, key: str) -> str:
     return cat.require_column(src, cols, key, "key_column").type_name
 
 
-def _pack(cat: Catalog, job: dict[str, Any], run_id: int) -> int:
-    """Pack the source; returns the rows packed now. A repack of an existing packed table
-    waits in :data:`_PENDING` for the train step."""
+def _pack(cat: Catalog, job: dict[str, Any], run_id: int) -> tuple[int, bool]:
+    """Pack the source; returns the rows packed now and whether that was every row (else
+    they were appended). A repack of an existing packed table waits in :data:`_PENDING`
+    for the train step."""
     jid = int(job["job_id"])
     src = cat.table(job["source_table"], "source_table")
     packed = cat.table(job["packed_table"], "packed_table")
@@ -599,7 +644,9 @@ def _pack(cat: Catalog, job: dict[str, Any], run_id: int) -> int:
     # what an earlier attempt of this run or a run whose session died staged
     _drop_leftovers(cat, job, [packed], ("_repack",))
     _PENDING.pop((jid, run_id), None)
-    had = cat.relation_oid(packed) is not None or cat.relation_oid(psumm) is not None
+    # a packed table to keep while this run trains: with one of the two gone (dropped by
+    # hand), the run packs into the missing name as the first run did
+    had = cat.relation_oid(packed) is not None and cat.relation_oid(psumm) is not None
     popts = job["preprocess_options"]
     popts = json.loads(popts) if isinstance(popts, str) else dict(popts or {})
     ptypes = _fn_args(cat, "training_preprocessor_dl")
@@ -620,11 +667,11 @@ def _pack(cat: Catalog, job: dict[str, Any], run_id: int) -> int:
                            f"key of the source ({hwm}) is below the last packed key ({have}); "
                            "packing all rows again")
             elif not stmts.key_greater(cat, hwm, have, ktype):
-                return 0
+                return 0, False
             else:
                 n = _append_new(cat, job, src, key, ktype, have, hwm, packed, popts)
                 if n is not None:
-                    return n
+                    return n, False
         source = stmts.create_key_view(cat, f"__cerebro_job_{jid}_src", src, key, ktype,
                                        None, hwm)
     stage = _stage(packed, job, "repack" if had else "packed")
@@ -640,10 +687,11 @@ def _pack(cat: Catalog, job: dict[str, Any], run_id: int) -> int:
     total = stmts.summary_num_rows(cat, ssumm)
     if had:
         _PENDING[(jid, run_id)] = (stage, hwm, total)
-        return total
+        return total, True
+    _drop_leftovers(cat, job, [packed])
     _publish(cat, job, [(stage, packed), (ssumm, psumm)])
     stmts.set_packed_through(cat, jid, hwm, total)
-    return total
+    return total, True
 
 
 def _append_new(cat: Catalog, job: dict[str, Any], src: TableName, key: str, ktype: str,

@@ -520,3 +520,74 @@ def test_an_automl_job_publishes_the_best_configuration(session_conn, dbname):
         q(conn, "DELETE FROM cerebro_db.jobs WHERE job_name = 'tuned'")
         q(conn, "DROP TABLE IF EXISTS jsrc, jarch, apacked, apacked_summary, aout, aout_info, "
                 "aout_summary, amst CASCADE")
+
+
+def test_names_half_dropped_packed_tables_and_steps_that_fail_in_turn(session_conn):
+    """Outside passes: a job whose packed table was another job's output replaced that
+    job's models; a packed table dropped by hand (its summary kept) failed every later run;
+    a pack attempt that failed after a training failure left the staged repack behind; an
+    attempt that found nothing new to append recorded 0 new rows."""
+    conn = session_conn
+    q(conn, "DROP TABLE IF EXISTS rsrc, rarch, rmst, rmst_summary CASCADE")
+    q(conn, "CREATE TABLE rsrc (id integer PRIMARY KEY, x real[], y integer)")
+    q(conn, "INSERT INTO rsrc SELECT g, ARRAY[sin(g), cos(g), sin(2 * g), (g % 7) / 7.0]"
+            "::real[], g % 3 FROM generate_series(0, 119) g")
+    q(conn, "SELECT load_keras_model('rarch', %s)", (mlp_json(inputs=4, outputs=3),))
+    q(conn, "SELECT load_model_selection_table('rarch', 'rmst', ARRAY[1], ARRAY["
+            "$$loss='categorical_crossentropy', optimizer='Adam(learning_rate=0.01)', "
+            "metrics=['accuracy']$$], ARRAY['batch_size=16'])")
+    sched = ("SELECT schedule_model_selection(%s, NULL, 'rsrc', %s, 'y', 'x', %s, 'rmst', "
+             """fit_options => '{"num_iterations": 1}', preprocess_options => """
+             """'{"num_partitions": 2}', key_column => %s, retries => 1, """
+             "retry_delay => '0 seconds')")
+    step = "SELECT cerebro_db.__job_step(%s, %s, %s)"
+    try:
+        q(conn, sched, ("ra", "rpk", "rout", None))
+        q(conn, sched, ("rk", "rkpk", "rkout", "id"))
+        for args, said in ((("rb", "rout", "rbout", None), 'job "ra" already writes'),
+                           (("rb", "public.rpk_summary", "rbout", None), 'job "ra" already'),
+                           (("rb", "rbout_info", "rbout", None), "twice")):
+            e = error_of(conn, sched, args)
+            assert e.pgcode == "42P07" and said in e.pgerror, (args, e.pgerror)
+        q(conn, "CALL run_model_selection_job('ra')")
+        q(conn, "CALL run_model_selection_job('rk')")
+        # the packed table dropped by hand, its summary kept: packed again into the name
+        q(conn, "DROP TABLE rpk")
+        q(conn, "CALL run_model_selection_job('ra')")
+        r = runs(conn, "ra")[-1]
+        assert (r["status"], r["new_rows"], r["rows_trained"]) == ("succeeded", 120, 120), r
+        assert q(conn, "SELECT num_rows FROM rpk_summary")[0][0] == 120
+        # attempt 1 stages a repack and its training fails; attempt 2's pack fails: the end
+        # step drops what attempt 1 staged
+        run = q(conn, step, ("ra", None, "begin"))[0][0]
+        assert q(conn, step, ("ra", run, "pack")) == [("ok",)]
+        assert [t for t in staging_tables(conn) if t.endswith("_repack")]
+        q(conn, "ALTER TABLE rmst RENAME TO rmst_away")
+        assert q(conn, step, ("ra", run, "train")) == [("retry",)]
+        q(conn, "ALTER TABLE rsrc RENAME TO rsrc_away")
+        assert q(conn, step, ("ra", run, "pack")) == [("failed",)]
+        q(conn, "ALTER TABLE rsrc_away RENAME TO rsrc")
+        q(conn, "ALTER TABLE rmst_away RENAME TO rmst")
+        assert q(conn, step, ("ra", run, "end"))[0][0].startswith("failed")
+        assert staging_tables(conn) == []
+        assert runs(conn, "ra")[-1]["rows_trained"] is None
+        # ten new rows appended by attempt 1, whose training fails; attempt 2 appends none
+        q(conn, "INSERT INTO rsrc SELECT g, ARRAY[sin(g), cos(g), sin(2 * g), (g % 7) / 7.0]"
+                "::real[], g % 3 FROM generate_series(120, 129) g")
+        run = q(conn, step, ("rk", None, "begin"))[0][0]
+        assert q(conn, step, ("rk", run, "pack")) == [("ok",)]
+        q(conn, "ALTER TABLE rmst RENAME TO rmst_away")
+        assert q(conn, step, ("rk", run, "train")) == [("retry",)]
+        q(conn, "ALTER TABLE rmst_away RENAME TO rmst")
+        assert q(conn, step, ("rk", run, "pack")) == [("ok",)]
+        assert q(conn, step, ("rk", run, "train")) == [("ok",)]
+        assert q(conn, step, ("rk", run, "end")) == [("ok",)]
+        r = runs(conn, "rk")[-1]
+        assert (r["status"], r["new_rows"], r["rows_trained"]) == ("succeeded", 10, 130), r
+    finally:
+        q(conn, "DELETE FROM cerebro_db.jobs WHERE job_name IN ('ra', 'rk', 'rb')")
+        q(conn, "DROP TABLE IF EXISTS rsrc, rsrc_away, rarch, rmst, rmst_away, rmst_summary, "
+                "rpk, rpk_summary, rout, rout_summary, rout_info, rkpk, rkpk_summary, rkout, "
+                "rkout_summary, rkout_info CASCADE")
+        for t in staging_tables(conn):
+            q(conn, f'DROP TABLE IF EXISTS "{t}" CASCADE')
