@@ -6,9 +6,10 @@ from the usual libpq variables (PGHOST, PGPORT, PGUSER, PGDATABASE, PGPASSWORD, 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..errors import UNDEFINED_OBJECT
@@ -39,6 +40,36 @@ FIT_COLUMNS = ["fit_id", "kind", "status", "model_output_table", "units_done", "
 FIT_STATUSES = ("running", "done", "failed", "interrupted", "cancelled")
 """The statuses a fit can have (the catalog's CHECK constraint, migration 020)."""
 
+def _whole(lo: int, hi: int) -> Callable[[str], int]:
+    """An argparse type: a whole number in [lo, hi] (what the SQL function takes), else a
+    usage error (exit 2) instead of the server's 'out of range' (exit 1)."""
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+        if not lo <= v <= hi:
+            raise argparse.ArgumentTypeError(f"must be between {lo} and {hi}, got {v}")
+        return v
+    return parse
+
+
+def _seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds, 0 or more."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(v) or v < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds, 0 or more, "
+                                         f"got {text}")
+    return v
+
+
+BIGINT = 2**63 - 1
+INT4 = 2**31 - 1
+
+
 def _parser() -> argparse.ArgumentParser:
     fmt = argparse.RawDescriptionHelpFormatter
     p = argparse.ArgumentParser(
@@ -58,32 +89,33 @@ def _parser() -> argparse.ArgumentParser:
 
     f = verb("fits", "list fits with their progress, newest first")
     f.add_argument("--status", choices=FIT_STATUSES, help="only fits with this status")
-    f.add_argument("--limit", type=int, help="at most this many fits")
+    f.add_argument("--limit", type=_whole(0, BIGINT), help="at most this many fits")
     f.add_argument("--format", choices=("table", "csv", "json"), default="table")
     f.add_argument("--all-columns", action="store_true", help="every column of the listing")
 
     w = verb("watch", "show a progress bar of a fit until it ends (units done/total, best "
              "loss, ETA)")
-    w.add_argument("fit_id", type=int)
-    w.add_argument("--interval", type=float, default=1.0, help="seconds between polls")
-    w.add_argument("--timeout", type=float, help="give up after this many seconds")
+    w.add_argument("fit_id", type=_whole(-BIGINT - 1, BIGINT))
+    w.add_argument("--interval", type=_seconds, default=1.0, help="seconds between polls")
+    w.add_argument("--timeout", type=_seconds, help="give up after this many seconds")
 
     pl = verb("plot", "draw a fit as PNG: gantt (units by worker over time), curves "
               "(learning curves per configuration), automl (trials, rungs, brackets, branches)")
     pl.add_argument("kind", choices=("gantt", "curves", "automl"))
-    pl.add_argument("fit_id", type=int)
-    pl.add_argument("-o", "--output", help="PNG file (default: fit<ID>_<kind>.png)")
+    pl.add_argument("fit_id", type=_whole(-BIGINT - 1, BIGINT))
+    pl.add_argument("-o", "--output", help="picture file, PNG, or SVG or PDF by its suffix "
+                    "(default: fit<ID>_<kind>.png)")
 
     c = verb("cancel", "ask a running fit to stop between units (it can be resumed)")
-    c.add_argument("fit_id", type=int)
+    c.add_argument("fit_id", type=_whole(-BIGINT - 1, BIGINT))
 
     r = verb("resume", "continue an interrupted, failed or cancelled fit (blocks until it ends)")
-    r.add_argument("fit_id", type=int)
+    r.add_argument("fit_id", type=_whole(-BIGINT - 1, BIGINT))
 
     wk = verb("workers", "list a fit's worker sessions; with N, ask the running fit for N "
               "workers")
-    wk.add_argument("fit_id", type=int)
-    wk.add_argument("num_workers", type=int, nargs="?", metavar="N")
+    wk.add_argument("fit_id", type=_whole(-BIGINT - 1, BIGINT))
+    wk.add_argument("num_workers", type=_whole(0, INT4), nargs="?", metavar="N")
     wk.add_argument("--format", choices=("table", "csv", "json"), default="table")
 
     j = verb("jobs", "list scheduled model selection jobs, or with --runs their run history")
@@ -128,9 +160,6 @@ def _run(args: argparse.Namespace) -> int:
     except ClientError as e:
         print(f"cerebro-db: cannot connect: {e}", file=sys.stderr)
         return EXIT_CONNECT
-    if getattr(args, "limit", None) is not None and args.limit < 0:
-        print(f"cerebro-db: --limit must be 0 or more, got {args.limit}", file=sys.stderr)
-        return EXIT_USAGE
     if getattr(args, "output", None):
         parent = os.path.dirname(os.path.abspath(args.output))
         if not os.path.isdir(parent):

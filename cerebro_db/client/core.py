@@ -3,6 +3,8 @@ cancelling, resuming and resizing fits, and the pictures (``plots``)."""
 from __future__ import annotations
 
 import contextlib
+import math
+import os
 import re
 import sys
 import threading
@@ -16,7 +18,12 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from ..catalog import client as stmts
-from ..errors import INVALID_PARAMETER_VALUE, UNDEFINED_OBJECT, CerebroError
+from ..errors import (
+    CHARACTER_NOT_IN_REPERTOIRE,
+    INVALID_PARAMETER_VALUE,
+    UNDEFINED_OBJECT,
+    CerebroError,
+)
 from ..names import TableName, quote_ident
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -85,17 +92,39 @@ def _int_keys(d: pd.DataFrame) -> pd.DataFrame:
     return d
 
 
+def _plain(v: Any, where: str) -> Any:
+    """``v`` with numpy scalars and arrays as Python numbers and lists (``np.float64(0.1)``
+    would be written as a call, which the server refuses), tuples as lists; a number that
+    is not finite is a :class:`ClientError` (22023)."""
+    if isinstance(v, dict):
+        return {_plain(k, where): _plain(x, where) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_plain(x, where) for x in v]
+    if type(v).__module__ == "numpy":
+        v = v.tolist() if hasattr(v, "tolist") else v.item()
+        return _plain(v, where) if isinstance(v, (list, dict)) else v
+    if isinstance(v, float) and not math.isfinite(v):
+        raise ClientError(f"{where}: {v} is not a finite number", INVALID_PARAMETER_VALUE)
+    return v
+
+
 def _bind(positional: tuple[Any, ...], named: dict[str, Any]) -> tuple[list[str],
                                                                         dict[str, Any]]:
     """The argument names and bound values of a call (``:a<i>`` positional, ``:p<i>``
     named); a dict becomes its Python literal (``{'batch_size': [32, 64]}``), which the
-    parameter strings and search grids parse, where psycopg2 cannot adapt it."""
-    def value(v: Any) -> Any:
-        return repr(v) if isinstance(v, dict) else v
+    parameter strings and search grids parse, where psycopg2 cannot adapt it. A text with
+    a NUL character is a :class:`ClientError` (PostgreSQL's text cannot hold one)."""
+    def value(v: Any, where: str) -> Any:
+        if isinstance(v, dict):
+            return repr(_plain(v, where))
+        if isinstance(v, str) and "\x00" in v:
+            raise ClientError(f"{where}: a text value may not contain NUL characters",
+                              CHARACTER_NOT_IN_REPERTOIRE)
+        return _plain(v, where) if type(v).__module__ == "numpy" else v
 
     names = [_ident(k, "argument name") for k in named]
-    params = {f"a{i}": value(v) for i, v in enumerate(positional)}
-    params.update({f"p{i}": value(v) for i, v in enumerate(named.values())})
+    params = {f"a{i}": value(v, f"argument {i + 1}") for i, v in enumerate(positional)}
+    params.update({f"p{i}": value(v, k) for i, (k, v) in enumerate(named.items())})
     return names, params
 
 
@@ -403,13 +432,31 @@ class Client:
                                                 title=f"AutoML fit {fit_id}"), path)
 
 
-def _save(fig: Any, path: str | None) -> Any:
-    """:func:`plots.save`, where a path that cannot be written is a :class:`ClientError`
-    (an outside pass got a traceback for a folder that does not exist)."""
+PICTURE_FORMATS = ("png", "svg", "pdf")
+
+
+def _save(fig: Any, path: str | os.PathLike[str] | None) -> Any:
+    """:func:`plots.save` in the format the path's suffix names (PNG without one), where a
+    path that is not a path, a suffix of another format and a file that cannot be written
+    are a :class:`ClientError` (an outside pass got a traceback for a folder that does not
+    exist, an AttributeError for a number and a PNG in a '.svg' file)."""
     from . import plots
 
+    fmt = "png"
+    if path is not None:
+        if not isinstance(path, (str, os.PathLike)):
+            plots._plt().close(fig)
+            raise ClientError(f"path must be a file name, got {path!r}",
+                              INVALID_PARAMETER_VALUE)
+        path = os.fspath(path)
+        suffix = os.path.splitext(path)[1].lower().lstrip(".")
+        if suffix and suffix not in PICTURE_FORMATS:
+            plots._plt().close(fig)
+            raise ClientError(f"cannot write a picture as .{suffix}: the formats are "
+                              f"{', '.join(PICTURE_FORMATS)}", INVALID_PARAMETER_VALUE)
+        fmt = suffix or fmt
     try:
-        return plots.save(fig, path)
+        return plots.save(fig, path, fmt=fmt)
     except OSError as e:
         plots._plt().close(fig)
         raise ClientError(f"cannot write the picture to {path}: {e.strerror or e}") from None

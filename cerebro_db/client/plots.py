@@ -30,11 +30,11 @@ def _plt() -> Any:
     return plt
 
 
-def save(fig: Any, path: str | None, dpi: int = 110) -> Any:
-    """Write ``fig`` as PNG to ``path`` (when given) and release it from pyplot."""
+def save(fig: Any, path: str | None, dpi: int = 110, fmt: str = "png") -> Any:
+    """Write ``fig`` to ``path`` (when given) as ``fmt`` and release it from pyplot."""
     plt = _plt()
     if path:
-        fig.savefig(path, dpi=dpi, format="png")
+        fig.savefig(path, dpi=dpi, format=fmt)
     plt.close(fig)
     return fig
 

@@ -342,8 +342,36 @@ def test_bad_use_is_a_client_error_and_a_usage_exit(fit, client, url, tmp_path):
                 {"batch_size": [8, 16], "shuffle": [True]}, search_type="grid")
     assert client.df("SELECT count(*) AS n, bool_and(fit_params LIKE '%%shuffle=True%%') "
                      "AS t FROM cgrid").iloc[0].tolist() == [4, True]
+    # numpy values are numbers (their repr is a call the server refuses); NaN, NUL, a path
+    # that is not one and a picture format we do not write are the caller's errors
+    import numpy as np
+
+    client.call("generate_model_configs", "carch", "cgrid", [1],
+                {"loss": ["categorical_crossentropy"],
+                 "optimizer_params_list": [{"optimizer": ["SGD"],
+                                            "lr": list(np.logspace(-3, -1, 2))}]},
+                {"batch_size": [np.int64(8)], "epochs": np.array([1])})
+    assert client.df("SELECT count(*) AS n FROM cgrid")["n"][0] == 6
+    with pytest.raises(ClientError) as e:
+        client.call("generate_model_configs", "carch", "cgrid", [1],
+                    {"loss": ["mse"], "optimizer_params_list": [{"lr": [float("nan")]}]},
+                    {"batch_size": [8]})
+    assert e.value.sqlstate == "22023" and "not a finite number" in e.value.message
+    with pytest.raises(ClientError, match="NUL"):
+        client.call("training_preprocessor_dl", "a\x00b")
+    with pytest.raises(ClientError, match="must be a file name"):
+        client.plot_gantt(fid, 5)
+    with pytest.raises(ClientError, match="formats are png, svg, pdf"):
+        client.plot_gantt(fid, str(tmp_path / "g.jpg"))
+    client.plot_gantt(fid, tmp_path / "g.svg")
+    assert b"<svg" in (tmp_path / "g.svg").read_bytes()[:500]
     for args in (["--url", "not-a-url", "fits"], ["--url", url, "--schema", "x;y", "fits"],
                  ["--url", url, "fits", "--limit", "-1"],
+                 ["--url", url, "fits", "--limit", "99999999999999999999"],
+                 ["--url", url, "watch", str(fid), "--interval", "-1"],
+                 ["--url", url, "watch", str(fid), "--timeout", "nan"],
+                 ["--url", url, "workers", str(fid), "99999999999"],
+                 ["--url", url, "watch", "99999999999999999999"],
                  ["--url", url, "plot", "gantt", str(fid), "-o", "/no/such/dir/g.png"]):
         r = subprocess.run([CLI, *args], capture_output=True, text=True, check=False)
         assert r.returncode == 2 and "Traceback" not in r.stderr, (args, r.stderr)
