@@ -100,18 +100,29 @@ def _own_tables(cat: Catalog, job: dict[str, Any], step: str) -> None:
                     raise CerebroError(f'packed_table "{t}" is gone since the pack step',
                                        UNDEFINED_TABLE, hint="The next attempt packs again.")
                 continue
-            if rel["mine"] and rel["kind"] == "r":
-                cat.lock_table(t)
-                again = cat.relation_owner(t)
-                if again is not None and again["oid"] == rel["oid"]:
-                    continue
-                rel = again or rel
+            rel = _hold_own(cat, t, rel)
+            if rel is None:
+                continue
             kind = "table" if rel["kind"] == "r" else "relation that is not a plain table"
             raise CerebroError(
                 f'"{t}" is a {kind} of role "{rel["owner"]}", not a table this job made; '
                 "the job does not read, write or drop it", INSUFFICIENT_PRIVILEGE,
                 hint="Drop or rename it. Keep a job's tables in a schema where only its owner "
                 "may create tables.")
+
+
+def _hold_own(cat: Catalog, t: TableName, rel: dict[str, Any] | None
+              ) -> dict[str, Any] | None:
+    """Lock ``t`` until the step ends when ``rel`` (its :meth:`Catalog.relation_owner`) says
+    it is a plain table of the calling role, and check it is still that table; None when it
+    is held, else what is there (``rel`` when nothing else is)."""
+    if rel is not None and rel["mine"] and rel["kind"] == "r":
+        cat.lock_table(t)
+        again = cat.relation_owner(t)
+        if again is not None and again["oid"] == rel["oid"]:
+            return None
+        return again or rel
+    return rel
 
 
 def _written(cat: Catalog, method: str, packed_table: str, model_output_table: str,
@@ -795,11 +806,8 @@ def _own_staged(cat: Catalog, t: TableName) -> None:
     """A repack the pack step staged is still this role's plain table; locked until the
     step ends (the owner of its schema may drop it and put a relation of its own there)."""
     rel = cat.relation_owner(t)
-    if rel is not None and rel["mine"] and rel["kind"] == "r":
-        cat.lock_table(t)
-        again = cat.relation_owner(t)
-        if again is not None and again["oid"] == rel["oid"]:
-            return
+    if rel is not None and _hold_own(cat, t, rel) is None:
+        return
     raise CerebroError(f'the repack "{t}" that the pack step staged is gone or replaced',
                        UNDEFINED_TABLE, hint="The next run packs again.")
 
